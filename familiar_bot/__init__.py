@@ -1,0 +1,1 @@
+"""familiar's bot side: Discord and console transports, prompt assembly, the CLI."""

@@ -1,0 +1,59 @@
+"""The rolling summary (projector `rolling_summary`): one compounding summary of the conversation.
+
+Each model call folds exactly `turns_threshold` consecutive turns into the prior
+summary, so windows are a pure function of the turn log (a rebuild replays the
+same prompts). One run folds at most `backfill_cap` turns. An empty reply writes
+nothing and keeps the watermark: the window is retried on the next run rather
+than replaced by an empty summary.
+"""
+
+from __future__ import annotations
+
+from familiar_pipeline.prompts import summary as prompt
+
+PROJECTOR = "rolling_summary"
+
+
+def run(rt, report, *, rebuild: bool = False) -> None:
+    knobs = rt.config.memory.rolling_summary
+    window_size = knobs.turns_threshold
+    max_windows = max(1, min(rt.config.pipeline.max_batches_per_run, knobs.backfill_cap // window_size))
+    turn_log = rt.turn_log()
+    with rt.store() as store:
+        if rebuild:
+            store.drop_projection(PROJECTOR)
+        watermark = store.get_watermark(PROJECTOR).turn_id
+        prior = store.get_summary()
+    prior_text = prior.summary_text if prior else None
+    report.watermark_before = {"turn_id": watermark}
+    for _ in range(max_windows):
+        window = turn_log.turns_after(watermark, limit=window_size)
+        if len(window) < window_size:
+            break
+        visible = [t for t in window if not t.deleted]
+        report.turns_read += len(window)
+        text = ""
+        if visible:
+            reply = rt.llm.complete(prompt.build_messages(prior_text, visible))
+            report.llm_seconds += reply.latency_s
+            text = prompt.parse_reply(reply.text)
+            if not text:
+                report.drop("empty_reply")
+                break
+        report.batches += 1
+        watermark = window[-1].id
+        with rt.store() as store:
+            with store.transaction():
+                if text:
+                    store.put_summary(text, watermark)
+                store.set_watermark(PROJECTOR, turn_id=watermark)
+            rt.publish(store)
+        if text:
+            prior_text = text
+            report.rows_written += 1
+    report.watermark_after = {"turn_id": watermark}
+    if prior_text:
+        report.preview = [{"summary": prior_text[:500]}]
+    if report.batches == 0 and not report.dropped:
+        report.status = "no-op"
+        report.reason = f"fewer than turns_threshold={window_size} new turns"

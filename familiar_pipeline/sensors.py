@@ -1,0 +1,181 @@
+"""The turn-watermark sensor: notices new turns and requests runs of the turn-driven assets.
+
+Each tick scans data/familiars/*/turns.db, adds familiars it has not seen as
+dynamic partitions, and for each familiar compares the turn log (latest turn id,
+latest edit/delete seq) and the published snapshot's watermarks with what it
+dispatched last time. The cursor only records what was dispatched; what each
+projection has processed is its own watermark in memory.duckdb (read here,
+lock-free, from the serving manifest). Resetting the cursor therefore loses
+nothing: the next tick re-dispatches and each asset processes only what is new.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from familiar_pipeline.config import ConfigError, load_config
+from familiar_pipeline.paths import FamiliarPaths, data_root, list_familiars
+from familiar_pipeline.partitions import familiars_partitions
+from familiar_pipeline.turns import TurnLog
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+@dataclass(frozen=True)
+class FamiliarState:
+    """What the sensor can see of one familiar without opening memory.duckdb."""
+
+    latest_turn_id: int
+    latest_change_seq: int
+    snapshot_version: int
+    watermarks: dict  # projector -> {"turn_id", "fact_id", "change_seq"}
+
+    def turn_watermark(self, projector: str) -> int:
+        return int(self.watermarks.get(projector, {}).get("turn_id", 0))
+
+    def signature(self) -> list[int]:
+        return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version]
+
+
+def read_state(paths: FamiliarPaths) -> FamiliarState:
+    with TurnLog(paths.turns_db, readonly=True) as turn_log:
+        latest, change = turn_log.latest_id(), turn_log.latest_change_seq()
+    manifest_path = paths.serving_dir / "manifest.json"
+    version, marks = 0, {}
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        version = int(manifest.get("version", 0))
+        marks = (manifest.get("store_watermark") or {}).get("projectors") or {}
+    except (OSError, ValueError):
+        pass
+    return FamiliarState(latest, change, version, marks)
+
+
+def due_assets(config, state: FamiliarState) -> list[str]:
+    """Asset names whose thresholds are met, per the familiar's effective config."""
+    due = []
+    fts_mark = state.watermarks.get("turns_fts", {})
+    if state.latest_turn_id > int(fts_mark.get("turn_id", 0)) or state.latest_change_seq > int(fts_mark.get("change_seq", 0)):
+        due.append("turns_fts")
+    active = set(config.memory.projectors)
+    pending_summary = state.latest_turn_id - state.turn_watermark("rolling_summary")
+    if "rolling_summary" in active and pending_summary >= config.memory.rolling_summary.turns_threshold:
+        due.append("rolling_summary")
+    pending_facts = state.latest_turn_id - state.turn_watermark("rich_note")
+    if "rich_note" in active and pending_facts >= config.memory.rich_note.batch_size:
+        due.append("facts")
+    return due
+
+
+def evaluate_tick(
+    cursor: dict,
+    familiars: list[str],
+    known_partitions: set[str],
+    *,
+    root: Path,
+    in_flight: set[str],
+    max_requests: int,
+) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
+    """Pure tick logic: (run requests, new partitions, new cursor, log lines)."""
+    requests: list[dg.RunRequest] = []
+    notes: list[str] = []
+    new_cursor = dict(cursor)
+    new_partitions = [f for f in familiars if f not in known_partitions]
+    for familiar_id in familiars:
+        paths = FamiliarPaths.for_id(familiar_id, root)
+        try:
+            config = load_config(familiar_id, root=root)
+            state = read_state(paths)
+        except (ConfigError, OSError, ValueError) as exc:
+            notes.append(f"{familiar_id}: skipped ({exc})")
+            continue
+        if cursor.get(familiar_id) == state.signature():
+            continue
+        if familiar_id in in_flight:
+            notes.append(f"{familiar_id}: a run is already queued or running; will look again")
+            continue
+        assets = due_assets(config, state)
+        if not assets:
+            new_cursor[familiar_id] = state.signature()
+            continue
+        if len(requests) >= max_requests:
+            notes.append(f"{familiar_id}: deferred by the flood guard (max {max_requests} runs per tick)")
+            continue
+        knobs = {
+            "rich_note.batch_size": config.memory.rich_note.batch_size,
+            "rolling_summary.turns_threshold": config.memory.rolling_summary.turns_threshold,
+        }
+        notes.append(f"{familiar_id}: turns up to {state.latest_turn_id} -> {', '.join(assets)} ({knobs})")
+        requests.append(
+            dg.RunRequest(
+                run_key=f"{familiar_id}:t{state.latest_turn_id}:c{state.latest_change_seq}:v{state.snapshot_version}",
+                partition_key=familiar_id,
+                asset_selection=[dg.AssetKey(a) for a in assets],
+                tags={"familiar": familiar_id, "trigger": "turn_watermark_sensor"},
+            )
+        )
+        new_cursor[familiar_id] = state.signature()
+    return requests, new_partitions, new_cursor, notes
+
+
+def _sensor_interval() -> int:
+    try:
+        return int(load_config(None).pipeline.sensor_interval_s)
+    except Exception:  # a broken config must not stop the code location from loading
+        return 15
+
+
+def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
+    interval = _sensor_interval()
+
+    @dg.sensor(
+        name="turn_watermark_sensor",
+        minimum_interval_seconds=interval,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        target=targets,
+        description=(
+            f"Every {interval}s ([pipeline].sensor_interval_s): adds new familiars as partitions and requests "
+            "runs of turns_fts, rolling_summary and facts for familiars whose thresholds are met."
+        ),
+    )
+    def turn_watermark_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        root = data_root()
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        familiars = list_familiars(root)
+        known = set(context.instance.get_dynamic_partitions(familiars_partitions.name))
+        in_flight = set()
+        for familiar_id in familiars:
+            records = context.instance.get_run_records(
+                filters=dg.RunsFilter(tags={"dagster/partition": familiar_id}, statuses=IN_FLIGHT), limit=1
+            )
+            if records:
+                in_flight.add(familiar_id)
+        try:
+            max_requests = load_config(None, root=root).pipeline.max_familiars_per_tick
+        except ConfigError:
+            max_requests = 20
+        requests, new_partitions, new_cursor, notes = evaluate_tick(
+            cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests
+        )
+        for note in notes:
+            context.log.info(note)
+        return dg.SensorResult(
+            run_requests=requests,
+            cursor=json.dumps(new_cursor, sort_keys=True),
+            dynamic_partitions_requests=[familiars_partitions.build_add_request(new_partitions)] if new_partitions else [],
+            skip_reason=None if requests or new_partitions else "no familiar has pending work",
+        )
+
+    return turn_watermark_sensor

@@ -1,0 +1,18 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from familiar_pipeline.minilm import MinilmUnavailable, ensure_local_minilm
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """A real all-MiniLM-L6-v2 ONNX folder (built once, ~15 s, then cached in .cache/models)."""
+    try:
+        return ensure_local_minilm()
+    except MinilmUnavailable as exc:
+        pytest.skip(f"local MiniLM model cannot be built on this host: {exc}")

@@ -1,0 +1,59 @@
+"""Shared builders for pipeline and bot tests (plain functions, not fixtures)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from familiar_pipeline.paths import FamiliarPaths
+from familiar_pipeline.turns import TurnLog
+
+FAKE_MODEL_TOML = """
+[llm.background]
+model = "fake/careful"
+"""
+
+PEOPLE = [("discord:111", "Cass"), ("discord:222", "Bo"), ("discord:333", "Mia")]
+LINES = [
+    "I just moved to Berlin for a new job at a bakery",
+    "My cat Pixel knocked over the plants again this morning",
+    "We should plan the hiking trip for the first weekend of June",
+    "I'm allergic to peanuts so please no satay at the party",
+    "Honestly the new album is better than their last three",
+    "lol",
+    "Started learning the cello last month and my fingers hurt",
+    "My sister is visiting from Lisbon next Tuesday",
+    "ok",
+    "The bakery opens at six so I'm up at five every day",
+]
+
+
+def make_familiar(root: Path, familiar_id: str = "fam", extra_toml: str = FAKE_MODEL_TOML) -> FamiliarPaths:
+    paths = FamiliarPaths.for_id(familiar_id, root)
+    paths.dir.mkdir(parents=True, exist_ok=True)
+    paths.character_toml.write_text(extra_toml)
+    TurnLog(paths.turns_db).close()
+    return paths
+
+
+def append_chat(paths: FamiliarPaths, n: int, *, start: int = 0, channel_id: int = 10, mode: str | None = None) -> list:
+    """n user turns cycling through PEOPLE and LINES, one minute apart (deterministic)."""
+    base = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+    turns = []
+    with TurnLog(paths.turns_db) as log:
+        for i in range(start, start + n):
+            key, name = PEOPLE[i % len(PEOPLE)]
+            log.upsert_participant(key, username=name.lower(), global_name=name)
+            turns.append(
+                log.append_turn(
+                    channel_id=channel_id,
+                    guild_id=1,
+                    role="user",
+                    author_key=key,
+                    author_display=name,
+                    content=f"{LINES[i % len(LINES)]} (#{i})",
+                    mode=mode,
+                    created_at=base + timedelta(minutes=i),
+                )
+            )
+    return turns

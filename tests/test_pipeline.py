@@ -1,0 +1,244 @@
+"""The turn-driven projections as Dagster assets: watermarks, idempotency, rebuilds, checks."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+
+from familiar_pipeline.assets import facts, rolling_summary, turns, turns_fts
+from familiar_pipeline.checks import ALL_CHECKS
+from familiar_pipeline.fts import FtsIndex
+from familiar_pipeline.resources import FamiliarData, LlmResource
+from familiar_pipeline.snapshots import SnapshotReader
+from familiar_pipeline.store import ProjectionStore
+from familiar_pipeline.testing import careful_model
+from familiar_pipeline.turns import TurnLog
+
+from .helpers import append_chat, make_familiar
+
+SYSTEM_TIME_COLUMNS = {"created_at", "updated_at"}
+
+
+@pytest.fixture
+def fake_llm():
+    from familiar_pipeline.fake_llm import install_fake_llm
+
+    fake = install_fake_llm()
+    fake.reset() if hasattr(fake, "reset") else None
+    fake.script(careful_model)
+    yield fake
+    fake.script(careful_model)
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def run_assets(root, familiar_id, instance, assets, *, rebuild=False, checks=()):
+    instance.add_dynamic_partitions("familiars", [familiar_id])
+    run_config = {"ops": {a.key.path[-1]: {"config": {"rebuild": rebuild}} for a in assets}}
+    return dg.materialize(
+        [turns, *assets, *checks],
+        partition_key=familiar_id,
+        instance=instance,
+        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource()},
+        run_config=run_config,
+        selection=[a.key for a in assets],
+    )
+
+
+def metadata_of(result, asset_name):
+    mats = [m for m in result.asset_materializations_for_node(asset_name)]
+    assert mats, f"{asset_name} did not materialize"
+    return {k: v.value for k, v in mats[-1].metadata.items()}
+
+
+def projection_tables(path):
+    """Every projection table without system-time columns, for incremental == rebuild comparisons."""
+    store = ProjectionStore(path, read_only=True)
+    try:
+        tables = {}
+        for table in ("facts", "fact_subjects", "summaries", "watermarks"):
+            cols = [c[0] for c in store.conn.execute(f"DESCRIBE {table}").fetchall() if c[0] not in SYSTEM_TIME_COLUMNS]
+            tables[table] = store.conn.execute(f"SELECT {', '.join(cols)} FROM {table} ORDER BY ALL").fetchall()
+        return tables
+    finally:
+        store.close()
+
+
+def test_facts_batches_and_watermark(tmp_path, instance, fake_llm):
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 25)
+    result = run_assets(tmp_path, "fam", instance, [facts])
+    meta = metadata_of(result, "facts")
+    assert meta["batches"] == 2 and meta["turns_read"] == 20
+    assert meta["watermark_after"] == {"turn_id": 20}
+    assert meta["rows_written"] > 0 and meta["llm_calls"] == 2
+    assert "preview" in meta
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        current = store.current_facts()
+        assert current and all(f.source_turn_ids and max(f.source_turn_ids) <= 20 for f in current)
+        assert all(s.canonical_key.startswith("discord:") for f in current for s in f.subjects)
+    reader = SnapshotReader(paths.serving_dir)
+    reader.refresh()
+    assert len(reader.current_facts()) == len(current)
+    hits = FtsIndex(paths.fts_facts).search("allergic peanuts", 5)
+    assert hits, "new facts are searchable in fts/facts"
+
+
+def test_rerun_with_nothing_new_is_a_noop(tmp_path, instance, fake_llm):
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 20)
+    run_assets(tmp_path, "fam", instance, [facts, rolling_summary, turns_fts])
+    before = projection_tables(paths.memory_db)
+    calls = len(fake_llm.calls)
+    result = run_assets(tmp_path, "fam", instance, [facts, rolling_summary, turns_fts])
+    for name in ("facts", "rolling_summary", "turns_fts"):
+        assert metadata_of(result, name)["status"].startswith("no-op")
+    assert projection_tables(paths.memory_db) == before
+    assert len(fake_llm.calls) == calls
+
+
+def test_malformed_reply_still_advances_watermark(tmp_path, instance, fake_llm):
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 10)
+    fake_llm.script(lambda messages: "I'm sorry, here are the facts: [{'text': broken")
+    meta = metadata_of(run_assets(tmp_path, "fam", instance, [facts]), "facts")
+    assert meta["watermark_after"] == {"turn_id": 10}
+    assert meta["rows_written"] == 0 and meta["rows_dropped"] >= 1
+    assert "malformed_items" in meta["dropped_reasons"]
+
+
+def test_activity_return_batch_skips_the_model(tmp_path, instance, fake_llm):
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 10, mode="activity_return")
+    calls = len(fake_llm.calls)
+    meta = metadata_of(run_assets(tmp_path, "fam", instance, [facts]), "facts")
+    assert len(fake_llm.calls) == calls
+    assert meta["watermark_after"] == {"turn_id": 10} and meta["rows_written"] == 0
+
+
+def test_hallucinated_ids_and_keys_are_dropped(tmp_path, instance, fake_llm):
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 10)
+    reply = [
+        {"text": "Cass moved to Berlin.", "source_turn_ids": [1, 999], "subject_keys": ["discord:111", "discord:999"]},
+        {"text": "Someone likes tea.", "source_turn_ids": [12345], "subject_keys": []},
+        {"text": "I cannot remember names.", "source_turn_ids": [2]},
+        {"text": "   ", "source_turn_ids": [3]},
+    ]
+    fake_llm.script(lambda messages: json.dumps(reply))
+    meta = metadata_of(run_assets(tmp_path, "fam", instance, [facts]), "facts")
+    assert meta["rows_written"] == 2
+    reasons = meta["dropped_reasons"]
+    assert reasons["unknown_subject_keys"] == 1 and reasons["self_capability"] == 1 and reasons["empty_text"] == 1
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        by_text = {f.text: f for f in store.current_facts()}
+    assert by_text["Cass moved to Berlin."].source_turn_ids == (1,)
+    assert [s.canonical_key for s in by_text["Cass moved to Berlin."].subjects] == ["discord:111"]
+    assert by_text["Someone likes tea."].source_turn_ids == tuple(range(1, 11))  # fallback: the batch
+
+
+def test_no_model_configured_is_skipped_not_failed(tmp_path, instance, fake_llm):
+    paths = make_familiar(tmp_path, extra_toml="")
+    append_chat(paths, 12)
+    result = run_assets(tmp_path, "fam", instance, [facts, turns_fts])
+    assert result.success
+    status = metadata_of(result, "facts")["status"]
+    assert status.startswith("skipped") and "[llm.background]" in status
+    assert metadata_of(result, "turns_fts")["rows_written"] == 12
+
+
+def test_disabled_projector_reports_disabled(tmp_path, instance, fake_llm):
+    paths = make_familiar(tmp_path, extra_toml='[providers.memory]\nprojectors = []\n[llm.background]\nmodel = "fake/careful"\n')
+    append_chat(paths, 12)
+    calls = len(fake_llm.calls)
+    result = run_assets(tmp_path, "fam", instance, [facts, rolling_summary])
+    assert metadata_of(result, "facts")["status"].startswith("disabled")
+    assert metadata_of(result, "rolling_summary")["status"].startswith("disabled")
+    assert len(fake_llm.calls) == calls
+
+
+def test_rolling_summary_compounds_and_empty_reply_keeps_watermark(tmp_path, instance, fake_llm):
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 25)
+    meta = metadata_of(run_assets(tmp_path, "fam", instance, [rolling_summary]), "rolling_summary")
+    assert meta["watermark_after"] == {"turn_id": 20} and meta["rows_written"] == 2
+    second_prompt = [c for c in fake_llm.calls if "running summary" in c["messages"][0]["content"]][-1]
+    assert second_prompt["messages"][1]["content"].startswith("Previous summary:")
+    append_chat(paths, 10, start=25)
+    fake_llm.script(lambda messages: "   ")
+    meta = metadata_of(run_assets(tmp_path, "fam", instance, [rolling_summary]), "rolling_summary")
+    assert meta["watermark_after"] == {"turn_id": 20}
+    assert meta["dropped_reasons"] == {"empty_reply": 1}
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        assert store.get_summary().last_turn_id == 20
+
+
+def test_turns_fts_follows_edits_and_deletions(tmp_path, instance, fake_llm):
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 5)
+    run_assets(tmp_path, "fam", instance, [turns_fts])
+    with TurnLog(paths.turns_db) as log:
+        log.record_edit(turn_id=1, new_content="zebra crossing on the way home")
+        log.record_deletion(turn_id=2)
+    meta = metadata_of(run_assets(tmp_path, "fam", instance, [turns_fts]), "turns_fts")
+    assert meta["watermark_after"]["change_seq"] == 2
+    index = FtsIndex(paths.fts_turns)
+    assert [i for i, _ in index.search("zebra", 5)] == [1]
+    assert index.search("Berlin bakery", 10) == [] or 1 not in [i for i, _ in index.search("Berlin", 10)]
+    assert 2 not in [i for i, _ in index.search("Pixel plants", 10)]
+
+
+def test_turns_fts_repairs_a_deleted_index(tmp_path, instance, fake_llm):
+    import shutil
+
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 6)
+    run_assets(tmp_path, "fam", instance, [turns_fts])
+    shutil.rmtree(paths.fts_turns)
+    meta = metadata_of(run_assets(tmp_path, "fam", instance, [turns_fts]), "turns_fts")
+    assert "repaired" in meta
+    assert FtsIndex(paths.fts_turns).doc_count() == 6
+
+
+def test_incremental_build_equals_rebuild(tmp_path, instance, fake_llm):
+    """The correctness test of DESIGN §4: same prompts, same cached replies, same rows."""
+    paths = make_familiar(tmp_path)
+    for start in (0, 7, 19, 33):
+        append_chat(paths, {0: 7, 7: 12, 19: 14, 33: 9}[start], start=start)
+        run_assets(tmp_path, "fam", instance, [turns_fts, rolling_summary, facts])
+    incremental = projection_tables(paths.memory_db)
+    calls = len(fake_llm.calls)
+    result = run_assets(tmp_path, "fam", instance, [turns_fts, rolling_summary, facts], rebuild=True)
+    rebuilt = metadata_of(result, "facts")
+    assert rebuilt["llm_calls"] == 0 and rebuilt["llm_cached_calls"] == 4  # 42 turns = 4 full batches
+    assert len(fake_llm.calls) == calls, "a rebuild of unchanged prompts makes no provider calls"
+    assert projection_tables(paths.memory_db) == incremental
+
+
+def test_checks_pass_and_catch_a_fact_citing_a_missing_turn(tmp_path, instance, fake_llm):
+    from familiar_pipeline.store import FactDraft
+
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 10)
+    result = run_assets(tmp_path, "fam", instance, [facts], checks=ALL_CHECKS[:3])
+    evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert evaluations and all(evaluations.values()), evaluations
+    with ProjectionStore(paths.memory_db) as store:
+        store.append_fact(FactDraft(text="Ghost fact", source_turn_ids=(4242,)))
+    append_chat(paths, 10, start=10)
+    result = dg.materialize(
+        [turns, facts, *ALL_CHECKS[:2]],
+        partition_key="fam",
+        instance=instance,
+        resources={"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource()},
+        selection=[facts.key],
+        raise_on_error=False,
+    )
+    evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert evaluations["facts_cite_existing_turns"] is False

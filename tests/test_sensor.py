@@ -1,0 +1,127 @@
+"""The turn-watermark sensor, one test per cursor situation."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+
+from familiar_pipeline.assets import TURN_DRIVEN_ASSETS
+from familiar_pipeline.sensors import build_turn_watermark_sensor, due_assets, read_state
+
+from .helpers import append_chat, make_familiar
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    with dg.instance_for_test() as instance:
+        yield tmp_path, instance
+
+
+def tick(instance, cursor=None):
+    sensor = build_turn_watermark_sensor(TURN_DRIVEN_ASSETS)
+    return sensor(dg.build_sensor_context(instance=instance, cursor=cursor))
+
+
+def requested(result):
+    return {r.partition_key: sorted(k.path[-1] for k in r.asset_selection) for r in result.run_requests}
+
+
+def test_first_tick_with_backlog_adds_partition_and_requests_runs(env):
+    root, instance = env
+    append_chat(make_familiar(root, "alpha"), 35)
+    result = tick(instance)
+    assert requested(result) == {"alpha": ["facts", "rolling_summary", "turns_fts"]}
+    added = [k for r in result.dynamic_partitions_requests for k in r.partition_keys]
+    assert added == ["alpha"]
+    assert json.loads(result.cursor)["alpha"][0] == 35
+
+
+def test_nothing_new_requests_nothing(env):
+    root, instance = env
+    append_chat(make_familiar(root, "alpha"), 12)
+    first = tick(instance)
+    instance.add_dynamic_partitions("familiars", ["alpha"])
+    second = tick(instance, cursor=first.cursor)
+    assert second.run_requests == [] and not second.dynamic_partitions_requests
+    assert second.cursor == first.cursor
+
+
+def test_new_familiar_is_added_on_a_later_tick(env):
+    root, instance = env
+    append_chat(make_familiar(root, "alpha"), 3)
+    first = tick(instance)
+    instance.add_dynamic_partitions("familiars", ["alpha"])
+    append_chat(make_familiar(root, "beta"), 3)
+    second = tick(instance, cursor=first.cursor)
+    assert [k for r in second.dynamic_partitions_requests for k in r.partition_keys] == ["beta"]
+    assert requested(second) == {"beta": ["turns_fts"]}
+
+
+def test_thresholds_decide_which_assets_run(env):
+    root, instance = env
+    paths = make_familiar(root, "alpha")
+    append_chat(paths, 9)  # below batch_size=10 and turns_threshold=10
+    assert requested(tick(instance)) == {"alpha": ["turns_fts"]}
+    append_chat(paths, 1, start=9)  # exactly at the threshold
+    assert requested(tick(instance)) == {"alpha": ["facts", "rolling_summary", "turns_fts"]}
+
+
+def test_env_override_of_a_threshold_takes_effect(env, monkeypatch):
+    root, instance = env
+    append_chat(make_familiar(root, "alpha"), 5)
+    monkeypatch.setenv("FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE", "5")
+    assert requested(tick(instance)) == {"alpha": ["facts", "turns_fts"]}
+
+
+def test_cursor_reset_redispatches_without_losing_anything(env):
+    root, instance = env
+    append_chat(make_familiar(root, "alpha"), 12)
+    first = tick(instance)
+    instance.add_dynamic_partitions("familiars", ["alpha"])
+    assert tick(instance, cursor=first.cursor).run_requests == []
+    reset = tick(instance, cursor=None)
+    assert requested(reset) == requested(first)
+    assert reset.run_requests[0].run_key == first.run_requests[0].run_key  # idempotent dispatch
+
+
+def test_in_flight_run_defers_the_familiar(env):
+    root, instance = env
+    append_chat(make_familiar(root, "alpha"), 12)
+    instance.add_dynamic_partitions("familiars", ["alpha"])
+    instance.add_run(
+        dg.DagsterRun(job_name="project_memory", run_id="r1", status=dg.DagsterRunStatus.STARTED, tags={"dagster/partition": "alpha"})
+    )
+    result = tick(instance)
+    assert result.run_requests == []
+    assert "alpha" not in json.loads(result.cursor or "{}")
+
+
+def test_flood_guard_caps_requests_per_tick(env, monkeypatch):
+    root, instance = env
+    for name in ("a1", "a2", "a3", "a4"):
+        append_chat(make_familiar(root, name), 11)
+    monkeypatch.setenv("FAMILIAR__PIPELINE__MAX_FAMILIARS_PER_TICK", "2")
+    first = tick(instance)
+    assert len(first.run_requests) == 2
+    for r in first.dynamic_partitions_requests:
+        instance.add_dynamic_partitions("familiars", list(r.partition_keys))
+    second = tick(instance, cursor=first.cursor)
+    assert len(second.run_requests) == 2
+    assert set(requested(first)) | set(requested(second)) == {"a1", "a2", "a3", "a4"}
+
+
+def test_due_assets_reads_published_watermarks(tmp_path):
+    paths = make_familiar(tmp_path, "alpha")
+    append_chat(paths, 30)
+    paths.serving_dir.mkdir(parents=True)
+    (paths.serving_dir / "manifest.json").write_text(
+        json.dumps({"version": 3, "store_watermark": {"projectors": {"rich_note": {"turn_id": 25}, "turns_fts": {"turn_id": 30, "change_seq": 0}, "rolling_summary": {"turn_id": 10}}}})
+    )
+    from familiar_pipeline.config import load_config
+
+    state = read_state(paths)
+    assert state.snapshot_version == 3
+    assert due_assets(load_config("alpha", root=tmp_path), state) == ["rolling_summary"]
