@@ -73,6 +73,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test() as instance:
         root = Path(tmp)
         os.environ["FAMILIAR__PIPELINE__MAX_BATCHES_PER_RUN"] = "100000"
+        os.environ["FAMILIAR__PROVIDERS__MEMORY__ROLLING_SUMMARY__BACKFILL_CAP"] = "100000"
         paths = FamiliarPaths.for_id("bench", root)
         paths.dir.mkdir(parents=True)
         paths.character_toml.write_text('[llm.background]\nmodel = "fake/careful"\n')

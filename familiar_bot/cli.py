@@ -199,6 +199,21 @@ COMMANDS: list[Command] = [
 ]
 
 
+def discovered_commands() -> list[Command]:
+    """COMMANDS plus every `familiar_bot.commands.<module>.COMMAND`, sorted by name after init/config."""
+    import importlib
+    import pkgutil
+
+    from familiar_bot import commands as package
+
+    found = []
+    for module in pkgutil.iter_modules(package.__path__):
+        command = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "COMMAND", None)
+        if isinstance(command, Command):
+            found.append(command)
+    return COMMANDS + sorted(found, key=lambda c: c.name)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="familiar",
@@ -206,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Data lives under $FAMILIAR_DATA_ROOT (default: data/familiars in the repo).",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in COMMANDS:
+    for command in discovered_commands():
         sub = commands.add_parser(command.name, help=command.help, description=command.help)
         command.configure(sub)
         sub.set_defaults(run=command.run)

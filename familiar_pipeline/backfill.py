@@ -20,6 +20,14 @@ ASSET_FOR = {
     "rolling_summary": "rolling_summary",
     "rich_note": "facts",
     "facts": "facts",
+    "fact_supersede": "fact_supersessions",
+    "fact_supersessions": "fact_supersessions",
+    "people_dossier": "people_dossiers",
+    "people_dossiers": "people_dossiers",
+    "reflection": "reflections",
+    "reflections": "reflections",
+    "fact_embedding": "fact_embeddings",
+    "fact_embeddings": "fact_embeddings",
 }
 
 
@@ -86,15 +94,36 @@ def run_in_process(familiar_id: str, asset: str, *, rebuild: bool):
     return result
 
 
-def backfill(familiar_id: str, projection: str, *, rebuild: bool = False, host: str = "127.0.0.1", port: int = 3000, allow_local: bool = True) -> BackfillOutcome:
+def webserver_up(host: str, port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/server_info", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def backfill(
+    familiar_id: str,
+    projection: str,
+    *,
+    rebuild: bool = False,
+    host: str = "127.0.0.1",
+    port: int = 3000,
+    allow_local: bool = True,
+    force_local: bool = False,
+) -> BackfillOutcome:
     validate_familiar_id(familiar_id)
     asset = resolve_asset(projection)
-    try:
-        run_id = submit(familiar_id, asset, rebuild=rebuild, host=host, port=port)
+    if not force_local and webserver_up(host, port):
+        try:
+            run_id = submit(familiar_id, asset, rebuild=rebuild, host=host, port=port)
+        except Exception as exc:
+            raise BackfillError(f"the Dagster webserver at {host}:{port} refused the run: {exc}") from exc
         return BackfillOutcome("queued", run_id, f"queued {asset} for {familiar_id}: http://{host}:{port}/runs/{run_id}")
-    except Exception as exc:  # no webserver listening, or it refused: fall back to a local run
-        if not allow_local:
-            raise BackfillError(f"could not submit to the Dagster webserver at {host}:{port}: {exc}") from exc
+    if not allow_local:
+        raise BackfillError(f"no Dagster webserver answers at {host}:{port}")
     result = run_in_process(familiar_id, asset, rebuild=rebuild)
     if not result.success:
         raise BackfillError(f"the {asset} run for {familiar_id} failed (run {result.run_id}); see the Dagster UI for its logs")

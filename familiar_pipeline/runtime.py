@@ -9,6 +9,7 @@ snapshot that `publish()` writes after each write).
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -21,6 +22,11 @@ from familiar_pipeline.store import ProjectionStore
 from familiar_pipeline.turns import TurnLog
 
 log = logging.getLogger(__name__)
+
+# Batches of a long catch-up commit one after another; publishing the snapshot
+# after every one of them would cost more than the batches. Writes publish at
+# most this often, and close() publishes whatever is still unpublished.
+PUBLISH_INTERVAL_S = 1.0
 
 
 class NoModelConfigured(RuntimeError):
@@ -35,6 +41,9 @@ class FamiliarRuntime:
     embedder: object | None = None
     _turn_log: TurnLog | None = field(default=None, init=False, repr=False)
     _indexes: dict[str, FtsIndex] = field(default_factory=dict, init=False, repr=False)
+    _unpublished: bool = field(default=False, init=False, repr=False)
+    _last_publish: float = field(default=0.0, init=False, repr=False)
+    published_version: int = field(default=0, init=False)
 
     @property
     def llm(self):
@@ -60,9 +69,21 @@ class FamiliarRuntime:
         finally:
             store.close()
 
-    def publish(self, store: ProjectionStore):
-        """Publish the serving snapshot from an open store (call right after a write)."""
-        return publish_snapshot(store.conn, self.paths.serving_dir, store_watermark=store_watermark(store))
+    def publish(self, store: ProjectionStore, *, force: bool = False) -> None:
+        """Publish the serving snapshot after a committed write (at most every PUBLISH_INTERVAL_S)."""
+        if not force and time.monotonic() - self._last_publish < PUBLISH_INTERVAL_S:
+            self._unpublished = True
+            return
+        manifest = publish_snapshot(store.conn, self.paths.serving_dir, store_watermark=store_watermark(store))
+        self.published_version = manifest.version
+        self._last_publish = time.monotonic()
+        self._unpublished = False
+
+    def flush(self) -> None:
+        """Publish what earlier writes left unpublished."""
+        if self._unpublished:
+            with self.store() as store:
+                self.publish(store, force=True)
 
     def fts_turns(self) -> FtsIndex:
         return self._index("turns")
@@ -77,6 +98,12 @@ class FamiliarRuntime:
         return self._indexes[name]
 
     def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._close_handles()
+
+    def _close_handles(self) -> None:
         for index in self._indexes.values():
             index.close()
         self._indexes.clear()

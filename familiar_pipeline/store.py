@@ -507,8 +507,9 @@ class ProjectionStore:
             raise SchemaVersionError(
                 f"{where} holds tables but no schema_version: not a familiar projection store"
             )
-        store_schema.migrate(self._conn)
-        store_schema.create_notebook_views(self._conn)
+        applied = store_schema.migrate(self._conn)
+        if applied or not store_schema.notebook_views_current(self._conn):
+            store_schema.create_notebook_views(self._conn)
 
     @property
     def schema_version(self) -> int:
@@ -606,6 +607,90 @@ class ProjectionStore:
                 if twin is not None:
                     return twin, False
             return self._insert_fact(prepared, at), True
+
+    def append_facts(
+        self, drafts: Iterable[FactDraft], *, now: Any = None, dedup: bool = True
+    ) -> list[tuple[Fact, bool]]:
+        """``append_fact`` for a whole batch in a few statements: one twin lookup, one insert per table.
+
+        Same rules, applied in order, so a draft that repeats an earlier draft
+        of the same batch is suppressed too. Returns ``(fact, inserted)`` per draft.
+        """
+        at = _now(now)
+        prepared = [_prepare(d, at) for d in drafts]
+        if not prepared:
+            return []
+        with self.transaction():
+            twins: dict[str, int] = {}
+            if dedup:
+                keys = sorted({p.dedup_key for p in prepared if p.valid_to is None})
+                rows = self._q(
+                    "SELECT id, dedup_key, superseded_at::TIMESTAMP, valid_to::TIMESTAMP FROM facts "
+                    "WHERE dedup_key IN (SELECT unnest(?::VARCHAR[]))",
+                    [keys],
+                ).fetchall() if keys else []
+                for fact_id, key, superseded_at, valid_to in sorted(rows):
+                    if superseded_at is None and (valid_to is None or _utc_or_none(valid_to) > at):
+                        twins.setdefault(key, fact_id)
+            plan: list[tuple[_PreparedFact, int | None]] = []
+            fresh: list[_PreparedFact] = []
+            seen_in_batch: dict[str, int] = {}
+            for p in prepared:
+                if dedup and p.valid_to is None:
+                    if p.dedup_key in twins:
+                        plan.append((p, twins[p.dedup_key]))
+                        continue
+                    if p.dedup_key in seen_in_batch:
+                        plan.append((p, -1 - seen_in_batch[p.dedup_key]))  # points at a fresh row
+                        continue
+                    seen_in_batch[p.dedup_key] = len(fresh)
+                plan.append((p, None))
+                fresh.append(p)
+            new_ids = self._insert_facts(fresh, at)
+            existing = {f.id: f for f in self.facts_by_ids(sorted({i for _, i in plan if i is not None and i >= 0}))}
+            results: list[tuple[Fact, bool]] = []
+            fresh_iter = iter(range(len(fresh)))
+            fresh_facts = [
+                Fact(
+                    id=fact_id, channel_id=p.channel_id, text=p.text, source_turn_ids=p.source_turn_ids,
+                    subjects=p.subjects, importance=p.importance, created_at=at, superseded_at=None,
+                    superseded_by=None, valid_from=p.valid_from, valid_to=p.valid_to,
+                )
+                for p, fact_id in zip(fresh, new_ids)
+            ]
+            for p, ref in plan:
+                if ref is None:
+                    results.append((fresh_facts[next(fresh_iter)], True))
+                elif ref >= 0:
+                    results.append((existing[ref], False))
+                else:
+                    results.append((fresh_facts[-1 - ref], False))
+            return results
+
+    def _insert_facts(self, rows: list[_PreparedFact], at: datetime) -> list[int]:
+        if not rows:
+            return []
+        ids = [r[0] for r in self._q("SELECT nextval('facts_id_seq') FROM range(?) ORDER BY range", [len(rows)]).fetchall()]
+        self._q(
+            "INSERT INTO facts (id, channel_id, text, norm_text, subject_set, dedup_key, source_turn_ids, "
+            "importance, created_at, valid_from, valid_to) "
+            "SELECT unnest(?::BIGINT[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+            "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BIGINT[][]), unnest(?::TINYINT[]), ?, "
+            "unnest(?::TIMESTAMPTZ[]), unnest(?::TIMESTAMPTZ[])",
+            [
+                ids, [p.channel_id for p in rows], [p.text for p in rows], [p.norm_text for p in rows],
+                [p.subject_set for p in rows], [p.dedup_key for p in rows], [list(p.source_turn_ids) for p in rows],
+                [p.importance for p in rows], at, [p.valid_from for p in rows], [p.valid_to for p in rows],
+            ],
+        )
+        subject_rows = [(fid, s.canonical_key, s.display_at_write, i) for fid, p in zip(ids, rows) for i, s in enumerate(p.subjects)]
+        if subject_rows:
+            self._q(
+                "INSERT INTO fact_subjects (fact_id, canonical_key, display_at_write, position) "
+                "SELECT unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[])",
+                [[r[0] for r in subject_rows], [r[1] for r in subject_rows], [r[2] for r in subject_rows], [r[3] for r in subject_rows]],
+            )
+        return ids
 
     def _current_twin(self, dedup_key: str, at: datetime) -> Fact | None:
         # Equality on dedup_key alone is what DuckDB answers from the ART index;

@@ -289,12 +289,28 @@ def migrate(conn: duckdb.DuckDBPyConnection, *, target: int = SCHEMA_VERSION) ->
     return applied
 
 
+def _views_fingerprint() -> str:
+    import hashlib
+
+    return hashlib.sha256("\n;\n".join(NOTEBOOK_VIEWS.values()).encode()).hexdigest()[:16]
+
+
+def notebook_views_current(conn: duckdb.DuckDBPyConnection) -> bool:
+    """True when the views were created from this code's definitions (saves ~10 ms per open)."""
+    if not _has_table(conn, "notebook_views_version"):
+        return False
+    row = conn.execute("SELECT max(fingerprint) FROM notebook_views_version").fetchone()
+    return bool(row and row[0] == _views_fingerprint())
+
+
 def create_notebook_views(conn: duckdb.DuckDBPyConnection) -> None:
     """(Re)create the notebook views and table macros, in one transaction."""
     conn.execute("BEGIN TRANSACTION")
     try:
         for statement in NOTEBOOK_VIEWS.values():
             conn.execute(statement)
+        conn.execute("CREATE OR REPLACE TABLE notebook_views_version (fingerprint VARCHAR)")
+        conn.execute("INSERT INTO notebook_views_version VALUES (?)", [_views_fingerprint()])
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -769,3 +769,27 @@ def test_fact_dataclass_is_frozen_and_current_means_not_superseded(store):
         fact.text = "y"  # type: ignore[misc]
     draft = FactDraft("y", source_turn_ids=[1, 2], subjects=[CASS])
     assert draft.source_turn_ids == (1, 2) and draft.subjects == (CASS,)
+
+
+# ------------------------------------------------------------------ append_facts (batch form)
+
+
+def test_append_facts_matches_append_fact_one_by_one(tmp_path):
+    drafts = [
+        FactDraft(text="Cass likes tea.", source_turn_ids=(1,), subjects=(Subject("discord:1", "Cass"),), importance=4),
+        FactDraft(text="  cass LIKES 'tea'  ", source_turn_ids=(2,), subjects=(Subject("discord:1", "Cass"),)),
+        FactDraft(text="Aria sings.", source_turn_ids=(3,), subjects=(Subject("discord:2", "Aria"), Subject("discord:1", "Cass"))),
+        FactDraft(text="Aria sings.", source_turn_ids=(4,), valid_to=datetime(2030, 1, 1, tzinfo=timezone.utc)),
+        FactDraft(text="Bo left.", source_turn_ids=(5,)),
+    ]
+    one = ProjectionStore(None)
+    one.append_fact(FactDraft(text="Bo left.", source_turn_ids=(9,)))
+    expected = [(f.id, f.text, inserted) for f, inserted in (one.append_fact(d) for d in drafts)]
+    batch = ProjectionStore(None)
+    batch.append_fact(FactDraft(text="Bo left.", source_turn_ids=(9,)))
+    got = [(f.id, f.text, inserted) for f, inserted in batch.append_facts(drafts)]
+    assert got == expected
+    assert batch.table_rows("fact_subjects") == one.table_rows("fact_subjects")
+    assert [r[:9] for r in batch.table_rows("facts", exclude=("created_at",))] == [
+        r[:9] for r in one.table_rows("facts", exclude=("created_at",))
+    ]

@@ -11,6 +11,7 @@ was garbage, so one bad batch never stalls the projection.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from typing import Any, Sequence
@@ -24,6 +25,11 @@ from familiar_pipeline.store import FactDraft, Subject
 PROJECTOR = "rich_note"
 ACTIVITY_RETURN = "activity_return"
 SLEEP_RETURN = "sleep_return"
+# Finished batches are written together once this many are ready or this much time has
+# passed: the store file is opened only for short writes, never across a model call's
+# wait, yet a fast catch-up does not pay an open/close per batch.
+WRITE_GROUP_BATCHES = 20
+WRITE_GROUP_SECONDS = 2.0
 # How far back a channel is scanned when widening the participants list.
 WIDENING_SCAN_TURNS = 300
 
@@ -177,6 +183,33 @@ def extraction_messages(batch: Sequence, manifest: Sequence[ManifestEntry], *, s
     return prompt.build_messages(prompt_turns, manifest, self_name=self_name, self_key=self_key, dream_ids=dream_ids)
 
 
+def write_outcomes(rt, report, pending: list[tuple[int, BatchOutcome]]) -> None:
+    """Write finished batches: one transaction per batch (its facts and its watermark), one snapshot, one index commit."""
+    if not pending:
+        return
+    inserted = []
+    with rt.store() as store:
+        for batch_end, outcome in pending:
+            with store.transaction():
+                for fact, is_new in store.append_facts(outcome.drafts):
+                    if is_new:
+                        inserted.append(fact)
+                    else:
+                        report.rows_suppressed += 1
+                store.set_watermark(PROJECTOR, turn_id=batch_end)
+        rt.publish(store)
+    report.rows_written += len(inserted)
+    if inserted:
+        index = rt.fts_facts()
+        index.upsert_many((f.id, f.text) for f in inserted)
+        if not index.commit():
+            report.drop("fts_commit_skipped")
+    report.preview.extend(
+        {"id": f.id, "text": f.text, "subjects": ", ".join(s.canonical_key for s in f.subjects), "importance": f.importance}
+        for f in inserted
+    )
+
+
 def run(rt, report, *, rebuild: bool = False) -> None:
     """Process every full batch past the watermark, up to `max_batches_per_run`."""
     cfg = rt.config
@@ -189,7 +222,14 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             rt.fts_facts().clear()
             rt.fts_facts().commit()
         watermark = store.get_watermark(PROJECTOR).turn_id
+        all_facts = store.conn.execute("SELECT id, text FROM facts ORDER BY id").fetchall()
+    if rt.fts_facts().doc_count() != len(all_facts):
+        # a killed run or a skipped commit left fts/facts out of step: the store is canonical
+        rt.fts_facts().rebuild(all_facts)
+        report.extra["fts_facts_repaired"] = f"reindexed {len(all_facts)} facts from the store"
     report.watermark_before = {"turn_id": watermark}
+    pending: list[tuple[int, BatchOutcome]] = []
+    group_started = time.monotonic()
     for _ in range(cfg.pipeline.max_batches_per_run):
         batch = next_batch(turn_log, watermark, knobs.batch_size)
         if not batch:
@@ -201,8 +241,9 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         if prompt_turns:
             manifest = build_manifest(batch, turn_log, participants_max=knobs.participants_max, self_key=self_key, self_name=self_name)
             messages = extraction_messages(batch, manifest, self_key=self_key, self_name=self_name)
+            llm_started = time.perf_counter()
             reply = rt.llm.complete(messages)
-            report.llm_seconds += reply.latency_s
+            report.llm_seconds += time.perf_counter() - llm_started
             raw_facts, malformed = prompt.parse_reply(reply.text)
             report.drop("malformed_items", malformed)
             outcome = validate_facts(raw_facts, batch, manifest, self_key=self_key, self_name=self_name)
@@ -211,27 +252,11 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         for reason, n in outcome.dropped.items():
             report.drop(reason, n)
         watermark = batch[-1].id
-        inserted = []
-        with rt.store() as store:
-            with store.transaction():
-                for draft in outcome.drafts:
-                    fact, is_new = store.append_fact(draft)
-                    if is_new:
-                        inserted.append(fact)
-                    else:
-                        report.rows_suppressed += 1
-                store.set_watermark(PROJECTOR, turn_id=watermark)
-            rt.publish(store)
-        report.rows_written += len(inserted)
-        if inserted:
-            index = rt.fts_facts()
-            index.upsert_many((f.id, f.text) for f in inserted)
-            if not index.commit():
-                report.drop("fts_commit_skipped")
-        report.preview.extend(
-            {"id": f.id, "text": f.text, "subjects": ", ".join(s.canonical_key for s in f.subjects), "importance": f.importance}
-            for f in inserted
-        )
+        pending.append((watermark, outcome))
+        if len(pending) >= WRITE_GROUP_BATCHES or time.monotonic() - group_started >= WRITE_GROUP_SECONDS:
+            write_outcomes(rt, report, pending)
+            pending, group_started = [], time.monotonic()
+    write_outcomes(rt, report, pending)
     report.watermark_after = {"turn_id": watermark}
     if report.batches == 0:
         report.status = "no-op"

@@ -9,9 +9,26 @@ than replaced by an empty summary.
 
 from __future__ import annotations
 
+import time
+
 from familiar_pipeline.prompts import summary as prompt
 
 PROJECTOR = "rolling_summary"
+WRITE_GROUP_BATCHES = 20  # see projections.facts: short grouped writes, never across a model call
+WRITE_GROUP_SECONDS = 2.0
+
+
+def write_windows(rt, pending: list[tuple[int, str]]) -> None:
+    """One transaction per folded window (summary + watermark), one snapshot for the group."""
+    if not pending:
+        return
+    with rt.store() as store:
+        for watermark, text in pending:
+            with store.transaction():
+                if text:
+                    store.put_summary(text, watermark)
+                store.set_watermark(PROJECTOR, turn_id=watermark)
+        rt.publish(store)
 
 
 def run(rt, report, *, rebuild: bool = False) -> None:
@@ -26,6 +43,8 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         prior = store.get_summary()
     prior_text = prior.summary_text if prior else None
     report.watermark_before = {"turn_id": watermark}
+    pending: list[tuple[int, str]] = []
+    group_started = time.monotonic()
     for _ in range(max_windows):
         window = turn_log.turns_after(watermark, limit=window_size)
         if len(window) < window_size:
@@ -34,23 +53,23 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         report.turns_read += len(window)
         text = ""
         if visible:
+            llm_started = time.perf_counter()
             reply = rt.llm.complete(prompt.build_messages(prior_text, visible))
-            report.llm_seconds += reply.latency_s
+            report.llm_seconds += time.perf_counter() - llm_started
             text = prompt.parse_reply(reply.text)
             if not text:
                 report.drop("empty_reply")
                 break
         report.batches += 1
         watermark = window[-1].id
-        with rt.store() as store:
-            with store.transaction():
-                if text:
-                    store.put_summary(text, watermark)
-                store.set_watermark(PROJECTOR, turn_id=watermark)
-            rt.publish(store)
+        pending.append((watermark, text))
         if text:
             prior_text = text
             report.rows_written += 1
+        if len(pending) >= WRITE_GROUP_BATCHES or time.monotonic() - group_started >= WRITE_GROUP_SECONDS:
+            write_windows(rt, pending)
+            pending, group_started = [], time.monotonic()
+    write_windows(rt, pending)
     report.watermark_after = {"turn_id": watermark}
     if prior_text:
         report.preview = [{"summary": prior_text[:500]}]

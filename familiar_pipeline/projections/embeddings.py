@@ -1,0 +1,60 @@
+"""Fact embeddings (projector `fact_embedding`, opt-in): a vector per current fact for the active model.
+
+There is no positional watermark: the work list is "current facts with no
+vector under the active model's name", so adding facts, swapping models (new
+rows accumulate beside the old; reads use only the active name) or deleting
+vectors all converge through the same backfill. Each batch is one embed call;
+when it returns a different number of vectors than texts, nothing of that batch
+is written (a misaligned write would attach vectors to the wrong facts) and the
+run stops. The watermark row records the highest fact id embedded, for display.
+"""
+
+from __future__ import annotations
+
+PROJECTOR = "fact_embedding"
+
+
+def run(rt, report, *, rebuild: bool = False) -> None:
+    embedder = rt.embedder
+    if embedder is None:
+        report.status = "skipped"
+        report.reason = (
+            'no embedder: set [providers.embedding].backend to a backend other than "off" '
+            "(and list fact_embedding in [providers.memory].projectors)"
+        )
+        return
+    batch_size = rt.config.memory.fact_embedding.batch_size
+    with rt.store() as store:
+        if rebuild:
+            store.drop_projection(PROJECTOR)
+            rt.publish(store)
+        before = store.get_watermark(PROJECTOR).fact_id
+    report.watermark_before = {"fact_id": before}
+    report.extra["model"] = embedder.name
+    highest = before
+    for _ in range(rt.config.pipeline.max_batches_per_run):
+        with rt.store() as store:
+            pending = store.unembedded_facts(embedder.name, batch_size)
+        if not pending:
+            break
+        vectors = embedder.embed([f.text for f in pending])
+        if len(vectors) != len(pending):
+            report.drop("length_mismatch", len(pending))
+            report.extra["mismatch"] = f"{len(pending)} texts, {len(vectors)} vectors"
+            break
+        highest = max(highest, max(f.id for f in pending))
+        with rt.store() as store:
+            with store.transaction():
+                for fact, vector in zip(pending, vectors):
+                    store.set_fact_embedding(fact.id, embedder.name, vector)
+                store.set_watermark(PROJECTOR, fact_id=highest)
+            rt.publish(store)
+        report.batches += 1
+        report.rows_written += len(pending)
+        if len(pending) < batch_size:
+            break
+    report.watermark_after = {"fact_id": highest}
+    report.extra["dim"] = embedder.dim
+    if report.batches == 0 and not report.dropped:
+        report.status = "no-op"
+        report.reason = f"every current fact has a vector for {embedder.name}"
