@@ -123,7 +123,7 @@ def run(rounds: int = 5, port: int | None = None, sensor_interval: int = 5, time
                     time.sleep(0.2)
                 freshness.append(time.monotonic() - appended)
                 print(f"round {r + 1}: facts of turns {last.id - 9}-{last.id} visible after {freshness[-1]:.1f}s", flush=True)
-            return {"ready_s": ready_s, "freshness_s": freshness, "port": port}
+            return {"ready_s": ready_s, "freshness_s": freshness, "port": port, "pgid": process.pid}
         finally:
             log.close()
             stop_s = stop(process)

@@ -1,0 +1,53 @@
+"""The README's recipes work: its commands exist and its notebook queries run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import dagster as dg
+
+from familiar_bot.cli import build_parser
+from familiar_pipeline.assets import facts, turns
+from familiar_pipeline.resources import FamiliarData, LlmResource
+
+from .helpers import append_chat, make_familiar
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, re.S)
+
+
+def test_every_familiar_subcommand_in_the_readme_exists():
+    used = set(re.findall(r"uv run familiar ([a-z]+)", README))
+    known = set(build_parser()._subparsers._group_actions[0].choices)
+    assert used and used <= known, used - known
+
+
+def test_notebook_recipes_run_against_a_real_familiar(tmp_path, monkeypatch):
+    from familiar_pipeline.fake_llm import install_fake_llm
+    from familiar_pipeline.testing import careful_model
+
+    install_fake_llm().script(careful_model)
+    paths = make_familiar(tmp_path, "demo")
+    append_chat(paths, 20)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("familiars", ["demo"])
+        dg.materialize(
+            [turns, facts], partition_key="demo", instance=instance, selection=[facts.key],
+            resources={"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource()},
+        )
+    monkeypatch.chdir(tmp_path.parent)
+    blocks = [b.replace("data/familiars/demo", str(paths.dir)) for b in python_blocks()]
+    store_block = next(b for b in blocks if "read_only=True" in b)
+    namespace: dict = {}
+    exec(store_block.replace("supersession_chain(42)", "supersession_chain(1)"), namespace)  # noqa: S102
+    con = namespace["con"]
+    assert con.execute("SELECT count(*) FROM current_facts").fetchall()[0][0] > 0
+    con.close()
+    snapshot_block = next(b for b in blocks if "manifest.json" in b)
+    namespace = {}
+    exec(snapshot_block, namespace)  # noqa: S102
+    assert namespace["facts"].aggregate("count(*)").fetchall()[0][0] > 0
