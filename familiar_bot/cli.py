@@ -252,4 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the importable module so command modules share its Command class.
+    from familiar_bot.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,560 @@
+"""The transport-free responder: what happens when someone says something to the familiar.
+
+Discord and the console both hand it an `IncomingMessage`; it does the memory
+bookkeeping and the reply, and knows nothing about either transport. Per message:
+
+1. upsert the author and everyone it mentions (plus guild nicknames);
+2. append the user turn, with its mentions, *before* anything is assembled, so the
+   prompt built for this message (and for any message racing it) already contains
+   it: building the prompt first once made two people get the same reply;
+3. decide whether to reply (`reply_reason`);
+4. refresh the memory readers and assemble the prompt with the message as the
+   retrieval cue, call the `reply` model slot, hand the reply to the transport in
+   Discord-sized pieces;
+5. append one assistant turn per piece actually delivered, only after it was
+   delivered, so the log never claims the familiar said what nobody saw.
+
+Failures never cost a turn and never crash the transport: without a reply model
+the familiar says once per channel which setting to change; a failing model call
+becomes a short apology plus a logged error. Notices and apologies are not the
+familiar speaking, so they are not recorded as its turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Awaitable, Callable, Protocol, Sequence
+
+from familiar_pipeline.config import FamiliarConfig
+from familiar_pipeline.identity import ego_key
+from familiar_pipeline.paths import FamiliarPaths
+from familiar_pipeline.turns import TurnLog, TurnLogError
+
+log = logging.getLogger(__name__)
+
+DISCORD_MESSAGE_LIMIT = 2000
+TIER = "text"
+HISTORY_LAYER = "recent_history"
+
+APOLOGY = "Sorry, I couldn't put a reply together just now. Please try again in a moment."
+
+# Sends one piece of a reply; returns the platform's id for the sent message, if any.
+Send = Callable[[str], Awaitable["str | int | None"]]
+# Returns an async context manager shown while composing (Discord: the typing indicator).
+Composing = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Person:
+    """An account as a transport saw it on one message.
+
+    `nick_known` says the transport resolved the account as a guild member, so
+    `guild_nick` is authoritative (None then means "no nickname", and clears an
+    old one); otherwise the nickname is unknown and left as recorded.
+    """
+
+    key: str  # canonical key, e.g. "discord:1234" or "console:ana"
+    username: str | None = None
+    global_name: str | None = None
+    guild_nick: str | None = None
+    nick_known: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.guild_nick or self.global_name or self.username or self.key.partition(":")[2]
+
+
+@dataclass(frozen=True)
+class IncomingMessage:
+    """One message from a person, in transport-neutral terms.
+
+    `addressed` is the transport's judgement that the familiar itself was pinged
+    (an @-mention of its account, or a reply to one of its messages); `direct`
+    marks a private conversation; `console` a local terminal chat, which always
+    gets a reply. A thread's `parent_channel_id` lets it inherit the parent's
+    `[channels.<id>]` settings.
+    """
+
+    channel_id: int
+    author: Person
+    content: str
+    guild_id: int | None = None
+    parent_channel_id: int | None = None
+    platform_message_id: str | None = None
+    reply_to_message_id: str | None = None
+    created_at: datetime | None = None
+    mentions: tuple[Person, ...] = ()
+    addressed: bool = False
+    direct: bool = False
+    console: bool = False
+    author_is_bot: bool = False
+
+
+class AssemblerLike(Protocol):
+    def assemble(self, ctx: Any) -> Any: ...
+
+
+# --------------------------------------------------------------------------- pure rules
+
+
+def _name_pattern(names: Sequence[str]) -> re.Pattern[str] | None:
+    words = sorted({n.strip() for n in names if n and n.strip()}, key=len, reverse=True)
+    if not words:
+        return None
+    return re.compile(r"(?<!\w)(?:" + "|".join(re.escape(w) for w in words) + r")(?!\w)", re.IGNORECASE)
+
+
+def reply_reason(message: IncomingMessage, config: FamiliarConfig) -> str | None:
+    """Why the familiar should answer this message, or None to stay quiet.
+
+    In order: the console always answers; never answer another bot (two bots
+    answering each other never stop); a direct message; an @-mention or reply;
+    one of the familiar's configured `aliases` as a word ("morning, Sapphire");
+    a channel (or a thread's parent channel) with `respond_to_all = true`.
+    Only explicit aliases count as names: the derived display name of a familiar
+    called "familiar" would otherwise fire on "that looks familiar".
+    """
+    if message.console:
+        return "console"
+    if message.author_is_bot:
+        return None
+    if message.direct:
+        return "direct"
+    if message.addressed:
+        return "mentioned"
+    pattern = _name_pattern(config.aliases)
+    if pattern is not None and pattern.search(message.content):
+        return "named"
+    for channel_id in (message.channel_id, message.parent_channel_id):
+        if channel_id is not None and channel_id in config.channels and config.channels[channel_id].respond_to_all:
+            return "respond_to_all"
+    return None
+
+
+_FENCE = re.compile(r"^\s*```")
+
+
+def split_message(text: str, limit: int = DISCORD_MESSAGE_LIMIT) -> list[str]:
+    """Cut a reply into pieces of at most `limit` characters, at the gentlest boundary.
+
+    Prefers a paragraph break, then a line break, then a space, in the back half
+    of the window; a word longer than that is cut hard. A code block cut in two
+    is closed at the end of one piece and reopened (same language) in the next,
+    so both render as code. Empty pieces are dropped; "" gives [].
+    """
+    if limit < 20:
+        raise ValueError(f"limit must be at least 20 characters, got {limit}")
+    text = text.strip()
+    pieces: list[str] = []
+    closing = "\n```"
+    reopen = ""  # the fence line to start the next piece with, when inside a code block
+    while text:
+        budget = limit - len(reopen)
+        if len(text) <= budget:
+            pieces.append(reopen + text)
+            break
+        cut = _best_cut(text[:budget])
+        fence = _open_fence(reopen + text[:cut])
+        if fence is not None and len(reopen + text[:cut].rstrip()) + len(closing) > limit:
+            cut = _best_cut(text[: budget - len(closing)])  # make room to close the block
+            fence = _open_fence(reopen + text[:cut])
+        piece, text = reopen + text[:cut].rstrip(), text[cut:]
+        if fence is not None:
+            piece += closing
+            # A long info string would eat the next piece; a bare fence still renders as code.
+            reopen = (fence if len(fence) < limit // 4 else "```") + "\n"
+        else:
+            reopen = ""
+        if piece.strip():
+            pieces.append(piece)
+    return pieces
+
+
+def _best_cut(window: str) -> int:
+    floor = len(window) // 2
+    for separator in ("\n\n", "\n", " "):
+        at = window.rfind(separator, floor)
+        if at > 0:
+            return at + len(separator)
+    return len(window)
+
+
+def _open_fence(piece: str) -> str | None:
+    """The opening fence line (e.g. "```python") if `piece` ends inside a code block."""
+    opener = None
+    for line in piece.split("\n"):
+        if _FENCE.match(line):
+            opener = None if opener is not None else line.strip()
+    return opener
+
+
+def strip_speaker_prefix(reply: str, names: Sequence[str]) -> str:
+    """Drop a speaker label the model copied from the history format.
+
+    History shows "[12:04 Fam] text"; models sometimes echo that, or "Fam: text".
+    Only the familiar's own names are stripped, and only at the very start.
+    """
+    words = "|".join(re.escape(n) for n in names if n)
+    if not words:
+        return reply.strip()
+    pattern = re.compile(
+        rf"^\s*(?:\[(?:[^\]\n]{{0,24}}\s)?(?:{words})\]\s*:?\s*"  # [12:04 Fam] / [Fam]
+        rf"|(?:\[[^\]\n]{{1,40}}\]\s*)?(?:{words})\s*:\s*)",  # Fam: / [12:04] Fam:
+        re.IGNORECASE,
+    )
+    return pattern.sub("", reply, count=1).strip()
+
+
+def reply_instructions(display_name: str, author_label: str) -> str:
+    return (
+        f"## Replying\n"
+        f"You are {display_name}. The chat messages that follow are the conversation so far; "
+        f"the last one is from {author_label}. Write your next message in this conversation: "
+        "only the message text, without your name, a timestamp or quotation marks."
+    )
+
+
+def not_configured_notice(paths: FamiliarPaths, detail: str | None = None) -> str:
+    """What to tell a channel when no reply model can be called, and how to fix it."""
+    if detail:
+        return f"I can't reply yet: {detail}"
+    return (
+        "I can't reply yet: no reply model is configured. I'm still listening and remembering. "
+        f"To let me answer, set [llm.reply].model in {paths.character_toml} (a litellm model string "
+        "such as \"openrouter/anthropic/claude-sonnet-4\"), or the environment variable "
+        "FAMILIAR__LLM__REPLY__MODEL, then restart me."
+    )
+
+
+# --------------------------------------------------------------------------- responder
+
+
+@dataclass
+class ResponderStats:
+    """Counters for one session: what happened, for logs and tests."""
+
+    messages: int = 0
+    replies: int = 0
+    llm_errors: int = 0
+    send_errors: int = 0
+    not_configured: int = 0
+
+
+class Responder:
+    """One familiar's responder; share one instance per process and event loop.
+
+    `assembler` is anything with `assemble(AssemblyContext) -> AssembledPrompt`
+    (see familiar_bot.assembly), which refreshes its memory readers (snapshots,
+    full-text indexes) itself on each call; `llm` is the `reply` slot's client
+    (`configured`, `acomplete(messages)`); `turn_log` is the writer.
+    """
+
+    def __init__(
+        self,
+        paths: FamiliarPaths,
+        config: FamiliarConfig,
+        *,
+        assembler: AssemblerLike,
+        llm: Any,
+        turn_log: TurnLog,
+    ) -> None:
+        self.paths = paths
+        self.config = config
+        self.assembler = assembler
+        self.llm = llm
+        self.turn_log = turn_log
+        self.stats = ResponderStats()
+        self._told_no_model: set[int] = set()
+        # One reply at a time per channel, so each prompt sees the previous reply.
+        # Assemblies run one at a time in a worker thread: each takes milliseconds,
+        # and this keeps a burst of messages from fanning out into many threads.
+        self._channel_locks: dict[int, asyncio.Lock] = {}
+        self._assembly_lock: asyncio.Lock | None = None
+
+    @property
+    def familiar_id(self) -> str:
+        return self.paths.familiar_id
+
+    # -- incoming messages
+
+    async def handle(
+        self, message: IncomingMessage, *, send: Send | None = None, composing: Composing | None = None
+    ) -> list[str]:
+        """Record the message and, if it calls for one, reply; returns the reply pieces.
+
+        With `send`, each piece is sent through it and recorded once sent (a piece
+        whose send fails ends the reply there). Without, the caller is taken to
+        deliver the returned pieces and they are recorded before returning.
+        """
+        self.stats.messages += 1
+        try:
+            turn_id = self.record_incoming(message)
+        except TurnLogError as exc:
+            log.error("familiar %s: message in channel %s not recorded: %s",
+                      self.familiar_id, message.channel_id, exc)
+            return await self._deliver_notice(f"I couldn't take that message in: {exc}", send)
+
+        reason = reply_reason(message, self.config)
+        if reason is None:
+            return []
+        if not self.llm.configured:
+            return await self._tell_not_configured(message.channel_id, None, send)
+
+        lock = self._channel_locks.setdefault(message.channel_id, asyncio.Lock())
+        async with lock:
+            try:
+                async with contextlib.AsyncExitStack() as stack:
+                    if composing is not None:
+                        await self._enter_quietly(stack, composing)
+                    text = await self._compose(message, turn_id)
+            except _NotConfigured as exc:
+                return await self._tell_not_configured(message.channel_id, str(exc), send)
+            except _ReplyFailed:
+                return await self._deliver_notice(APOLOGY, send)
+            return await self._deliver_reply(message, text, send)
+
+    async def _enter_quietly(self, stack: contextlib.AsyncExitStack, composing: Composing) -> None:
+        """Show the typing indicator if the transport can; a reply never waits on it."""
+        try:
+            await stack.enter_async_context(composing())
+        except Exception as exc:  # noqa: BLE001 - e.g. a rate-limited typing request
+            log.warning("familiar %s: typing indicator unavailable: %s", self.familiar_id, exc)
+
+    def record_incoming(self, message: IncomingMessage) -> int:
+        """Participants, guild nicknames, then the user turn with its mentions; returns the turn id."""
+        for person in (message.author, *message.mentions):
+            self.observe_person(person, message.guild_id, seen_at=message.created_at)
+        turn = self.turn_log.append_turn(
+            channel_id=message.channel_id,
+            guild_id=message.guild_id,
+            role="user",
+            author_key=message.author.key,
+            author_display=message.author.label,
+            content=message.content,
+            platform_message_id=message.platform_message_id,
+            reply_to_message_id=message.reply_to_message_id,
+            created_at=message.created_at,
+            mentions=[p.key for p in message.mentions if p.key != message.author.key],
+        )
+        return turn.id
+
+    def observe_person(self, person: Person, guild_id: int | None, *, seen_at: datetime | None = None) -> None:
+        """Record what a transport learnt about an account (names, guild nickname)."""
+        self.turn_log.upsert_participant(
+            person.key, username=person.username, global_name=person.global_name, seen_at=seen_at
+        )
+        if guild_id is not None and person.nick_known:
+            self.turn_log.upsert_guild_nick(person.key, guild_id, person.guild_nick, seen_at)
+
+    async def handle_edit(
+        self, platform_message_id: str | int, new_content: str, *, edited_at: datetime | None = None
+    ) -> bool:
+        """Record an edit of a logged message (prior text kept); False when we never saw it.
+
+        Edits that change nothing (Discord sends those when a link unfurls) are no-ops
+        in the turn log, so replaying an event is harmless.
+        """
+        try:
+            turn = self.turn_log.record_edit(
+                platform_message_id=str(platform_message_id), new_content=new_content, edited_at=edited_at
+            )
+        except TurnLogError as exc:
+            log.error("familiar %s: edit of message %s not recorded: %s", self.familiar_id, platform_message_id, exc)
+            return False
+        return turn is not None
+
+    async def handle_delete(self, platform_message_id: str | int, *, deleted_at: datetime | None = None) -> bool:
+        """Tombstone a logged message (its text stays for audit); False when we never saw it."""
+        try:
+            turn = self.turn_log.record_deletion(platform_message_id=str(platform_message_id), deleted_at=deleted_at)
+        except TurnLogError as exc:
+            log.error("familiar %s: deletion of message %s not recorded: %s",
+                      self.familiar_id, platform_message_id, exc)
+            return False
+        return turn is not None
+
+    # -- inspection
+
+    async def inspect(self, channel_id: int, *, guild_id: int | None = None, cue: str = "") -> Any:
+        """The prompt a message `cue` would be answered with here; nothing is recorded."""
+        return await self._assemble(channel_id, guild_id, cue)
+
+    async def context_report(self, channel_id: int, *, guild_id: int | None = None, cue: str = "") -> str:
+        """The `/context` report: which layers said what, with token counts."""
+        from familiar_bot.assembly import render_sections
+
+        return render_sections(await self.inspect(channel_id, guild_id=guild_id, cue=cue))
+
+    # -- composing
+
+    async def _assemble(self, channel_id: int, guild_id: int | None, cue: str) -> Any:
+        from familiar_bot.assembly import AssemblyContext
+
+        ctx = AssemblyContext(
+            familiar_id=self.familiar_id, channel_id=channel_id, guild_id=guild_id, tier=TIER, cue=cue
+        )
+        if self._assembly_lock is None:
+            self._assembly_lock = asyncio.Lock()
+        async with self._assembly_lock:
+            # Off the event loop: index reads must never stall Discord's heartbeat.
+            return await asyncio.to_thread(self.assembler.assemble, ctx)
+
+    async def _compose(self, message: IncomingMessage, turn_id: int) -> str:
+        from familiar_pipeline.llm import LlmError, LlmNotConfigured
+
+        where = f"familiar {self.familiar_id} channel {message.channel_id} turn {turn_id}"
+        try:
+            prompt = await self._assemble(message.channel_id, message.guild_id, message.content)
+            messages = build_messages(prompt, message, self.config.display_name)
+            reply = await self.llm.acomplete(messages)
+        except LlmNotConfigured as exc:
+            raise _NotConfigured(str(exc)) from None
+        except LlmError as exc:
+            self.stats.llm_errors += 1
+            log.error("%s: reply model call failed: %s", where, exc)
+            raise _ReplyFailed from None
+        except Exception:  # noqa: BLE001 - a reply must never take the transport down
+            self.stats.llm_errors += 1
+            log.exception("%s: composing a reply failed", where)
+            raise _ReplyFailed from None
+        text = strip_speaker_prefix(reply.text, (self.config.display_name, *self.config.aliases))
+        if not text:
+            self.stats.llm_errors += 1
+            log.error("%s: reply model %s returned an empty reply", where, getattr(reply, "model", "?"))
+            raise _ReplyFailed
+        return text
+
+    async def _deliver_reply(self, message: IncomingMessage, text: str, send: Send | None) -> list[str]:
+        delivered: list[str] = []
+        for piece in split_message(text):
+            platform_id = None
+            if send is not None:
+                try:
+                    platform_id = await send(piece)
+                except Exception:  # noqa: BLE001 - e.g. missing permission; the rest would fail too
+                    self.stats.send_errors += 1
+                    log.exception("familiar %s: sending a reply to channel %s failed",
+                                  self.familiar_id, message.channel_id)
+                    break
+            delivered.append(piece)
+            self._record_reply(message, piece, platform_id)
+        self.stats.replies += bool(delivered)
+        return delivered
+
+    def _record_reply(self, message: IncomingMessage, piece: str, platform_id: str | int | None) -> None:
+        try:
+            self.turn_log.append_turn(
+                channel_id=message.channel_id,
+                guild_id=message.guild_id,
+                role="assistant",
+                author_key=ego_key(self.familiar_id),
+                author_display=self.config.display_name,
+                content=piece,
+                platform_message_id=platform_id,
+                reply_to_message_id=message.platform_message_id,
+            )
+        except TurnLogError as exc:  # the reply was seen; say loudly that memory missed it
+            log.error("familiar %s: reply sent to channel %s but not recorded: %s",
+                      self.familiar_id, message.channel_id, exc)
+
+    async def _tell_not_configured(self, channel_id: int, detail: str | None, send: Send | None) -> list[str]:
+        self.stats.not_configured += 1
+        if channel_id in self._told_no_model:
+            return []
+        self._told_no_model.add(channel_id)
+        notice = not_configured_notice(self.paths, detail)
+        log.info("familiar %s: cannot reply in channel %s: %s", self.familiar_id, channel_id, notice)
+        return await self._deliver_notice(notice, send)
+
+    async def _deliver_notice(self, notice: str, send: Send | None) -> list[str]:
+        pieces = split_message(notice)
+        if send is not None:
+            try:
+                for piece in pieces:
+                    await send(piece)
+            except Exception:  # noqa: BLE001
+                self.stats.send_errors += 1
+                log.exception("familiar %s: sending a notice failed", self.familiar_id)
+                return []
+        return pieces
+
+
+class _NotConfigured(Exception):
+    pass
+
+
+class _ReplyFailed(Exception):
+    pass
+
+
+def build_messages(prompt: Any, message: IncomingMessage, display_name: str) -> list[dict[str, Any]]:
+    """The reply call: system prompt plus instructions, the history, and the new message.
+
+    The user turn was appended before assembly and the history layer always keeps
+    the newest turn, so a prompt with history already ends with this message.
+    Only when the channel's `prompt_layers` leave history out (or the layer
+    failed) is the message added here, so the model sees it exactly once.
+    """
+    system = "\n\n".join(
+        part for part in (prompt.system_prompt.strip(), reply_instructions(display_name, message.author.label)) if part
+    )
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for item in prompt.history:
+        entry: dict[str, Any] = {"role": item.role, "content": item.content}
+        if item.name:
+            entry["name"] = item.name
+        messages.append(entry)
+    if not _shows_history(prompt):
+        messages.append({"role": "user", "content": f"{message.author.label}: {message.content}"})
+    return messages
+
+
+def _shows_history(prompt: Any) -> bool:
+    return bool(prompt.history) and any(s.name == HISTORY_LAYER and s.text for s in prompt.sections)
+
+
+@dataclass
+class ResponderHandle:
+    """A responder plus what must be closed when the transport stops."""
+
+    responder: Responder
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - closing is best effort at exit
+                log.exception("closing a resource of the responder failed")
+
+
+def open_responder(paths: FamiliarPaths, config: FamiliarConfig) -> ResponderHandle:
+    """The real responder for a familiar: its turn log, memory readers, assembler and reply model.
+
+    The memory view reads through the responder's own turn-log connection, so a
+    turn appended a moment ago is visible to the assembly that follows.
+    """
+    from familiar_bot.assembly import build_assembler
+    from familiar_bot.memory_view import MemoryView
+    from familiar_pipeline.embedders import create_embedder
+    from familiar_pipeline.llm import client_for
+
+    turn_log = TurnLog(paths.turns_db)
+    handle = ResponderHandle(responder=None, closers=[turn_log.close])  # type: ignore[arg-type]
+    try:
+        memory = MemoryView(paths, config, embedder=create_embedder(config.embedding), turn_log=turn_log)
+        handle.closers.append(memory.close)
+        assembler = build_assembler(paths, config, memory=memory)
+        llm = client_for(
+            config.llm, "reply", cache_path=paths.cache_dir / "llm_cache.sqlite", familiar_id=paths.familiar_id
+        )
+    except BaseException:
+        handle.close()
+        raise
+    handle.responder = Responder(paths, config, assembler=assembler, llm=llm, turn_log=turn_log)
+    return handle
