@@ -1,0 +1,19 @@
+"""``operating_mode``: how to write for the medium (spoken voice vs. a text channel)."""
+
+from __future__ import annotations
+
+MODES = {
+    "voice": "You are speaking aloud. Keep replies short, one or two sentences, and avoid markdown.",
+    "text": "You are chatting in a text channel. Markdown and multi-line replies are fine.",
+    "background": "",  # background work writes no replies
+}
+
+
+class OperatingModeLayer:
+    name = "operating_mode"
+
+    def invalidation_key(self, ctx, memory) -> str:
+        return ctx.tier
+
+    def build(self, ctx, memory) -> str:
+        return MODES.get(ctx.tier, "")

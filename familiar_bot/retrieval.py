@@ -1,0 +1,313 @@
+"""Retrieval for ``rag_context``: facts ranked by fused signals, plus earlier turns.
+
+Facts. Candidates come from ``fts/facts`` (the cue's analyzer tokens OR-ed, so
+any text is a valid query), over-fetched ``fact_overfetch x max_rag_facts`` and
+filtered to current facts through the snapshot (the index keeps retired facts;
+the snapshot knows which are retired or expired). Each signal is normalised
+within the candidate batch, then weighted by ``[memory.retrieval]``:
+
+* bm25: min-max over the batch; 1.0 for all when the scores are equal;
+* recency: rank of the fact id among the batch's ids, ``i/(n-1)`` (newest 1.0;
+  a lone candidate 1.0);
+* importance: ``importance/10``; 0.5 when the fact has none;
+* embedding: ``(cos+1)/2`` against the cue; 0.5 for a fact with no stored vector
+  under the active model (``embedder.name``). The cue is embedded only when the
+  weight is positive *and* some candidate has a vector, so a cold side-index
+  costs no model call.
+
+``total = sum(weight x signal)``; ties keep BM25 order. Every candidate's signals
+go into the debug structure so ``/context`` can explain a ranking.
+
+Turns. Hits from ``fts/turns``, minus the turns ``recent_history`` already shows
+(the ids actually in that window, not id arithmetic: ids are global across
+channels) and minus deleted turns; in a guild channel only that guild's turns
+(a direct message is never quoted into a server). Each hit brings its nearest
+neighbour before and after in the same channel, and the lot is grouped by date
+in ``display_tz``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from familiar_pipeline.embedders import cosine
+
+from familiar_bot.layers.common import Labels, clock_12h, content_hash, local_date, one_line
+from familiar_bot.tokens import estimate_tokens, truncate_to_tokens
+
+FACTS_HEADER = "## Possibly relevant facts"
+TURNS_HEADER = "## Possibly relevant earlier turns"
+NEUTRAL = 0.5
+NEIGHBOUR_SPAN = 3  # how far (in ids) to look for a hit's same-channel neighbours
+MAX_REFETCH_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Weights:
+    bm25: float = 1.0
+    recency: float = 0.0
+    importance: float = 0.0
+    embedding: float = 0.0
+
+    @classmethod
+    def from_config(cls, retrieval) -> "Weights":
+        return cls(retrieval.bm25_weight, retrieval.recency_weight,
+                   retrieval.importance_weight, retrieval.embedding_weight)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"bm25": self.bm25, "recency": self.recency,
+                "importance": self.importance, "embedding": self.embedding}
+
+
+# --------------------------------------------------------------------------- fusion (pure)
+
+
+def fuse_facts(
+    candidates: list[tuple[int, float, int | None]],
+    similarities: dict[int, float],
+    weights: Weights,
+) -> list[dict[str, Any]]:
+    """Score ``(fact_id, bm25, importance)`` candidates given in BM25 order.
+
+    ``similarities`` holds the cosine of each fact that has a vector. Returns one
+    dict per candidate (signals, ``total``, ``candidate_index``), best first.
+    """
+    if not candidates:
+        return []
+    scores = [c[1] for c in candidates]
+    low, high = min(scores), max(scores)
+    ids_sorted = sorted({c[0] for c in candidates})
+    rank = {fid: (i / (len(ids_sorted) - 1) if len(ids_sorted) > 1 else 1.0) for i, fid in enumerate(ids_sorted)}
+    scored = []
+    for index, (fid, bm25_raw, importance) in enumerate(candidates):
+        bm25 = (bm25_raw - low) / (high - low) if high > low else 1.0
+        imp = NEUTRAL if importance is None else max(0.0, min(1.0, importance / 10))
+        emb = (similarities[fid] + 1) / 2 if fid in similarities else NEUTRAL
+        total = (weights.bm25 * bm25 + weights.recency * rank[fid]
+                 + weights.importance * imp + weights.embedding * emb)
+        scored.append({"fact_id": fid, "bm25_raw": bm25_raw, "bm25": bm25, "recency": rank[fid],
+                       "importance": imp, "embedding": emb, "has_vector": fid in similarities,
+                       "total": total, "candidate_index": index})
+    scored.sort(key=lambda s: (-s["total"], s["candidate_index"]))
+    return scored
+
+
+# --------------------------------------------------------------------------- facts
+
+
+def current_fact_rows(snapshot, ids, now: datetime) -> dict[int, dict]:
+    """``{id: {id, text, importance, subjects}}`` for the current facts among ``ids``.
+
+    Reads only the columns retrieval shows, with the validity test done in
+    Arrow: converting every column of every candidate to Python (timestamps
+    above all) was the largest cost of a reply's fact lookup.
+    """
+    if not ids:
+        return {}
+    facts = snapshot.table("facts")
+    wanted = pc.is_in(facts["id"], value_set=pa.array(sorted(set(ids)), pa.int64()))
+    at = pa.scalar(now, pa.timestamp("us", tz="UTC"))
+    valid_to = facts["valid_to"]
+    current = pc.and_kleene(pc.is_null(facts["superseded_at"]),
+                            pc.or_kleene(pc.is_null(valid_to), pc.greater(valid_to, at)))
+    mask = pc.fill_null(pc.and_kleene(wanted, current), False)
+    rows = facts.take(pc.indices_nonzero(mask)).select(["id", "text", "importance", "subjects"]).to_pylist()
+    return {r["id"]: r for r in rows}
+
+
+def _current_candidates(cue: str, memory, limit: int, wanted: int) -> tuple[list[tuple[dict, float]], int]:
+    """``[(fact, bm25)]`` of current facts in BM25 order, fetching more while retired ones crowd the top."""
+    now = datetime.now(timezone.utc)
+    fetch = limit
+    for _ in range(MAX_REFETCH_ROUNDS):
+        hits = memory.fts_facts.search(cue, fetch)
+        rows = current_fact_rows(memory.snapshot, [h[0] for h in hits], now)
+        found = [(rows[fid], score) for fid, score in hits if fid in rows]
+        if len(found) >= wanted or len(hits) < fetch:
+            return found[:limit], len(hits)
+        fetch *= 4
+    return found[:limit], len(hits)
+
+
+def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, float], bool]:
+    """Cosines for candidates with a stored vector; embeds the cue only if there is one."""
+    embedder = memory.embedder
+    vectors = memory.snapshot.embeddings_for(embedder.name, fact_ids)
+    if not vectors:
+        return {}, False
+    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)),
+                          lambda: embedder.embed([cue])[0])
+    return {fid: cosine(cue_vec, vec) for fid, vec in vectors.items()}, True
+
+
+def retrieve_facts(cue: str, memory, budget) -> tuple[list[dict], dict[str, Any]]:
+    """The top ``max_rag_facts`` current facts for ``cue`` and the scoring debug."""
+    retrieval = memory.config.memory.retrieval
+    weights = Weights.from_config(retrieval)
+    if weights.embedding > 0 and memory.embedder is None:
+        memory.warn_once(
+            "rag-no-embedder",
+            "[memory.retrieval].embedding_weight=%.2f but no embedder is configured "
+            "([providers.embedding].backend is off); ranking facts without the embedding signal",
+            weights.embedding,
+        )
+        weights = Weights(weights.bm25, weights.recency, weights.importance, 0.0)
+    max_facts = budget.max_rag_facts
+    found, fetched = _current_candidates(cue, memory, retrieval.fact_overfetch * max_facts, max_facts)
+    facts = {f["id"]: f for f, _ in found}
+    similarities, embedded = ({}, False)
+    if weights.embedding > 0 and found:
+        similarities, embedded = _similarities(cue, memory, list(facts))
+    scored = fuse_facts([(f["id"], s, f.get("importance")) for f, s in found], similarities, weights)
+    for position, s in enumerate(scored):
+        s["selected"] = position < max_facts
+        s["text"] = facts[s["fact_id"]]["text"]
+    debug = {"cue": cue, "weights": weights.as_dict(), "embedded_cue": embedded,
+             "fetched_facts": fetched, "facts": scored}
+    return [facts[s["fact_id"]] for s in scored[:max_facts]], debug
+
+
+def rename_note(fact: dict, labels: Labels) -> str:
+    """``" (Cass is now known as peeks)"`` for subjects whose name changed since the fact was written."""
+    notes = []
+    seen = set()
+    for subject in fact.get("subjects") or []:
+        key, then = subject["canonical_key"], one_line(subject.get("display_at_write"))
+        if key in seen or not then:
+            continue
+        seen.add(key)
+        now = labels(key)
+        if now in (key.partition(":")[2], then):
+            continue
+        notes.append(f"{then} is now known as {now}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+# --------------------------------------------------------------------------- turns
+
+
+def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int]) -> tuple[list, list[dict]]:
+    """Hit turns (not excluded, not deleted, visible here) with their neighbours, ascending by id."""
+    limit = budget.max_rag_turns
+    log = memory.turn_log
+    fetch = limit * 2
+    kept: list = []
+    scores: dict[int, float] = {}
+    for _ in range(MAX_REFETCH_ROUNDS + 1):
+        hits = memory.fts_turns.search(cue, fetch)
+        candidates = [(tid, s) for tid, s in hits if tid not in exclude]
+        rows = {t.id: t for t in log.turns_by_ids([tid for tid, _ in candidates])}
+        kept, scores = [], {}
+        for tid, score in candidates:
+            turn = rows.get(tid)
+            if turn is None or turn.deleted or not _visible(turn, ctx):
+                continue
+            kept.append(turn)
+            scores[tid] = score
+            if len(kept) == limit:
+                break
+        if len(kept) >= limit or len(hits) < fetch:
+            break
+        fetch *= 4
+    if not kept:
+        return [], []
+    around = {i for t in kept for i in range(t.id - NEIGHBOUR_SPAN, t.id + NEIGHBOUR_SPAN + 1) if i > 0}
+    nearby = [t for t in log.turns_by_ids(around) if not t.deleted and t.id not in exclude]
+    chosen = {t.id: t for t in kept}
+    for hit in kept:
+        same = [t for t in nearby if t.channel_id == hit.channel_id]
+        before = [t for t in same if t.id < hit.id]
+        after = [t for t in same if t.id > hit.id]
+        if before:
+            chosen.setdefault(before[-1].id, before[-1])
+        if after:
+            chosen.setdefault(after[0].id, after[0])
+    debug = [{"turn_id": t.id, "bm25": scores[t.id]} for t in kept]
+    return [chosen[i] for i in sorted(chosen)], debug
+
+
+def _visible(turn, ctx) -> bool:
+    return ctx.guild_id is None or turn.guild_id == ctx.guild_id
+
+
+def turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str]]:
+    """``(kind, line)`` pairs: date headers, quoted turn lines, and blank separators."""
+    lines: list[tuple[str, str]] = []
+    day = None
+    for t in sorted(turns, key=lambda t: (t.created_at, t.id)):
+        date = local_date(t.created_at, tz)
+        if date != day:
+            if day is not None:
+                lines.append(("blank", ""))
+            lines.append(("date", f"{date}:"))
+            day = date
+        body = labels.rewrite_mentions(t.content).splitlines() or [""]
+        lines.append(("turn", f"> [{clock_12h(t.created_at, tz)} {labels.for_turn(t)}]: {body[0]}"))
+        lines.extend(("turn", f"> {line}" if line.strip() else ">") for line in body[1:])
+    return lines
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int) -> str:
+    """Facts first, then turns, within ``max_tokens`` (headers not counted).
+
+    A line that does not fit ends its part once something is kept; the first
+    kept line is truncated if it alone is too big. A date header left without
+    its turns is dropped.
+    """
+    remaining = max_tokens
+    facts: list[str] = []
+    for line in fact_lines:
+        cost = estimate_tokens(line)
+        if cost > remaining and facts:
+            break
+        line = truncate_to_tokens(line, remaining)
+        if not line:
+            break
+        facts.append(line)
+        remaining -= estimate_tokens(line)
+    turns: list[str] = []
+    kinds: list[str] = []
+    for kind, line in turn_part:
+        cost = estimate_tokens(line)
+        if cost > remaining and (facts or turns):
+            break
+        if kind != "blank":
+            line = truncate_to_tokens(line, remaining)
+            if not line:
+                break
+        turns.append(line)
+        kinds.append(kind)
+        remaining -= estimate_tokens(line)
+    while kinds and kinds[-1] in ("date", "blank"):
+        kinds.pop()
+        turns.pop()
+    parts = []
+    if facts:
+        parts.append(FACTS_HEADER + "\n\n" + "\n".join(facts))
+    if turns:
+        parts.append(TURNS_HEADER + "\n\n" + "\n".join(turns))
+    return "\n\n".join(parts)
+
+
+def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]:
+    """The rendered ``rag_context`` section for ``ctx.cue`` and its debug structure."""
+    cue = ctx.cue.strip()
+    if not cue:
+        return "", {"cue": "", "facts": [], "turns": []}
+    budget = memory.config.budget_for(ctx.tier)
+    labels = memory.labels(ctx.guild_id)
+    facts, debug = retrieve_facts(cue, memory, budget)
+    turns, turn_debug = retrieve_turns(cue, memory, ctx, budget, exclude)
+    debug["turns"] = turn_debug
+    debug["excluded_recent"] = len(exclude)
+    fact_lines = [f"- {one_line(f['text'])}{rename_note(f, labels)}" for f in facts]
+    text = render(fact_lines, turn_lines(turns, labels, memory.config.tz), budget.rag_tokens)
+    return text, debug

@@ -1,0 +1,262 @@
+"""Retrieval: fusion arithmetic, the embedding paths, turn exclusion, neighbours, rendering."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+
+from familiar_bot.layers.rag_context import RagContextLayer
+from familiar_bot.retrieval import Weights, fuse_facts, render
+from familiar_bot.tokens import estimate_tokens
+from tests.test_assembly import BO, CASS, World, ctx, section
+
+EMBED_ON = {"FAMILIAR__PROVIDERS__EMBEDDING__BACKEND": '"hash"',
+            "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding"]'}
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = World(tmp_path)
+    yield w
+    w.close()
+
+
+class CountingEmbedder:
+    """Embeds every text as a fixed unit vector and counts calls."""
+
+    name = "test-emb"
+    dim = 3
+
+    def __init__(self, vector=(1.0, 0.0, 0.0)):
+        self.vector = np.asarray(vector, dtype=np.float32)
+        self.calls = 0
+
+    def embed(self, texts):
+        self.calls += 1
+        return np.tile(self.vector, (len(texts), 1))
+
+
+def rag(world, cue, env=None, embedder=None, **kw):
+    prompt = world.assembler(env, embedder=embedder).assemble(ctx(cue, **kw))
+    return section(prompt, "rag_context").text, prompt.debug.get("rag", {})
+
+
+# ----------------------------------------------------------------------------- fusion (pure)
+
+
+def test_fusion_arithmetic_and_neutral_midpoints():
+    candidates = [(30, 4.0, 10), (10, 2.0, None), (20, 1.0, 5)]  # BM25 order
+    sims = {30: 0.0, 20: 1.0}  # fact 10 has no vector
+    scored = fuse_facts(candidates, sims, Weights(bm25=1.0, recency=2.0, importance=3.0, embedding=4.0))
+    by_id = {s["fact_id"]: s for s in scored}
+    assert by_id[30]["bm25"] == 1.0 and by_id[10]["bm25"] == pytest.approx(1 / 3) and by_id[20]["bm25"] == 0.0
+    assert (by_id[10]["recency"], by_id[20]["recency"], by_id[30]["recency"]) == (0.0, 0.5, 1.0)
+    assert (by_id[30]["importance"], by_id[10]["importance"], by_id[20]["importance"]) == (1.0, 0.5, 0.5)
+    assert (by_id[30]["embedding"], by_id[10]["embedding"], by_id[20]["embedding"]) == (0.5, 0.5, 1.0)
+    assert by_id[30]["total"] == pytest.approx(1 + 2 * 1.0 + 3 * 1.0 + 4 * 0.5)
+    assert by_id[10]["total"] == pytest.approx(1 / 3 + 0 + 3 * 0.5 + 4 * 0.5)
+    assert by_id[20]["total"] == pytest.approx(0 + 2 * 0.5 + 3 * 0.5 + 4 * 1.0)
+    assert [s["fact_id"] for s in scored] == [30, 20, 10]
+
+
+def test_fusion_degenerate_batches_and_ties():
+    single = fuse_facts([(5, 3.3, None)], {}, Weights(1, 1, 1, 1))[0]
+    assert (single["bm25"], single["recency"], single["importance"], single["embedding"]) == (1.0, 1.0, 0.5, 0.5)
+    tied = fuse_facts([(1, 2.0, 5), (2, 2.0, 5), (3, 2.0, 5)], {}, Weights(bm25=1.0))
+    assert [s["fact_id"] for s in tied] == [1, 2, 3]  # equal totals keep the BM25 order
+    assert all(s["bm25"] == 1.0 for s in tied)
+    assert fuse_facts([], {}, Weights()) == []
+
+
+def test_render_budget_facts_first_and_no_orphan_date_header():
+    facts = [f"- fact {i} " + "x" * 40 for i in range(5)]
+    turns = [("date", "2026-05-01:"), ("turn", "> [1:00PM A]: " + "y" * 80)]
+    text = render(facts, turns, 40)
+    assert "## Possibly relevant facts" in text and "earlier turns" not in text and "2026-05-01" not in text
+    assert sum(estimate_tokens(line) for line in text.splitlines() if not line.startswith("##")) <= 40
+    only_turns = render([], turns, 200)
+    assert only_turns.startswith("## Possibly relevant earlier turns\n\n2026-05-01:\n> [1:00PM A]")
+
+
+# ----------------------------------------------------------------------------- facts through the layer
+
+
+def test_importance_and_current_facts_only(world):
+    low = world.fact("Strawberry jam is fine", importance=1)
+    high = world.fact("Strawberry fields forever", importance=10)
+    retired = world.fact("Strawberry is Cass's favourite fruit", subjects=[CASS], importance=10)
+    world.store.supersede([retired.id], None)
+    world.sync()
+    env = {"FAMILIAR__BUDGET__TEXT__MAX_RAG_FACTS": "1", "FAMILIAR__MEMORY__RETRIEVAL__IMPORTANCE_WEIGHT": "5"}
+    text, debug = rag(world, "strawberry", env)
+    assert "Strawberry fields forever" in text and "jam" not in text and "favourite" not in text
+    assert [c["fact_id"] for c in debug["facts"]] == [high.id, low.id]
+    assert debug["facts"][0]["selected"] and not debug["facts"][1]["selected"]
+
+
+def test_retired_facts_crowding_the_top_trigger_a_deeper_fetch(world):
+    for i in range(12):
+        f = world.fact(f"kiwi kiwi kiwi note {i}")
+        world.store.supersede([f.id], None)
+    keep = world.fact("a kiwi once")
+    world.sync()
+    env = {"FAMILIAR__BUDGET__TEXT__MAX_RAG_FACTS": "1", "FAMILIAR__MEMORY__RETRIEVAL__FACT_OVERFETCH": "2"}
+    text, debug = rag(world, "kiwi", env)
+    assert "a kiwi once" in text and [c["fact_id"] for c in debug["facts"]] == [keep.id]
+
+
+def test_embedding_rerank_prefers_aligned_vector(world):
+    a = world.fact("Orthogonal pancake fact")
+    b = world.fact("Aligned pancake fact")
+    world.store.set_fact_embedding(a.id, "test-emb", [0.0, 1.0, 0.0])
+    world.store.set_fact_embedding(b.id, "test-emb", [1.0, 0.0, 0.0])
+    world.store.set_fact_embedding(a.id, "other-model", [1.0, 0.0, 0.0])  # never read
+    world.sync()
+    embedder = CountingEmbedder()
+    env = {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "5",
+           "FAMILIAR__BUDGET__TEXT__MAX_RAG_FACTS": "1"}
+    text, debug = rag(world, "pancake", env, embedder)
+    assert "Aligned pancake fact" in text and "Orthogonal" not in text
+    assert embedder.calls == 1 and debug["embedded_cue"] is True
+    scores = {c["fact_id"]: c["embedding"] for c in debug["facts"]}
+    assert scores == {b.id: pytest.approx(1.0), a.id: pytest.approx(0.5)}
+
+
+def test_cold_index_never_embeds_the_cue(world):
+    world.fact("Waffles on Sunday")
+    world.fact("Waffles are better than pancakes")
+    world.sync()
+    embedder = CountingEmbedder()
+    env = {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "5"}
+    text, debug = rag(world, "waffles", env, embedder)
+    assert embedder.calls == 0 and debug["embedded_cue"] is False
+    assert "Waffles on Sunday" in text and all(c["embedding"] == 0.5 for c in debug["facts"])
+
+
+def test_mixed_batch_missing_vector_is_neutral_and_zero_weight_never_embeds(world):
+    a = world.fact("Muffin recipe from Bo")
+    world.fact("Muffin tin is missing")
+    world.store.set_fact_embedding(a.id, "test-emb", [1.0, 0.0, 0.0])
+    world.sync()
+    embedder = CountingEmbedder()
+    _, debug = rag(world, "muffin", {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "1"}, embedder)
+    assert sorted(c["embedding"] for c in debug["facts"]) == [0.5, pytest.approx(1.0)]
+    embedder.calls = 0
+    rag(world, "muffin", EMBED_ON, embedder)  # shipped weight 0
+    assert embedder.calls == 0
+
+
+def test_positive_weight_without_embedder_warns_once(world, caplog):
+    world.fact("Bagels at nine")
+    world.sync()
+    assembler = world.assembler({**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "2"})
+    with caplog.at_level(logging.WARNING):
+        for cue in ("bagels", "bagels please"):
+            prompt = assembler.assemble(ctx(cue))
+            assert "Bagels at nine" in section(prompt, "rag_context").text
+    assert sum("no embedder is configured" in r.message for r in caplog.records) == 1
+
+
+def test_rename_annotation(world):
+    world.fact("Cass likes pho.", subjects=[CASS])
+    world.fact("Bo likes pho too.", subjects=[("discord:222", "Bobby")])
+    world.fact("Someone likes pho a lot.")
+    world.sync()
+    text, _ = rag(world, "pho")
+    assert "- Bo likes pho too. (Bobby is now known as Bo)" in text
+    assert "- Cass likes pho.\n" in text + "\n" and "- Someone likes pho a lot." in text
+    world.log.upsert_guild_nick("discord:111", 1, "peeks")
+    text, _ = rag(world, "pho")
+    assert "- Cass likes pho. (Cass is now known as peeks)" in text
+
+
+# ----------------------------------------------------------------------------- turns
+
+
+def test_recent_window_is_excluded_by_ids_not_arithmetic(world):
+    for i in range(30):
+        world.say(f"strawberry number {i}", platform_message_id=100 + i)
+        world.say(f"strawberry elsewhere {i}", channel=20, platform_message_id=500 + i)
+    world.index()
+    env = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "20", "FAMILIAR__BUDGET__TEXT__MAX_RAG_TURNS": "60"}
+    text, debug = rag(world, "strawberry", env)
+    shown = {int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if "strawberry number" in line}
+    assert shown == set(range(10))
+    # Channel 20's turns interleave with the window's ids, yet none of them is in the window.
+    assert "strawberry elsewhere 29" in text
+    assert debug["excluded_recent"] == 20
+
+
+def test_turn_hits_bring_same_channel_neighbours_and_skip_deleted(world):
+    world.say("warmup chatter A")
+    world.say("noise in another room", channel=11)
+    hit = world.say("the zeppelin plan is on")
+    world.say("more noise", channel=11)
+    world.say("follow up reply B")
+    gone = world.say("zeppelin secret, deleted later")
+    world.index()
+    world.log.record_deletion(turn_id=gone.id)
+    for _ in range(3):
+        world.say("recent filler")
+    env = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "3"}
+    text, debug = rag(world, "zeppelin", env)
+    assert [t["turn_id"] for t in debug["turns"]] == [hit.id]
+    assert "warmup chatter A" in text and "follow up reply B" in text
+    assert "noise" not in text and "secret" not in text
+
+
+def test_turns_grouped_by_local_date_with_12h_clock_and_quoted_lines(world):
+    world.say("my brain's dying", ("discord:9", "Peebo"), at=datetime(2026, 5, 3, 2, 29, tzinfo=timezone.utc))
+    world.say("brain\n\nsecond para", None, role="assistant", at=datetime(2026, 5, 4, 15, 0, tzinfo=timezone.utc))
+    for i in range(2):
+        world.say(f"filler {i}", at=datetime(2026, 5, 5, 9, i, tzinfo=timezone.utc))
+    world.index()
+    env = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "2"}
+    text, _ = rag(world, "brain", env)
+    assert ("## Possibly relevant earlier turns\n\n2026-05-03:\n> [2:29AM Peebo]: my brain's dying\n\n"
+            "2026-05-04:\n> [3:00PM Fam]: brain\n>\n> second para") in text
+    la, _ = rag(world, "brain", {**env, "FAMILIAR__DISPLAY_TZ": '"America/Los_Angeles"'})
+    assert "2026-05-02:\n> [7:29PM Peebo]: my brain's dying" in la
+
+
+def test_dm_turns_stay_out_of_guild_channels(world):
+    world.say("my secret diary entry about otters", channel=50, guild=None)
+    world.say("otters are great", channel=60, guild=1)
+    for _ in range(2):
+        world.say("filler")
+    world.index()
+    env = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "2"}
+    in_guild, _ = rag(world, "otters", env)
+    assert "otters are great" in in_guild and "diary" not in in_guild
+    in_dm, _ = rag(world, "otters", guild=None, channel=50)
+    assert "otters are great" in in_dm  # the DM itself shows the familiar's wider memory
+
+
+def test_hostile_query_syntax_and_empty_cue(world):
+    world.fact("Cass's cat: Pixel")
+    world.say("Pixel's \"zoomies\" AND (chaos)")
+    for _ in range(2):
+        world.say("filler")
+    world.sync()
+    env = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "2"}
+    text, _ = rag(world, 'what\'s "pixel" doing? content:AND) OR (', env)
+    assert "Cass's cat: Pixel" in text and "zoomies" in text
+    assert rag(world, "   ")[0] == ""
+
+
+def test_rag_budget_and_key(world):
+    for i in range(20):
+        world.fact(f"Lemon fact {i} " + "detail " * 30)
+    world.sync()
+    text, _ = rag(world, "lemon", {"FAMILIAR__BUDGET__TEXT__RAG_TOKENS": "60"})
+    body = [line for line in text.splitlines() if line and not line.startswith("##")]
+    assert 1 <= len(body) and sum(estimate_tokens(line) for line in body) <= 60
+    memory = world.assembler().memory
+    layer = RagContextLayer()
+    key = layer.invalidation_key(ctx("lemon"), memory)
+    assert layer.invalidation_key(ctx("lime"), memory) != key
+    world.say("a new turn")
+    assert layer.invalidation_key(ctx("lemon"), memory) != key
