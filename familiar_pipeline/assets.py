@@ -9,7 +9,6 @@ prompts costs no tokens and yields the same rows.
 
 
 import dataclasses
-import json
 from typing import Callable
 
 import dagster as dg
@@ -17,11 +16,15 @@ import pandas as pd
 from pydantic import Field
 
 from familiar_pipeline.partitions import familiars_partitions
+from familiar_pipeline.projections import dossiers as dossier_projection
+from familiar_pipeline.projections import embeddings as embedding_projection
 from familiar_pipeline.projections import facts as fact_projection
+from familiar_pipeline.projections import reflections as reflection_projection
 from familiar_pipeline.projections import summary as summary_projection
+from familiar_pipeline.projections import supersede as supersede_projection
 from familiar_pipeline.projections import turns_index
 from familiar_pipeline.projections.report import ProjectionReport
-from familiar_pipeline.resources import FamiliarData, LlmResource, build_runtime
+from familiar_pipeline.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.runtime import NoModelConfigured
 
 PREVIEW_ROWS = 20
@@ -89,6 +92,7 @@ def materialize_projection(
     *,
     needs_llm: bool,
     always_on: bool = False,
+    embedder: EmbedderResource | None = None,
 ) -> dg.MaterializeResult:
     familiar_id = context.partition_key
     cfg = familiar_data.config(familiar_id)
@@ -101,7 +105,7 @@ def materialize_projection(
         report.status = "disabled"
         report.reason = f"'{projector}' is not listed in [providers.memory].projectors"
     else:
-        runtime = build_runtime(familiar_data, llm, familiar_id, usage=usage)
+        runtime = build_runtime(familiar_data, llm, familiar_id, usage=usage, embedder=embedder)
         try:
             if needs_llm and runtime.llm_client is None:
                 report.status = "skipped"
@@ -168,3 +172,107 @@ def facts(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_
 
 
 TURN_DRIVEN_ASSETS = [turns_fts, rolling_summary, facts]
+
+
+# ----------------------------------------------------------------------------- fact-driven assets
+
+# Run after `facts` (or supersession) changed, for that familiar's partition only:
+# a dependency newly updated (or requested in the same tick), none missing or in
+# progress. `turns` is an external asset Dagster never sees materialized, so it
+# is ignored; what is new in the turn log is each projection's own watermark.
+FOLLOWS_FACTS = (
+    dg.AutomationCondition.any_deps_updated().ignore(dg.AssetSelection.assets("turns")).with_label("facts changed")
+    & ~dg.AutomationCondition.any_deps_missing().ignore(dg.AssetSelection.assets("turns"))
+    & ~dg.AutomationCondition.any_deps_in_progress()
+    & ~dg.AutomationCondition.in_progress()
+).with_label("after facts change")
+
+
+@dg.asset(
+    name="fact_supersessions",
+    partitions_def=familiars_partitions,
+    group_name="facts",
+    kinds={"duckdb", "llm"},
+    deps=[facts],
+    tags={"projector": "fact_supersede"},
+    automation_condition=FOLLOWS_FACTS,
+)
+def fact_supersessions(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_data: FamiliarData, llm: LlmResource) -> dg.MaterializeResult:
+    """Retires facts that a newer fact about the same person contradicts or replaces (projector `fact_supersede`).
+
+    Every new fact is evaluated oldest first against the newest `priors_max` current facts about each of its
+    subjects with a smaller id. Only ids shown to the model can be retired; nothing is deleted (facts get
+    `superseded_at`/`superseded_by`); each model call is logged in `supersede_decisions`; the affected
+    subjects' dossiers are dropped so they rebuild clean. The watermark (a fact id) advances even on bad output.
+    """
+    return materialize_projection(context, supersede_projection.PROJECTOR, supersede_projection.run, config, familiar_data, llm, needs_llm=True)
+
+
+@dg.asset(
+    name="people_dossiers",
+    partitions_def=familiars_partitions,
+    group_name="people",
+    kinds={"duckdb", "llm"},
+    deps=[facts, fact_supersessions],
+    tags={"projector": "people_dossier"},
+    automation_condition=FOLLOWS_FACTS,
+)
+def people_dossiers(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_data: FamiliarData, llm: LlmResource) -> dg.MaterializeResult:
+    """One compounding dossier per person, and the familiar's own self-record (projector `people_dossier`).
+
+    Advances one extraction batch at a time, folding each touched subject's new facts into its prior text;
+    a subject with a retired fact is rebuilt from its current facts. The self-record (`ego:<id>`) keeps facts
+    of importance >= 5 (or unknown), weighted by importance. An empty model reply never overwrites a dossier.
+    """
+    return materialize_projection(context, dossier_projection.PROJECTOR, dossier_projection.run, config, familiar_data, llm, needs_llm=True)
+
+
+@dg.asset(
+    name="reflections",
+    partitions_def=familiars_partitions,
+    group_name="synthesis",
+    kinds={"duckdb", "llm"},
+    # Supersession is a dependency too: a window shows the facts current at its end,
+    # so it waits until supersession has judged them.
+    deps=[turns, facts, fact_supersessions],
+    tags={"projector": "reflection"},
+    automation_condition=FOLLOWS_FACTS,
+)
+def reflections(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_data: FamiliarData, llm: LlmResource) -> dg.MaterializeResult:
+    """Cited reflections over each window of `turns_threshold` turns and the newest facts (projector `reflection`).
+
+    Keeps only citations of turns in the window or facts that exist; drops uncited items; at most
+    `max_reflections_per_tick` per window; cross-channel windows give channel-agnostic rows. The watermark
+    always advances past a window, whatever the model replied.
+    """
+    return materialize_projection(context, reflection_projection.PROJECTOR, reflection_projection.run, config, familiar_data, llm, needs_llm=True)
+
+
+@dg.asset(
+    name="fact_embeddings",
+    partitions_def=familiars_partitions,
+    group_name="facts",
+    kinds={"duckdb"},
+    deps=[facts],
+    tags={"projector": "fact_embedding"},
+    automation_condition=FOLLOWS_FACTS,
+)
+def fact_embeddings(
+    context: dg.AssetExecutionContext,
+    config: ProjectionConfig,
+    familiar_data: FamiliarData,
+    llm: LlmResource,
+    embedder: EmbedderResource,
+) -> dg.MaterializeResult:
+    """Opt-in: a vector per current fact for the active embedding model (projector `fact_embedding`).
+
+    Embeds, in batches of `batch_size`, every current fact lacking a vector under the active model's name;
+    a model swap adds rows beside the old ones. Needs [providers.embedding].backend other than "off".
+    """
+    return materialize_projection(
+        context, embedding_projection.PROJECTOR, embedding_projection.run, config, familiar_data, llm,
+        needs_llm=False, embedder=embedder,
+    )
+
+
+FACT_DRIVEN_ASSETS = [fact_supersessions, people_dossiers, reflections, fact_embeddings]

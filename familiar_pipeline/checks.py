@@ -1,8 +1,10 @@
 """Asset checks: the invariants that would poison downstream projections if broken.
 
 Blocking checks (facts citing turns that exist, subjects that are known
-participants) stop downstream assets in the same run; the snapshot check warns
-when the bot's serving snapshot lags the store (the next run republishes it).
+participants, no fact retired twice, every replacement id existing) stop
+downstream assets in the same run; the reflection and dossier checks and the
+snapshot check warn (the snapshot one when the bot's serving snapshot lags the
+store; the next run republishes it).
 """
 
 
@@ -104,10 +106,83 @@ def snapshot_check(asset_name: str) -> dg.AssetChecksDefinition:
     return _check
 
 
+# ----------------------------------------------------------------------------- fact-driven invariants
+
+
+def facts_superseded_twice(store: ProjectionStore, turn_log: TurnLog | None = None) -> list[tuple[int, int]]:
+    """(fact id, times) for facts that more than one supersession decision retired.
+
+    The store refuses to retire a retired fact, so a hit means the decision log
+    and the facts table disagree (a hand edit, or a bug in a writer).
+    """
+    return store.conn.execute(
+        "SELECT fact_id, count(*) FROM (SELECT unnest(retired_ids) AS fact_id FROM supersede_decisions) "
+        "GROUP BY fact_id HAVING count(*) > 1 ORDER BY fact_id"
+    ).fetchall()
+
+
+def dangling_superseded_by(store: ProjectionStore, turn_log: TurnLog | None = None) -> list[tuple[int, int]]:
+    """(fact id, superseded_by) where the replacement fact does not exist (or is the fact itself)."""
+    return store.conn.execute(
+        "SELECT f.id, f.superseded_by FROM facts f LEFT JOIN facts r ON r.id = f.superseded_by "
+        "WHERE f.superseded_by IS NOT NULL AND (r.id IS NULL OR r.id = f.id) ORDER BY f.id"
+    ).fetchall()
+
+
+def uncited_reflections(store: ProjectionStore, turn_log: TurnLog) -> list[tuple[int, str]]:
+    """(reflection id, why) for reflections citing no existing turn and no existing fact."""
+    rows = store.conn.execute("SELECT id, cited_turn_ids, cited_fact_ids FROM reflections ORDER BY id").fetchall()
+    all_turns = sorted({t for _, turn_ids, _ in rows for t in turn_ids})
+    existing_turns = {t.id for t in turn_log.turns_by_ids(all_turns)} if all_turns else set()
+    existing_facts = store.all_fact_ids()
+    return [
+        (rid, f"turns {list(turn_ids)}, facts {list(fact_ids)}")
+        for rid, turn_ids, fact_ids in rows
+        if not (set(turn_ids) & existing_turns or set(fact_ids) & existing_facts)
+    ]
+
+
+def dossiers_ahead_of_facts(store: ProjectionStore, turn_log: TurnLog | None = None) -> list[tuple[str, int]]:
+    """(subject, last_fact_id) for dossiers claiming facts newer than the newest fact."""
+    latest = store.latest_fact_id()
+    return [(d.canonical_key, d.last_fact_id) for d in store.dossiers() if d.last_fact_id > latest]
+
+
+@dg.asset_check(asset="fact_supersessions", blocking=True, partitions_def=familiars_partitions, description="No fact was retired by more than one supersession decision.")
+def no_fact_superseded_twice(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
+    return _check_facts(familiar_data, context.partition_key, facts_superseded_twice, "(fact id, times retired)")
+
+
+@dg.asset_check(asset="fact_supersessions", blocking=True, partitions_def=familiars_partitions, description="Every superseded_by points at an existing, different fact.")
+def superseded_by_exists(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
+    return _check_facts(familiar_data, context.partition_key, dangling_superseded_by, "(fact id, missing replacement)")
+
+
+@dg.asset_check(asset="reflections", partitions_def=familiars_partitions, description="Every reflection cites at least one existing turn or fact.")
+def reflections_cite_something(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
+    return _check_facts(familiar_data, context.partition_key, uncited_reflections, "(reflection id, citations)")
+
+
+@dg.asset_check(asset="people_dossiers", partitions_def=familiars_partitions, description="No dossier's last_fact_id is past the newest fact id.")
+def dossiers_within_facts(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
+    return _check_facts(familiar_data, context.partition_key, dossiers_ahead_of_facts, "(subject, last_fact_id)")
+
+
+FACT_DRIVEN_CHECKS = [
+    no_fact_superseded_twice,
+    superseded_by_exists,
+    reflections_cite_something,
+    dossiers_within_facts,
+    snapshot_check("fact_supersessions"),
+    snapshot_check("people_dossiers"),
+    snapshot_check("reflections"),
+]
+
 ALL_CHECKS = [
     facts_cite_existing_turns,
     fact_subjects_are_participants,
     snapshot_check("facts"),
     snapshot_check("rolling_summary"),
     snapshot_check("turns_fts"),
+    *FACT_DRIVEN_CHECKS,
 ]

@@ -2,18 +2,32 @@
 
 import dagster as dg
 
-from familiar_pipeline.assets import TURN_DRIVEN_ASSETS, turns
+from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, turns
 from familiar_pipeline.checks import ALL_CHECKS
 from familiar_pipeline.jobs import plugin_assets, projection_job
-from familiar_pipeline.resources import FamiliarData, LlmResource
+from familiar_pipeline.resources import EmbedderResource, FamiliarData, LlmResource
 from familiar_pipeline.sensors import build_turn_watermark_sensor
 
+# The fact-driven assets carry automation conditions (they follow `facts`, per
+# partition); this sensor evaluates them. RUNNING by default so nothing needs
+# enabling by hand in the UI.
+fact_automation_sensor = dg.AutomationConditionSensorDefinition(
+    "fact_automation_sensor",
+    target=dg.AssetSelection.assets(*FACT_DRIVEN_ASSETS),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=30,
+    description=(
+        "Runs fact_supersessions, people_dossiers, reflections and fact_embeddings for a familiar after its "
+        "facts (or supersessions) changed; each one then processes only what is past its own watermark."
+    ),
+)
+
 defs = dg.Definitions(
-    assets=[turns, *TURN_DRIVEN_ASSETS, *plugin_assets()],
+    assets=[turns, *TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS, *plugin_assets()],
     asset_checks=ALL_CHECKS,
     jobs=[projection_job],
-    sensors=[build_turn_watermark_sensor(TURN_DRIVEN_ASSETS)],
-    resources={"familiar_data": FamiliarData(), "llm": LlmResource()},
+    sensors=[build_turn_watermark_sensor(TURN_DRIVEN_ASSETS), fact_automation_sensor],
+    resources={"familiar_data": FamiliarData(), "llm": LlmResource(), "embedder": EmbedderResource()},
     # One process per run: every step of a run shares the familiar's DuckDB file, which allows one writer.
     executor=dg.in_process_executor,
 )

@@ -242,3 +242,92 @@ def test_checks_pass_and_catch_a_fact_citing_a_missing_turn(tmp_path, instance, 
     )
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evaluations["facts_cite_existing_turns"] is False
+
+
+# --------------------------------------------------------------------------- the whole graph
+
+WHOLE_GRAPH_LINES = [
+    (0, "I live in Berlin now, near the old airport"),
+    (1, "I work at the bakery on the corner most mornings"),
+    (2, "I love hiking in the hills every single weekend"),
+    (0, "My cat Pixel knocked over the plants again today"),
+    (1, "We should plan the lake trip for early June"),
+    (2, "Started learning the cello last month, fingers hurt"),
+    (0, "Big news, I moved to Lisbon last week for good"),
+    (1, "I now work at the library, the bakery closed down"),
+    (2, "Honestly I now hate hiking after that awful storm"),
+    (0, "Lisbon has the best custard tarts I have ever had"),
+    (1, "ok"),
+    (2, "My sister is visiting from Porto next Tuesday"),
+]
+
+
+def append_story(paths, n, start):
+    from datetime import datetime, timedelta, timezone
+
+    from .helpers import PEOPLE
+
+    base = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+    with TurnLog(paths.turns_db) as log:
+        for i in range(start, start + n):
+            who, line = WHOLE_GRAPH_LINES[i % len(WHOLE_GRAPH_LINES)]
+            key, name = PEOPLE[who]
+            log.upsert_participant(key, username=name.lower(), global_name=name)
+            log.append_turn(channel_id=10 + (i // 25) % 2, guild_id=1, role="user", author_key=key, author_display=name,
+                            content=f"{line} (#{i})", created_at=base + timedelta(minutes=i))
+
+
+def all_tables(path):
+    """Every table of memory.duckdb minus wall-clock columns; superseded_at kept as a flag."""
+    from familiar_pipeline.store_schema import TABLE_KEYS
+
+    wall_clock = {"created_at", "updated_at", "decided_at", "applied_at"}
+    with ProjectionStore(path, read_only=True) as store:
+        tables = {}
+        for table in TABLE_KEYS:
+            if table == "schema_version":
+                continue
+            cols = [c[0] for c in store.conn.execute(f"DESCRIBE {table}").fetchall() if c[0] not in wall_clock]
+            select = ", ".join("superseded_at IS NULL" if c == "superseded_at" else c for c in cols)
+            tables[table] = store.conn.execute(f"SELECT {select} FROM {table} ORDER BY ALL").fetchall()
+        return tables
+
+
+def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_llm):
+    """DESIGN §4 over every asset: same prompts, same cached replies, same rows, table by table."""
+    from familiar_pipeline.assets import FACT_DRIVEN_ASSETS
+    from familiar_pipeline.resources import EmbedderResource
+
+    from .fact_helpers import GRAPH_TOML
+
+    paths = make_familiar(tmp_path, extra_toml=GRAPH_TOML)
+    everything = [turns_fts, rolling_summary, facts, *FACT_DRIVEN_ASSETS]
+    resources = {"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource(), "embedder": EmbedderResource()}
+    instance.add_dynamic_partitions("familiars", ["fam"])
+
+    def run_all(rebuild, checks=()):
+        return dg.materialize(
+            [turns, *everything, *checks], partition_key="fam", instance=instance, resources=resources,
+            run_config={"ops": {a.key.path[-1]: {"config": {"rebuild": rebuild}} for a in everything}},
+            selection=[a.key for a in everything],
+        )
+
+    start = 0
+    for size in (9, 14, 17, 12):
+        append_story(paths, size, start)
+        start += size
+        run_all(False)
+    incremental = all_tables(paths.memory_db)
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        retired = store.conn.execute("SELECT count(*) FROM facts WHERE superseded_at IS NOT NULL").fetchone()[0]
+        assert retired >= 3, "the story has moves, a job change and a flipped preference"
+        assert len(store.dossiers()) == 3 and store.recent_reflections(limit=50)
+        assert store.conn.execute("SELECT count(*) FROM fact_embeddings").fetchone()[0] > 0
+    calls = len(fake_llm.calls)
+    result = run_all(True, checks=ALL_CHECKS)
+    assert len(fake_llm.calls) == calls, "a rebuild of unchanged prompts makes no provider calls"
+    for asset in everything:
+        assert metadata_of(result, asset.key.path[-1]).get("llm_calls", 0) == 0
+    assert all_tables(paths.memory_db) == incremental
+    evaluations = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+    assert len(evaluations) == len(ALL_CHECKS) and all(evaluations.values()), evaluations

@@ -1,0 +1,68 @@
+"""The fact-driven assets follow `facts` by declarative automation, per partition, with a RUNNING sensor."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from familiar_pipeline.assets import FACT_DRIVEN_ASSETS
+from familiar_pipeline.definitions import defs, fact_automation_sensor
+
+FOLLOWERS = {"fact_supersessions", "people_dossiers", "reflections", "fact_embeddings"}
+
+
+def requested(result) -> set[tuple[str, str]]:
+    return {
+        (key.path[-1], partition)
+        for key in (dg.AssetKey(n) for n in FOLLOWERS)
+        for partition in result.get_requested_partitions(key)
+    }
+
+
+def test_sensor_is_running_and_targets_the_fact_driven_assets():
+    sensor = defs.resolve_sensor_def("fact_automation_sensor")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    assert isinstance(fact_automation_sensor, dg.AutomationConditionSensorDefinition)
+    graph = defs.resolve_asset_graph()
+    targeted = {k.path[-1] for k in sensor.asset_selection.resolve(graph)}
+    assert targeted == FOLLOWERS
+    for asset in FACT_DRIVEN_ASSETS:
+        assert all(spec.automation_condition is not None for spec in asset.specs)
+
+
+def test_facts_update_requests_followers_for_that_partition_only():
+    assets = defs  # the real code location: its resources and every asset
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("familiars", ["alpha", "beta"])
+        first = dg.evaluate_automation_conditions(defs=assets, instance=instance)
+        assert requested(first) == set(), "nothing changed yet"
+        instance.report_runless_asset_event(dg.AssetMaterialization("facts", partition="alpha"))
+        second = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=first.cursor)
+        assert requested(second) == {(name, "alpha") for name in FOLLOWERS}
+        third = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=second.cursor)
+        assert requested(third) == set(), "one request per change"
+        instance.report_runless_asset_event(dg.AssetMaterialization("fact_supersessions", partition="beta"))
+        fourth = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=third.cursor)
+        assert requested(fourth) == set(), "beta has no facts yet: a missing dependency holds its followers"
+        instance.report_runless_asset_event(dg.AssetMaterialization("facts", partition="beta"))
+        fifth = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=fourth.cursor)
+        assert requested(fifth) == {(name, "beta") for name in FOLLOWERS}
+        instance.report_runless_asset_event(dg.AssetMaterialization("fact_supersessions", partition="beta"))
+        sixth = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=fifth.cursor)
+        assert requested(sixth) == {("people_dossiers", "beta"), ("reflections", "beta")}
+
+
+def test_operator_can_still_materialize_one_alone(tmp_path):
+    from familiar_pipeline.fake_llm import install_fake_llm
+    from familiar_pipeline.testing import careful_model
+
+    from .fact_helpers import familiar, materialize, metadata
+    from .helpers import append_chat
+
+    install_fake_llm().script(careful_model)
+    paths = familiar(tmp_path)
+    append_chat(paths, 20)
+    with dg.instance_for_test() as instance:
+        from familiar_pipeline.assets import people_dossiers
+
+        result = materialize(tmp_path, instance, [people_dossiers], rebuild=True)
+        assert result.success and metadata(result, "people_dossiers")["status"].startswith("no-op")

@@ -1,0 +1,66 @@
+"""`familiar facts`: current facts, retired ones with lineage, subject filter, as-of slices; reads the snapshot."""
+
+from __future__ import annotations
+
+import pytest
+
+from familiar_bot.cli import main
+from familiar_pipeline.runtime import store_watermark
+from familiar_pipeline.snapshots import publish_snapshot
+from familiar_pipeline.store import FactDraft, ProjectionStore
+
+from .fact_helpers import BO, CASS
+from .helpers import make_familiar
+
+
+@pytest.fixture
+def published(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    paths = make_familiar(tmp_path)
+    with ProjectionStore(paths.memory_db) as store:
+        store.append_fact(FactDraft("Cass lives in Berlin.", (1,), (CASS,), valid_from="2026-01-01", importance=6))
+        store.append_fact(FactDraft("Cass moved to Lisbon.", (5,), (CASS,), valid_from="2026-03-01"))
+        store.append_fact(FactDraft("Bo keeps bees.", (7,), (BO,), valid_from="2026-02-01"))
+        store.supersede([1], 2)
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store_watermark(store))
+    return paths
+
+
+def test_current_facts_with_lineage(published, capsys):
+    assert main(["facts", "--familiar", "fam"]) == 0
+    out = capsys.readouterr().out
+    assert "2 fact(s), current" in out and "#2 [current] Cass moved to Lisbon." in out and "replaces #1" in out
+    assert "Berlin" not in out and "valid 2026-03-01 → …" in out and "from turns 5" in out
+
+
+def test_include_retired_and_subject_filter(published, capsys):
+    assert main(["facts", "--familiar", "fam", "--subject", "discord:111", "--include-retired"]) == 0
+    out = capsys.readouterr().out
+    assert "#1 [retired " in out and "by #2] Cass lives in Berlin." in out and "importance 6" in out
+    assert "bees" not in out
+
+
+def test_as_of_gives_the_world_time_slice(published, capsys):
+    assert main(["facts", "--familiar", "fam", "--as-of", "2026-02-15"]) == 0
+    out = capsys.readouterr().out
+    assert "Cass lives in Berlin." in out and "Bo keeps bees." in out and "Lisbon" not in out
+
+
+def test_works_while_a_run_holds_the_store(published, capsys):
+    with ProjectionStore(published.memory_db):  # a pipeline run's write connection
+        assert main(["facts", "--familiar", "fam"]) == 0
+    assert "Lisbon" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_clear_error(published, capsys):
+    assert main(["facts", "--familiar", "nobody"]) != 0
+    assert "no familiar 'nobody'" in capsys.readouterr().err
+    assert main(["facts", "--familiar", "fam", "--as-of", "last tuesday"]) != 0
+    assert "--as-of" in capsys.readouterr().err
+
+
+def test_nothing_published_yet(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    make_familiar(tmp_path, "new")
+    assert main(["facts", "--familiar", "new"]) == 0
+    assert "no facts published yet" in capsys.readouterr().out
