@@ -1,12 +1,20 @@
-"""Freshness through the real `dagster dev`: turn appended -> its facts visible in the serving snapshot.
+"""`familiar up` figures: time to a ready UI, idle memory of the group, and freshness.
 
-Starts `dagster dev` from Python (its own process group, bound to 127.0.0.1, a
-throwaway DAGSTER_HOME and data root), lets the turn-watermark sensor and the
-run queue do their work with the scripted model, appends batches of turns the
-way the bot does, and times how long each batch takes to show up as facts in the
-Parquet snapshot the bot reads. Stops everything cleanly at the end.
+Starts the real `familiar up --no-bot` (which starts `dagster dev` through
+`familiar_bot.supervisor`) with a throwaway DAGSTER_HOME and data root and the
+scripted model, then:
 
-    uv run python benchmarks/freshness.py [--rounds 5] [--port 3333]
+* ready: seconds from launching `familiar up` to its "ready" line (the UI answers);
+* idle RSS: summed resident memory of `familiar up` and every process in its
+  children's sessions (webserver, daemon, code server), read from /proc after the
+  group has settled;
+* freshness: messages are appended one per `--gap` seconds the way the bot does;
+  a message's freshness is the time from its append to the moment facts citing its
+  extraction batch (batch_size turns, 10 by default) are in the serving snapshot
+  the bot reads. Facts are extracted per whole batch, so the last message of a
+  batch waits least and the first waits longest.
+
+    uv run python benchmarks/freshness.py [--messages 20] [--starts 3] [--sensor-interval 15]
 """
 
 from __future__ import annotations
@@ -16,133 +24,169 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from familiar_bot.supervisor import free_port, group_alive, tree_rss_bytes  # noqa: E402
 from familiar_pipeline.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.snapshots import SnapshotReader  # noqa: E402
 from familiar_pipeline.turns import TurnLog  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return time.monotonic() - started
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"{url} did not answer within {timeout}s")
-
-
-def start_dagster_dev(home: Path, root: Path, port: int, sensor_interval: int) -> subprocess.Popen:
-    env = dict(os.environ)
-    env.update(
-        DAGSTER_HOME=str(home),
-        FAMILIAR_DATA_ROOT=str(root),
-        FAMILIAR_FAKE_LLM="familiar_pipeline.testing:careful_model",
-        FAMILIAR__PIPELINE__SENSOR_INTERVAL_S=str(sensor_interval),
-        LITELLM_LOCAL_MODEL_COST_MAP="True",
+def start_up(tmp: Path, port: int, sensor_interval: int | None) -> tuple[subprocess.Popen, Path]:
+    env = dict(os.environ, DAGSTER_HOME=str(tmp / "dagster_home"), FAMILIAR_DATA_ROOT=str(tmp / "familiars"),
+               FAMILIAR_FAKE_LLM="familiar_pipeline.testing:careful_model", PYTHONUNBUFFERED="1",
+               LITELLM_LOCAL_MODEL_COST_MAP="True")
+    env.pop("DISCORD_TOKEN", None)
+    if sensor_interval is not None:
+        env["FAMILIAR__PIPELINE__SENSOR_INTERVAL_S"] = str(sensor_interval)
+    err = tmp / f"up-{port}.err"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "familiar_bot.cli", "up", "--no-bot", "--familiar", "fresh", "--port", str(port)],
+        cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err.open("wb"),
+        start_new_session=True,
     )
-    return subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own process group, so SIGTERM reaches every child
-    )
+    return process, err
 
 
-def stop(process: subprocess.Popen, timeout: float = 15) -> float:
+def wait_ready(process: subprocess.Popen, err: Path, timeout: float = 180) -> float:
     started = time.monotonic()
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    try:
-        os.killpg(process.pid, 0)
-        os.killpg(process.pid, signal.SIGKILL)  # stragglers (code servers) in the group
-    except ProcessLookupError:
-        pass
+    while "ready in" not in err.read_text():
+        if process.poll() is not None or time.monotonic() - started > timeout:
+            raise RuntimeError("familiar up did not become ready:\n" + err.read_text()[-2000:])
+        time.sleep(0.05)
     return time.monotonic() - started
 
 
-def facts_visible(reader: SnapshotReader, upto_turn: int) -> bool:
-    reader.refresh()
-    return any(max(f["source_turn_ids"] or [0]) >= upto_turn for f in reader.current_facts())
+def stop_up(process: subprocess.Popen) -> float:
+    sessions = child_sessions(process.pid)
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+    took = time.monotonic() - started
+    deadline = time.monotonic() + 5  # orphaned children are reaped by init a moment later
+    while any(group_alive(s) for s in sessions) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for session in sessions:
+        if group_alive(session):
+            os.killpg(session, signal.SIGKILL)
+            print(f"warning: session {session} outlived familiar up", flush=True)
+    return took
 
 
-def run(rounds: int = 5, port: int | None = None, sensor_interval: int = 5, timeout: float = 120) -> dict:
-    port = port or free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        home, root = Path(tmp) / "dagster_home", Path(tmp) / "familiars"
-        home.mkdir()
-        shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
-        paths = FamiliarPaths.for_id("fresh", root)
-        paths.dir.mkdir(parents=True)
-        paths.character_toml.write_text('[llm.background]\nmodel = "fake/careful"\n')
-        log = TurnLog(paths.turns_db)
-        process = start_dagster_dev(home, root, port, sensor_interval)
-        try:
-            ready_s = wait_http(f"http://127.0.0.1:{port}/server_info", 90)
-            reader = SnapshotReader(paths.serving_dir)
-            freshness = []
-            for r in range(rounds):
-                last = None
-                for i in range(10):
-                    last = log.append_turn(
-                        channel_id=1, role="user", author_key="discord:1", author_display="Ana",
-                        content=f"Round {r}: I keep a journal about my {i} favourite mountain walks",
-                    )
-                appended = time.monotonic()
-                while not facts_visible(reader, last.id):
-                    if process.poll() is not None:
-                        raise RuntimeError("dagster dev exited: " + process.stderr.read().decode()[-2000:])
-                    if time.monotonic() - appended > timeout:
-                        raise TimeoutError(f"facts of turn {last.id} not visible after {timeout}s")
-                    time.sleep(0.2)
-                freshness.append(time.monotonic() - appended)
-                print(f"round {r + 1}: facts of turns {last.id - 9}-{last.id} visible after {freshness[-1]:.1f}s", flush=True)
-            return {"ready_s": ready_s, "freshness_s": freshness, "port": port, "pgid": process.pid}
-        finally:
-            log.close()
-            stop_s = stop(process)
-            print(f"dagster dev stopped in {stop_s:.1f}s", flush=True)
+def child_sessions(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and int(fields[3]) == int(entry.name):
+                found.add(int(entry.name))
+    return found
+
+
+def prepare(tmp: Path) -> FamiliarPaths:
+    home = tmp / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    paths = FamiliarPaths.for_id("fresh", tmp / "familiars")
+    paths.dir.mkdir(parents=True)
+    paths.character_toml.write_text('[llm.background]\nmodel = "fake/careful"\n')
+    TurnLog(paths.turns_db).close()
+    return paths
+
+
+def measure_freshness(paths: FamiliarPaths, messages: int, gap: float, timeout: float) -> list[float]:
+    reader = SnapshotReader(paths.serving_dir)
+    appended: dict[int, float] = {}
+    visible: dict[int, float] = {}
+    with TurnLog(paths.turns_db) as log:
+        log.upsert_participant("discord:1", global_name="Ana")
+        next_at = time.monotonic()
+        deadline = None
+        while len(visible) < messages:
+            now = time.monotonic()
+            if len(appended) < messages and now >= next_at:
+                turn = log.append_turn(channel_id=1, role="user", author_key="discord:1", author_display="Ana",
+                                       content=f"Message {len(appended)}: I keep a journal about mountain walk number {len(appended)}")
+                appended[turn.id] = time.monotonic()
+                next_at += gap
+                if len(appended) == messages:
+                    deadline = time.monotonic() + timeout
+            reader.refresh()
+            cited = {t for f in reader.current().current_facts() for t in (f["source_turn_ids"] or [])}
+            for turn_id in appended:
+                if turn_id not in visible and turn_id in cited:
+                    visible[turn_id] = time.monotonic()
+            if deadline and time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(visible)}/{messages} messages had facts after {timeout}s")
+            time.sleep(0.1)
+    return [visible[t] - appended[t] for t in sorted(appended)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(messages: int = 20, starts: int = 3, sensor_interval: int | None = None, gap: float = 1.0,
+        timeout: float = 180, settle: float = 20, *, rounds: int | None = None) -> dict:
+    """`rounds` (older callers): that many batches of 10 messages, one start, no settling."""
+    if rounds is not None:
+        messages, starts, settle, gap = rounds * 10, 1, 0, 0.05
+    ready, stops = [], []
+    result: dict = {}
+    for attempt in range(starts):
+        with tempfile.TemporaryDirectory() as name:
+            tmp = Path(name)
+            paths = prepare(tmp)
+            process, err = start_up(tmp, free_port(), sensor_interval)
+            result.setdefault("pgid", process.pid)
+            try:
+                ready.append(wait_ready(process, err))
+                print(f"start {attempt + 1}: ready after {ready[-1]:.1f}s", flush=True)
+                if attempt == 0:
+                    time.sleep(settle)
+                    rss, count = tree_rss_bytes(process.pid)
+                    result["idle_rss_mib"] = round(rss / 2**20)
+                    result["idle_processes"] = count
+                    print(f"idle: {count} processes, {rss / 2**20:.0f} MiB RSS", flush=True)
+                    if messages:
+                        fresh = measure_freshness(paths, messages, gap, timeout)
+                        result["freshness_s"] = [round(v, 1) for v in fresh]
+                        print("freshness per message (s): " + ", ".join(f"{v:.1f}" for v in fresh), flush=True)
+            finally:
+                if process.poll() is None:
+                    stops.append(stop_up(process))
+    result.update(ready_s=[round(v, 1) for v in ready], ready_median_s=round(statistics.median(ready), 1),
+                  stop_s=[round(v, 1) for v in stops])
+    if rounds is not None and result.get("freshness_s"):
+        # Older callers count per batch: the time from a batch's last message to its facts.
+        result["freshness_s"] = result["freshness_s"][9::10]
+    elif result.get("freshness_s"):
+        values = result["freshness_s"]
+        result.update(freshness_p50_s=round(percentile(values, 0.5), 1), freshness_p95_s=round(percentile(values, 0.95), 1))
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--port", type=int, default=None)
-    parser.add_argument("--sensor-interval", type=int, default=5)
+    parser.add_argument("--messages", type=int, default=20)
+    parser.add_argument("--starts", type=int, default=3)
+    parser.add_argument("--gap", type=float, default=1.0, help="seconds between messages (default 1)")
+    parser.add_argument("--sensor-interval", type=int, default=None,
+                        help="override [pipeline].sensor_interval_s (default: the configured value, 15)")
     args = parser.parse_args()
-    result = run(args.rounds, args.port, args.sensor_interval)
-    values = result["freshness_s"]
-    print(json.dumps({
-        "ui_ready_s": round(result["ready_s"], 1),
-        "freshness_median_s": round(statistics.median(values), 1),
-        "freshness_max_s": round(max(values), 1),
-    }))
+    print(json.dumps(run(args.messages, args.starts, args.sensor_interval, args.gap)), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import dataclasses
 from typing import Callable
 
 import dagster as dg
-import pandas as pd
 from pydantic import Field
 
 from familiar_pipeline.partitions import familiars_partitions
@@ -77,6 +76,8 @@ def report_metadata(report: ProjectionReport, usage, knobs: dict) -> dict:
     for key, value in report.extra.items():
         metadata[key] = value if isinstance(value, (int, float, str)) else dg.MetadataValue.json(value)
     if report.preview:
+        import pandas as pd  # lazily: ~1 s of import the code location need not pay at load
+
         frame = pd.DataFrame(report.preview[:PREVIEW_ROWS])
         metadata["preview"] = dg.MetadataValue.md(frame.to_markdown(index=False))
     return metadata
@@ -180,8 +181,17 @@ TURN_DRIVEN_ASSETS = [turns_fts, rolling_summary, facts]
 # a dependency newly updated (or requested in the same tick), none missing or in
 # progress. `turns` is an external asset Dagster never sees materialized, so it
 # is ignored; what is new in the turn log is each projection's own watermark.
+# Runs the turn sensor launches with the fact-driven assets already in them carry this tag;
+# their updates do not trigger the followers a second time.
+FOLLOWERS_INCLUDED_TAG = {"familiar/followers": "included"}
+
 FOLLOWS_FACTS = (
-    dg.AutomationCondition.any_deps_updated().ignore(dg.AssetSelection.assets("turns")).with_label("facts changed")
+    dg.AutomationCondition.any_deps_match(
+        dg.AutomationCondition.newly_updated()
+        & ~dg.AutomationCondition.executed_with_tags(tag_values=FOLLOWERS_INCLUDED_TAG)
+    )
+    .ignore(dg.AssetSelection.assets("turns"))
+    .with_label("facts changed outside a run that already included the followers")
     & ~dg.AutomationCondition.any_deps_missing().ignore(dg.AssetSelection.assets("turns"))
     & ~dg.AutomationCondition.any_deps_in_progress()
     & ~dg.AutomationCondition.in_progress()

@@ -26,7 +26,7 @@ defs = dg.Definitions(
     assets=[turns, *TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS, *plugin_assets()],
     asset_checks=ALL_CHECKS,
     jobs=[projection_job],
-    sensors=[build_turn_watermark_sensor(TURN_DRIVEN_ASSETS), fact_automation_sensor],
+    sensors=[build_turn_watermark_sensor([*TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS]), fact_automation_sensor],
     resources={"familiar_data": FamiliarData(), "llm": LlmResource(), "embedder": EmbedderResource()},
     # One process per run: every step of a run shares the familiar's DuckDB file, which allows one writer.
     executor=dg.in_process_executor,

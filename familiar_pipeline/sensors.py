@@ -18,12 +18,21 @@ from pathlib import Path
 
 import dagster as dg
 
+from familiar_pipeline.assets import FOLLOWERS_INCLUDED_TAG
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.paths import FamiliarPaths, data_root, list_familiars
 from familiar_pipeline.partitions import familiars_partitions
 from familiar_pipeline.turns import TurnLog
 
 log = logging.getLogger(__name__)
+
+# (projector, asset) of the assets that follow `facts`, in dependency order.
+FACT_FOLLOWERS = (
+    ("fact_supersede", "fact_supersessions"),
+    ("people_dossier", "people_dossiers"),
+    ("reflection", "reflections"),
+    ("fact_embedding", "fact_embeddings"),
+)
 
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
@@ -76,6 +85,9 @@ def due_assets(config, state: FamiliarState) -> list[str]:
     pending_facts = state.latest_turn_id - state.turn_watermark("rich_note")
     if "rich_note" in active and pending_facts >= config.memory.rich_note.batch_size:
         due.append("facts")
+        # The fact-driven assets ride in the same run: one process start instead of a second
+        # queued run per batch. Automation still covers facts changed any other way.
+        due.extend(asset for projector, asset in FACT_FOLLOWERS if projector in active)
     return due
 
 
@@ -123,7 +135,11 @@ def evaluate_tick(
                 run_key=f"{familiar_id}:t{state.latest_turn_id}:c{state.latest_change_seq}:v{state.snapshot_version}",
                 partition_key=familiar_id,
                 asset_selection=[dg.AssetKey(a) for a in assets],
-                tags={"familiar": familiar_id, "trigger": "turn_watermark_sensor"},
+                tags={
+                    "familiar": familiar_id,
+                    "trigger": "turn_watermark_sensor",
+                    **(FOLLOWERS_INCLUDED_TAG if any(a in assets for _, a in FACT_FOLLOWERS) else {}),
+                },
             )
         )
         new_cursor[familiar_id] = state.signature()
@@ -147,7 +163,8 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         target=targets,
         description=(
             f"Every {interval}s ([pipeline].sensor_interval_s): adds new familiars as partitions and requests "
-            "runs of turns_fts, rolling_summary and facts for familiars whose thresholds are met."
+            "runs of turns_fts, rolling_summary and facts (with the active fact-driven assets in the same run) "
+            "for familiars whose thresholds are met."
         ),
     )
     def turn_watermark_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:

@@ -66,3 +66,27 @@ def test_operator_can_still_materialize_one_alone(tmp_path):
 
         result = materialize(tmp_path, instance, [people_dossiers], rebuild=True)
         assert result.success and metadata(result, "people_dossiers")["status"].startswith("no-op")
+
+
+def test_a_sensor_run_that_already_included_the_followers_does_not_trigger_them_again(tmp_path):
+    from familiar_pipeline.assets import FOLLOWERS_INCLUDED_TAG, facts, turns
+    from familiar_pipeline.fake_llm import install_fake_llm
+    from familiar_pipeline.resources import FamiliarData, LlmResource
+    from familiar_pipeline.testing import careful_model
+
+    from .helpers import append_chat, make_familiar
+
+    install_fake_llm().script(careful_model)
+    append_chat(make_familiar(tmp_path, "alpha"), 10)
+    resources = {"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource()}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("familiars", ["alpha"])
+        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        dg.materialize([turns, facts], partition_key="alpha", instance=instance, selection=[facts.key],
+                       resources=resources, tags=FOLLOWERS_INCLUDED_TAG)
+        second = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+        assert requested(second) == set()
+        dg.materialize([turns, facts], partition_key="alpha", instance=instance, selection=[facts.key],
+                       resources=resources, tags={"trigger": "familiar backfill"})
+        third = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=second.cursor)
+        assert requested(third) == {(name, "alpha") for name in FOLLOWERS}

@@ -7,7 +7,7 @@ import json
 import dagster as dg
 import pytest
 
-from familiar_pipeline.assets import TURN_DRIVEN_ASSETS
+from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS
 from familiar_pipeline.sensors import build_turn_watermark_sensor, due_assets, read_state
 
 from .helpers import append_chat, make_familiar
@@ -20,8 +20,12 @@ def env(tmp_path, monkeypatch):
         yield tmp_path, instance
 
 
+FOLLOWERS = ["fact_supersessions", "people_dossiers", "reflections"]  # active by default; embeddings are opt-in
+FULL = sorted(["facts", "rolling_summary", "turns_fts", *FOLLOWERS])
+
+
 def tick(instance, cursor=None):
-    sensor = build_turn_watermark_sensor(TURN_DRIVEN_ASSETS)
+    sensor = build_turn_watermark_sensor([*TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS])
     return sensor(dg.build_sensor_context(instance=instance, cursor=cursor))
 
 
@@ -33,7 +37,7 @@ def test_first_tick_with_backlog_adds_partition_and_requests_runs(env):
     root, instance = env
     append_chat(make_familiar(root, "alpha"), 35)
     result = tick(instance)
-    assert requested(result) == {"alpha": ["facts", "rolling_summary", "turns_fts"]}
+    assert requested(result) == {"alpha": FULL}
     added = [k for r in result.dynamic_partitions_requests for k in r.partition_keys]
     assert added == ["alpha"]
     assert json.loads(result.cursor)["alpha"][0] == 35
@@ -66,14 +70,14 @@ def test_thresholds_decide_which_assets_run(env):
     append_chat(paths, 9)  # below batch_size=10 and turns_threshold=10
     assert requested(tick(instance)) == {"alpha": ["turns_fts"]}
     append_chat(paths, 1, start=9)  # exactly at the threshold
-    assert requested(tick(instance)) == {"alpha": ["facts", "rolling_summary", "turns_fts"]}
+    assert requested(tick(instance)) == {"alpha": FULL}
 
 
 def test_env_override_of_a_threshold_takes_effect(env, monkeypatch):
     root, instance = env
     append_chat(make_familiar(root, "alpha"), 5)
     monkeypatch.setenv("FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE", "5")
-    assert requested(tick(instance)) == {"alpha": ["facts", "turns_fts"]}
+    assert requested(tick(instance)) == {"alpha": sorted(["facts", "turns_fts", *FOLLOWERS])}
 
 
 def test_cursor_reset_redispatches_without_losing_anything(env):

@@ -1,0 +1,120 @@
+"""`familiar import`: JSON Lines transcripts become turns; bad lines are reported by number and skipped."""
+
+from __future__ import annotations
+
+import json
+
+from familiar_bot.cli import main
+from familiar_bot.commands.import_ import channel_number, import_transcript
+from familiar_pipeline.turns import TurnLog
+from tests.helpers import make_familiar
+
+
+def line(**fields) -> str:
+    return json.dumps(fields)
+
+
+GOOD = [
+    line(speaker="Ana Lima", text="I moved to Lisbon last spring", timestamp="2024-05-01T18:03:00+02:00"),
+    line(speaker="Bo", text="Welcome! I run a bakery there", timestamp="2024-05-01T18:04:00Z", channel=7),
+    line(speaker="Ana Lima", text="I know, I buy your bread", timestamp="2024-05-01T18:05:00",
+         user_id="discord:1234", channel="general"),
+]
+
+
+def test_import_writes_turns_participants_and_channels(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    paths = make_familiar(tmp_path, "seed")
+    transcript = tmp_path / "talk.jsonl"
+    transcript.write_text("\n".join(GOOD) + "\n\n")
+
+    assert main(["import", "--familiar", "seed", str(transcript)]) == 0
+    out = capsys.readouterr().out
+    assert "imported 3 turns (turns 1-3) from 3 speakers" in out
+    assert "appends its turns again" in out
+    general = channel_number("general")[0]
+    assert f"channel 'general' -> {general}" in out
+
+    with TurnLog(paths.turns_db, readonly=True) as log:
+        turns = log.turns_after(0)
+        assert [(t.author_key, t.channel_id, t.content) for t in turns] == [
+            ("import:ana-lima", 1, "I moved to Lisbon last spring"),
+            ("import:bo", 7, "Welcome! I run a bakery there"),
+            ("discord:1234", general, "I know, I buy your bread"),
+        ]
+        assert turns[0].created_at.isoformat() == "2024-05-01T16:03:00+00:00"  # converted to UTC
+        assert turns[2].created_at.isoformat() == "2024-05-01T18:05:00+00:00"  # naive means UTC
+        assert {t.role for t in turns} == {"user"}
+        ana = log.participant("import:ana-lima")
+        assert ana.global_name == "Ana Lima" and ana.platform == "import"
+        assert log.participant("discord:1234").global_name == "Ana Lima"
+
+    # Re-importing appends again (documented): the log is append-only.
+    assert main(["import", "--familiar", "seed", str(transcript)]) == 0
+    with TurnLog(paths.turns_db, readonly=True) as log:
+        assert log.count() == 6
+
+
+def test_bad_lines_are_skipped_with_line_numbers_and_a_failing_status(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    paths = make_familiar(tmp_path, "seed")
+    transcript = tmp_path / "talk.jsonl"
+    transcript.write_text("\n".join([
+        GOOD[0],
+        "{not json",
+        line(speaker="Bo", text="hi there", timestamp="yesterday"),
+        line(speaker="Bo", text="hi there"),
+        line(speaker="Bo", text="hi", timestamp="2024-05-01T18:04:00Z", mood="happy"),
+        line(speaker="Bo", text="hi", timestamp="2024-05-01T18:04:00Z", user_id="nocolon"),
+        line(speaker="Bo", text="hi", timestamp="2024-05-01T18:04:00Z", channel=-3),
+        "[1, 2]",
+        GOOD[1],
+    ]) + "\n")
+
+    assert main(["import", "--familiar", "seed", str(transcript)]) == 1
+    captured = capsys.readouterr()
+    assert "imported 2 turns" in captured.out and "skipped 7 bad lines" in captured.out
+    err = captured.err
+    assert "line 2: not valid JSON" in err
+    assert "line 3: timestamp 'yesterday' is not ISO-8601" in err
+    assert "line 4: missing timestamp" in err
+    assert "line 5: unknown field(s) mood" in err
+    assert "line 6: user_id:" in err
+    assert "line 7: channel must be a positive integer" in err
+    assert "line 8: expected a JSON object" in err
+    with TurnLog(paths.turns_db, readonly=True) as log:
+        assert [t.content for t in log.turns_after(0)] == ["I moved to Lisbon last spring", "Welcome! I run a bakery there"]
+
+
+def test_chunks_are_transactions_and_a_refused_row_names_its_line(tmp_path, capsys):
+    paths = make_familiar(tmp_path, "seed")
+    big = "x" * (1024 * 1024 + 1)  # over the turn log's per-turn limit
+    lines = [line(speaker="Ana", text=f"message number {i}", timestamp="2024-05-01T18:00:00Z") for i in range(5)]
+    lines.insert(3, line(speaker="Ana", text=big, timestamp="2024-05-01T18:00:00Z"))
+    with TurnLog(paths.turns_db) as log:
+        try:
+            import_transcript(log, lines, chunk=2)
+        except Exception as exc:  # CliError
+            message = str(exc)
+        else:
+            raise AssertionError("an oversized turn must stop the import")
+        # Chunk 1 (lines 1-2) is in; chunk 2 (lines 3-4, with the bad one) wrote nothing.
+        assert [t.content for t in log.turns_after(0)] == ["message number 0", "message number 1"]
+    assert message.startswith("line 4: ") and "nothing from this chunk was written" in message
+    assert "2 turns were imported before it" in message
+
+
+def test_missing_familiar_and_file_are_clear_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    assert main(["import", "--familiar", "ghost", str(tmp_path / "x.jsonl")]) == 1
+    assert "no familiar 'ghost'" in capsys.readouterr().err
+    make_familiar(tmp_path, "seed")
+    assert main(["import", "--familiar", "seed", str(tmp_path / "x.jsonl")]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_channel_names_map_to_stable_numbers():
+    assert channel_number("general") == channel_number("general")
+    assert channel_number("general")[0] != channel_number("random")[0]
+    assert channel_number("42") == (42, None)
+    assert 0 < channel_number("general")[0] < 2**63

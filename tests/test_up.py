@@ -1,0 +1,191 @@
+"""End to end: `familiar up` with the console transport, the real `dagster dev`, the fake model.
+
+Messages typed on stdin become turns; the turn-watermark sensor and the run queue
+project them (turns index, facts); the UI's GraphQL endpoint reports the runs and
+the facts materialization; an offline familiar's LLM projections say "skipped"
+with the setting to change; SIGTERM stops every child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from familiar_bot.supervisor import free_port, group_alive
+from familiar_pipeline.snapshots import SnapshotReader
+from tests.helpers import append_chat, make_familiar
+
+REPO = Path(__file__).resolve().parents[1]
+MESSAGES = [
+    "I just moved to Lisbon and I love the tiled old houses",
+    "My sister Carla visits me every spring from Porto",
+    "I am learning to play the cello on weekday evenings",
+    "Our cat Miso refuses to eat anything except fresh tuna",
+    "I work as a nurse on night shifts at the city hospital",
+    "We are planning a hiking trip to Madeira next June",
+    "I am allergic to peanuts so I avoid most satay dishes",
+    "My favourite book this year was a long novel about whales",
+    "I started a small vegetable garden on the balcony last week",
+    "The tram to my work is always crowded after seven",
+    "I keep a journal about every mountain walk I take",
+]
+
+RUNS_QUERY = """
+query Runs($partition: String!) {
+  runsOrError(filter: {tags: [{key: "dagster/partition", value: $partition}]}) {
+    ... on Runs { results { runId status assetSelection { path } tags { key value } } }
+  }
+}"""
+
+LATEST_MATERIALIZATION = """
+query Latest($asset: [String!]!, $partition: String!) {
+  assetOrError(assetKey: {path: $asset}) {
+    ... on Asset {
+      assetMaterializations(partitions: [$partition], limit: 1) {
+        partition runId
+        metadataEntries { label ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue } }
+      }
+    }
+  }
+}"""
+
+
+def graphql(port: int, query: str, **variables) -> dict:
+    body = json.dumps({"query": query, "variables": variables}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=20) as response:
+        payload = json.load(response)
+    assert "errors" not in payload, payload
+    return payload["data"]
+
+
+def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen, log: Path):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if process.poll() is not None:
+            pytest.fail(f"familiar up exited ({process.returncode}) while waiting for {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}:\n{log.read_text()[-3000:]}")
+
+
+def latest(port: int, asset: str, partition: str) -> dict | None:
+    found = graphql(port, LATEST_MATERIALIZATION, asset=[asset], partition=partition)["assetOrError"]
+    records = (found or {}).get("assetMaterializations") or []
+    if not records:
+        return None
+    entries = {e["label"]: e.get("text", e.get("intValue")) for e in records[0]["metadataEntries"]}
+    return {"run_id": records[0]["runId"], "partition": records[0]["partition"], **entries}
+
+
+def child_sessions(pid: int) -> set[int]:
+    """Session ids led by direct children of `pid` (each `familiar up` child has its own)."""
+    sessions = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and int(fields[3]) == int(entry.name):
+                sessions.add(int(entry.name))
+    return sessions
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
+    root, home = tmp_path / "familiars", tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    online = make_familiar(root, "e2e")  # fake/careful background model
+    offline = make_familiar(root, "offline", extra_toml="")  # no model at all
+    append_chat(offline, 12)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DISCORD_TOKEN", "FAMILIAR_ID")
+           and not k.startswith("FAMILIAR__")}
+    env.update(
+        FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home),
+        FAMILIAR_FAKE_LLM="familiar_pipeline.testing:careful_model",
+        FAMILIAR__PIPELINE__SENSOR_INTERVAL_S="5", PYTHONUNBUFFERED="1",
+    )
+    out_log, err_log = tmp_path / "up.out", tmp_path / "up.err"
+    with out_log.open("wb") as out, err_log.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "familiar_bot.cli", "up", "--familiar", "e2e", "--port", str(port), "--as", "Ana"],
+            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
+        )
+    try:
+        wait_for(lambda: "ready in" in err_log.read_text(), 180, "the UI to be ready", process, err_log)
+        assert f"Dagster UI: http://127.0.0.1:{port}" in err_log.read_text()
+
+        for message in MESSAGES:
+            process.stdin.write((message + "\n").encode())
+            process.stdin.flush()
+        # Console replies (no reply model: it says so) prove the turns went through the responder.
+        wait_for(lambda: "no reply model is configured" in out_log.read_text(), 60, "a console reply", process, err_log)
+
+        reader = SnapshotReader(online.serving_dir)
+
+        def facts_in_snapshot():
+            reader.refresh()
+            return reader.current().current_facts()
+
+        facts = wait_for(facts_in_snapshot, 150, "facts in the serving snapshot", process, err_log)
+        assert any("Lisbon" in f["text"] for f in facts)
+
+        fts = wait_for(lambda: latest(port, "turns_fts", "e2e"), 60, "turns_fts materialization", process, err_log)
+        assert fts["partition"] == "e2e" and fts["status"].startswith("ok")
+        fact_run = wait_for(lambda: latest(port, "facts", "e2e"), 60, "facts materialization", process, err_log)
+        assert fact_run["status"].startswith("ok") and fact_run["rows_written"] >= 10
+
+        def run_status(run_id: str) -> str | None:
+            runs = graphql(port, RUNS_QUERY, partition="e2e")["runsOrError"]["results"]
+            status = {r["runId"]: r["status"] for r in runs}[run_id]
+            return status if status in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+        # The asset is materialized before the run's asset checks finish: wait for the run.
+        assert wait_for(lambda: run_status(fact_run["run_id"]), 60, "the facts run to end", process, err_log) == "SUCCESS"
+        runs = graphql(port, RUNS_QUERY, partition="e2e")["runsOrError"]["results"]
+        triggers = {t["value"] for r in runs for t in r["tags"] if t["key"] == "trigger"}
+        assert "turn_watermark_sensor" in triggers
+        assert not [r for r in runs if r["status"] == "FAILURE"], runs
+
+        skipped = wait_for(lambda: latest(port, "facts", "offline"), 90, "the offline familiar's facts", process, err_log)
+        assert skipped["status"].startswith("skipped") and "[llm.background]" in skipped["status"], skipped
+        offline_fts = latest(port, "turns_fts", "offline")
+        assert offline_fts and offline_fts["status"].startswith("ok")
+
+        sessions = child_sessions(process.pid)
+        assert sessions, "familiar up has no children in sessions of their own"
+        process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        process.wait(timeout=15)
+        assert time.monotonic() - started < 10.5
+        assert process.returncode == 128 + signal.SIGTERM
+        assert "stopped every child" in err_log.read_text()
+        deadline = time.monotonic() + 5  # orphans are reaped by init a moment later
+        while any(group_alive(s) for s in sessions) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [s for s in sessions if group_alive(s)], "processes of familiar up outlived it"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for session in child_sessions(process.pid):
+            try:
+                os.killpg(session, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
