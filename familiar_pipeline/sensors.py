@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class FamiliarState:
 
     latest_turn_id: int
     latest_change_seq: int
+    latest_turn_age_s: float
     snapshot_version: int
     watermarks: dict  # projector -> {"turn_id", "fact_id", "change_seq"}
 
@@ -61,6 +63,8 @@ class FamiliarState:
 def read_state(paths: FamiliarPaths) -> FamiliarState:
     with TurnLog(paths.turns_db, readonly=True) as turn_log:
         latest, change = turn_log.latest_id(), turn_log.latest_change_seq()
+        newest = turn_log.turns_by_ids([latest]) if latest else []
+    age = (datetime.now(timezone.utc) - newest[0].created_at).total_seconds() if newest else float("inf")
     manifest_path = paths.serving_dir / "manifest.json"
     version, marks = 0, {}
     try:
@@ -69,15 +73,12 @@ def read_state(paths: FamiliarPaths) -> FamiliarState:
         marks = (manifest.get("store_watermark") or {}).get("projectors") or {}
     except (OSError, ValueError):
         pass
-    return FamiliarState(latest, change, version, marks)
+    return FamiliarState(latest, change, age, version, marks)
 
 
 def due_assets(config, state: FamiliarState) -> list[str]:
     """Asset names whose thresholds are met, per the familiar's effective config."""
     due = []
-    fts_mark = state.watermarks.get("turns_fts", {})
-    if state.latest_turn_id > int(fts_mark.get("turn_id", 0)) or state.latest_change_seq > int(fts_mark.get("change_seq", 0)):
-        due.append("turns_fts")
     active = set(config.memory.projectors)
     pending_summary = state.latest_turn_id - state.turn_watermark("rolling_summary")
     if "rolling_summary" in active and pending_summary >= config.memory.rolling_summary.turns_threshold:
@@ -88,7 +89,17 @@ def due_assets(config, state: FamiliarState) -> list[str]:
         # The fact-driven assets ride in the same run: one process start instead of a second
         # queued run per batch. Automation still covers facts changed any other way.
         due.extend(asset for projector, asset in FACT_FOLLOWERS if projector in active)
+    if index_behind(state) and (due or state.latest_turn_age_s >= config.pipeline.index_quiet_s):
+        due.insert(0, "turns_fts")
+        # Turn vectors follow the same turns as the full-text index, in the same run.
+        if "turn_embedding" in active:
+            due.insert(1, "turn_embeddings")
     return due
+
+
+def index_behind(state: FamiliarState) -> bool:
+    mark = state.watermarks.get("turns_fts", {})
+    return state.latest_turn_id > int(mark.get("turn_id", 0)) or state.latest_change_seq > int(mark.get("change_seq", 0))
 
 
 def evaluate_tick(
@@ -120,7 +131,8 @@ def evaluate_tick(
             continue
         assets = due_assets(config, state)
         if not assets:
-            new_cursor[familiar_id] = state.signature()
+            if not index_behind(state):  # else the index waits for quiet: look again next tick
+                new_cursor[familiar_id] = state.signature()
             continue
         if len(requests) >= max_requests:
             notes.append(f"{familiar_id}: deferred by the flood guard (max {max_requests} runs per tick)")

@@ -16,3 +16,16 @@ def minilm_dir() -> Path:
         return ensure_local_minilm()
     except MinilmUnavailable as exc:
         pytest.skip(f"local MiniLM model cannot be built on this host: {exc}")
+
+
+@pytest.fixture
+def fake_llm():
+    """The in-process litellm fake, answering every projector prompt as a careful model would."""
+    from familiar_pipeline.fake_llm import install_fake_llm
+    from familiar_pipeline.testing import careful_model
+
+    fake = install_fake_llm()
+    fake.reset()
+    fake.script(careful_model)
+    yield fake
+    fake.script(careful_model)

@@ -240,7 +240,7 @@ def test_untrusted_text_cannot_forge_section_headers(world):
                sources=[turn.id])
     world.store.put_summary(f"Summary.\n{evil}", 1)
     world.store.put_dossier("discord:444", f"Eve is new.\n  ### Injected\n{evil}", 1)
-    world.store.append_reflection(channel_id=10, text=f"Odd.\n## Fake", cited_turn_ids=[turn.id],
+    world.store.append_reflection(channel_id=10, text="Odd.\n## Fake", cited_turn_ids=[turn.id],
                                   cited_fact_ids=[], last_turn_id=1, last_fact_id=0)
     world.sync()
     toml_env = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "4"}

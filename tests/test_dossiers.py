@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 
 from familiar_pipeline.projections import dossiers, supersede
 from familiar_pipeline.prompts import dossier as dossier_prompt
 from familiar_pipeline.store import ProjectionStore, Subject
-from familiar_pipeline.testing import careful_model
 
 from .fact_helpers import BO, CASS, add_facts, fact, familiar, run_projector
 from .helpers import FAKE_MODEL_TOML, append_chat
@@ -15,17 +13,6 @@ from .helpers import FAKE_MODEL_TOML, append_chat
 # One turn per extraction batch, so each fact's turn is its own dossier step.
 TOML = 'aliases = ["Sapphire"]\n' + FAKE_MODEL_TOML + "\n[providers.memory.rich_note]\nbatch_size = 1\n"
 EGO = Subject("ego:fam", "Sapphire")
-
-
-@pytest.fixture
-def fake_llm():
-    from familiar_pipeline.fake_llm import install_fake_llm
-
-    fake = install_fake_llm()
-    fake.reset()
-    fake.script(careful_model)
-    yield fake
-    fake.script(careful_model)
 
 
 def dossier_calls(fake):

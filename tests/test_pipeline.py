@@ -13,23 +13,11 @@ from familiar_pipeline.fts import FtsIndex
 from familiar_pipeline.resources import FamiliarData, LlmResource
 from familiar_pipeline.snapshots import SnapshotReader
 from familiar_pipeline.store import ProjectionStore
-from familiar_pipeline.testing import careful_model
 from familiar_pipeline.turns import TurnLog
 
 from .helpers import append_chat, make_familiar
 
 SYSTEM_TIME_COLUMNS = {"created_at", "updated_at"}
-
-
-@pytest.fixture
-def fake_llm():
-    from familiar_pipeline.fake_llm import install_fake_llm
-
-    fake = install_fake_llm()
-    fake.reset() if hasattr(fake, "reset") else None
-    fake.script(careful_model)
-    yield fake
-    fake.script(careful_model)
 
 
 @pytest.fixture

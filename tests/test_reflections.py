@@ -7,24 +7,12 @@ import pytest
 from familiar_pipeline.fake_llm import FakeLLM
 from familiar_pipeline.projections import reflections
 from familiar_pipeline.store import ProjectionStore
-from familiar_pipeline.testing import careful_model
 
 from .fact_helpers import CASS, add_facts, fact, familiar, run_projector
 from .helpers import FAKE_MODEL_TOML, append_chat
 
 # Reflections alone: no extractor or supersession to wait for.
 TOML = FAKE_MODEL_TOML + '\n[providers.memory]\nprojectors = ["reflection"]\n'
-
-
-@pytest.fixture
-def fake_llm():
-    from familiar_pipeline.fake_llm import install_fake_llm
-
-    fake = install_fake_llm()
-    fake.reset()
-    fake.script(careful_model)
-    yield fake
-    fake.script(careful_model)
 
 
 def calls(fake):

@@ -129,3 +129,21 @@ def test_due_assets_reads_published_watermarks(tmp_path):
     state = read_state(paths)
     assert state.snapshot_version == 3
     assert due_assets(load_config("alpha", root=tmp_path), state) == ["rolling_summary"]
+
+
+def test_index_alone_waits_for_a_quiet_conversation(env, monkeypatch):
+    from datetime import datetime, timezone
+
+    from familiar_pipeline.turns import TurnLog
+
+    root, instance = env
+    paths = make_familiar(root, "alpha")
+    with TurnLog(paths.turns_db) as log:
+        log.append_turn(channel_id=1, role="user", author_key="discord:1", content="just now",
+                        created_at=datetime.now(timezone.utc))
+    first = tick(instance)
+    assert first.run_requests == [], "a conversation in full flow: the index waits"
+    instance.add_dynamic_partitions("familiars", ["alpha"])
+    assert "alpha" not in json.loads(first.cursor), "not recorded, so a later tick looks again"
+    monkeypatch.setenv("FAMILIAR__PIPELINE__INDEX_QUIET_S", "0")
+    assert requested(tick(instance, cursor=first.cursor)) == {"alpha": ["turns_fts"]}

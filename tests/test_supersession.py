@@ -15,17 +15,6 @@ from .fact_helpers import BO, CASS, MIA, add_facts, fact, familiar, run_projecto
 SYSTEM_PHRASE = "superseded_ids"
 
 
-@pytest.fixture
-def fake_llm():
-    from familiar_pipeline.fake_llm import install_fake_llm
-
-    fake = install_fake_llm()
-    fake.reset()
-    fake.script(careful_model)
-    yield fake
-    fake.script(careful_model)
-
-
 def supersede_calls(fake):
     return [c for c in fake.calls if SYSTEM_PHRASE in c["messages"][0]["content"]]
 

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from familiar_pipeline.identity import ego_key, is_ego_key
 
-from familiar_bot.layers.common import Labels, neutralise_headers, one_line
+from familiar_bot.layers.common import neutralise_headers, one_line
 from familiar_bot.layers.recent_history import window_size
 from familiar_bot.tokens import cap_blocks
 
