@@ -102,6 +102,21 @@ class AssemblerLike(Protocol):
 # --------------------------------------------------------------------------- pure rules
 
 
+def storable_text(text: str) -> str:
+    """`text` with lone UTF-16 surrogates replaced by U+FFFD, and split pairs rejoined.
+
+    A client (or a JSON payload with a stray `\\ud800` escape) can hand us a string
+    UTF-8 cannot encode; the turn log rightly refuses it, which would lose the whole
+    message. Keeping the message with one replacement character loses only what no
+    one could have read anyway.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _name_pattern(names: Sequence[str]) -> re.Pattern[str] | None:
     words = sorted({n.strip() for n in names if n and n.strip()}, key=len, reverse=True)
     if not words:
@@ -334,8 +349,8 @@ class Responder:
             guild_id=message.guild_id,
             role="user",
             author_key=message.author.key,
-            author_display=message.author.label,
-            content=message.content,
+            author_display=storable_text(message.author.label),
+            content=storable_text(message.content),
             platform_message_id=message.platform_message_id,
             reply_to_message_id=message.reply_to_message_id,
             created_at=message.created_at,
@@ -361,7 +376,8 @@ class Responder:
         """
         try:
             turn = self.turn_log.record_edit(
-                platform_message_id=str(platform_message_id), new_content=new_content, edited_at=edited_at
+                platform_message_id=str(platform_message_id), new_content=storable_text(new_content),
+                edited_at=edited_at,
             )
         except TurnLogError as exc:
             log.error("familiar %s: edit of message %s not recorded: %s", self.familiar_id, platform_message_id, exc)

@@ -18,12 +18,21 @@ within the candidate batch, then weighted by ``[memory.retrieval]``:
 ``total = sum(weight x signal)``; ties keep BM25 order. Every candidate's signals
 go into the debug structure so ``/context`` can explain a ranking.
 
-Turns. Hits from ``fts/turns``, minus the turns ``recent_history`` already shows
+Turns. Candidates are the top ``turn_candidates`` hits from ``fts/turns`` and,
+when the opt-in ``turn_embedding`` projection is active with
+``turn_embedding_weight > 0``, the top ``turn_candidates`` turns by cosine to the
+cue (one matrix product over the snapshot's turn vectors). Over that union each
+signal is min-max normalised and the two are summed with ``bm25_weight`` and
+``turn_embedding_weight`` (``turn_fusion = "rrf"`` swaps in reciprocal rank
+fusion, which measured worse on LoCoMo: docs/benchmarks.md). The ranked turns
+are then filtered: minus the turns ``recent_history`` already shows
 (the ids actually in that window, not id arithmetic: ids are global across
 channels) and minus deleted turns; in a guild channel only that guild's turns
-(a direct message is never quoted into a server). Each hit brings its nearest
-neighbour before and after in the same channel, and the lot is grouped by date
-in ``display_tz``.
+(a direct message is never quoted into a server). Each hit brings its
+``turn_neighbours`` nearest neighbours before and after in the same channel,
+and the lot is grouped by date in ``display_tz``. The debug structure records
+which facts and turns survived the token cut (``shown_fact_ids``,
+``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -150,6 +160,10 @@ def retrieve_facts(cue: str, memory, budget) -> tuple[list[dict], dict[str, Any]
     retrieval = memory.config.memory.retrieval
     weights = Weights.from_config(retrieval)
     if weights.embedding > 0 and memory.embedder is None:
+        # The shipped weight is inert while fact embeddings are off; warn only when they are on.
+        if not memory.config.memory.is_active("fact_embedding"):
+            weights = Weights(weights.bm25, weights.recency, weights.importance, 0.0)
+    if weights.embedding > 0 and memory.embedder is None:
         memory.warn_once(
             "rag-no-embedder",
             "[memory.retrieval].embedding_weight=%.2f but no embedder is configured "
@@ -191,43 +205,124 @@ def rename_note(fact: dict, labels: Labels) -> str:
 # --------------------------------------------------------------------------- turns
 
 
+def fuse_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: float,
+               embedding_weight: float, order: list[int]) -> list[dict[str, Any]]:
+    """Weighted sum of min-max normalised BM25 and cosine over the candidate union, best first.
+
+    ``order`` is the union in first-seen order (BM25 hits first), which breaks
+    ties. A turn outside the BM25 hits scores 0 on that signal (it ranked below
+    every hit); a turn with no vector gets the neutral 0.5 on the cosine one.
+    Measured on LoCoMo: this beat reciprocal rank fusion, see docs/benchmarks.md.
+    """
+    def normalised(values: dict[int, float]) -> dict[int, float]:
+        if not values:
+            return {}
+        low, high = min(values.values()), max(values.values())
+        return {k: ((v - low) / (high - low) if high > low else 1.0) for k, v in values.items()}
+
+    nb, nc = normalised(bm25), normalised(cosines)
+    scored = []
+    for index, tid in enumerate(order):
+        b = nb.get(tid, 0.0)
+        c = nc.get(tid, NEUTRAL) if cosines else NEUTRAL
+        total = bm25_weight * b + (embedding_weight * c if cosines else 0.0)
+        scored.append({"turn_id": tid, "bm25": bm25.get(tid), "cosine": cosines.get(tid),
+                       "total": total, "candidate_index": index})
+    scored.sort(key=lambda s: (-s["total"], s["candidate_index"]))
+    return scored
+
+
+RRF_K = 60
+
+
+def rrf_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: float,
+              embedding_weight: float, order: list[int]) -> list[dict[str, Any]]:
+    """Reciprocal rank fusion, ``sum(weight / (60 + rank))``: the alternative that measured worse."""
+    rank_b = {t: i for i, t in enumerate(sorted(bm25, key=lambda t: -bm25[t]), start=1)}
+    rank_c = {t: i for i, t in enumerate(sorted(cosines, key=lambda t: -cosines[t]), start=1)}
+    scored = []
+    for index, tid in enumerate(order):
+        total = ((bm25_weight / (RRF_K + rank_b[tid]) if tid in rank_b else 0.0)
+                 + (embedding_weight / (RRF_K + rank_c[tid]) if tid in rank_c else 0.0))
+        scored.append({"turn_id": tid, "bm25": bm25.get(tid), "cosine": cosines.get(tid),
+                       "total": total, "candidate_index": index})
+    scored.sort(key=lambda s: (-s["total"], s["candidate_index"]))
+    return scored
+
+
+def _dense_turns(cue: str, memory, limit: int) -> dict[int, float]:
+    """Cosines of the ``limit`` turns nearest to the cue, when turn vectors are on and present."""
+    retrieval = memory.config.memory.retrieval
+    embedder = memory.embedder
+    if (retrieval.turn_embedding_weight <= 0 or embedder is None
+            or not memory.config.memory.is_active("turn_embedding")):
+        return {}
+    turn_matrix = getattr(memory.snapshot, "turn_matrix", None)
+    if turn_matrix is None:
+        return {}
+    ids, matrix = turn_matrix(embedder.name)
+    if len(ids) == 0:
+        return {}
+    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)), lambda: embedder.embed([cue])[0])
+    cue_vec = np.asarray(cue_vec, dtype=np.float32)
+    if cue_vec.shape[0] != matrix.shape[1]:
+        memory.warn_once("turn-dim", "turn vectors under %s have dim %d but the cue has %d; ignoring them",
+                         embedder.name, matrix.shape[1], cue_vec.shape[0])
+        return {}
+    norm = float(np.linalg.norm(cue_vec))
+    sims = matrix @ (cue_vec / (norm or 1.0))
+    top = np.argpartition(-sims, min(limit, len(sims)) - 1)[:limit] if len(sims) > limit else np.arange(len(sims))
+    return {int(ids[i]): float(sims[i]) for i in top}
+
+
 def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int]) -> tuple[list, list[dict]]:
-    """Hit turns (not excluded, not deleted, visible here) with their neighbours, ascending by id."""
+    """Hit turns (not excluded, not deleted, visible here) with their neighbours, ascending by id.
+
+    Candidates are the union of the top ``turn_candidates`` BM25 hits and, when
+    turn embeddings are on, the top ``turn_candidates`` turns by cosine; they
+    are ranked by :func:`fuse_turns`. If exclusions and deletions leave fewer
+    than the budget's ``max_rag_turns``, the candidate depth grows and the
+    ranking is redone.
+    """
+    retrieval = memory.config.memory.retrieval
     limit = budget.max_rag_turns
     log = memory.turn_log
-    fetch = limit * 2
+    fetch = max(retrieval.turn_candidates, limit)
     kept: list = []
-    scores: dict[int, float] = {}
+    ranked: list[dict] = []
     for _ in range(MAX_REFETCH_ROUNDS + 1):
         hits = memory.fts_turns.search(cue, fetch)
-        candidates = [(tid, s) for tid, s in hits if tid not in exclude]
-        rows = {t.id: t for t in log.turns_by_ids([tid for tid, _ in candidates])}
-        kept, scores = [], {}
-        for tid, score in candidates:
-            turn = rows.get(tid)
+        dense = _dense_turns(cue, memory, fetch)
+        bm25 = dict(hits)
+        order = [tid for tid, _ in hits] + [tid for tid in sorted(dense, key=lambda t: -dense[t]) if tid not in bm25]
+        fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
+        fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
+        fused = [f for f in fused if f["turn_id"] not in exclude]
+        rows = {t.id: t for t in log.turns_by_ids([f["turn_id"] for f in fused])}
+        kept, ranked = [], []
+        for f in fused:
+            turn = rows.get(f["turn_id"])
             if turn is None or turn.deleted or not _visible(turn, ctx):
                 continue
             kept.append(turn)
-            scores[tid] = score
+            ranked.append(f)
             if len(kept) == limit:
                 break
-        if len(kept) >= limit or len(hits) < fetch:
+        if len(kept) >= limit or (len(hits) < fetch and len(dense) < fetch):
             break
         fetch *= 4
     if not kept:
         return [], []
-    around = {i for t in kept for i in range(t.id - NEIGHBOUR_SPAN, t.id + NEIGHBOUR_SPAN + 1) if i > 0}
-    nearby = [t for t in log.turns_by_ids(around) if not t.deleted and t.id not in exclude]
+    reach = retrieval.turn_neighbours
+    span = max(NEIGHBOUR_SPAN, 3 * reach)
+    around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0}
+    nearby = [t for t in log.turns_by_ids(around) if not t.deleted and t.id not in exclude] if reach else []
     chosen = {t.id: t for t in kept}
     for hit in kept:
         same = [t for t in nearby if t.channel_id == hit.channel_id]
-        before = [t for t in same if t.id < hit.id]
-        after = [t for t in same if t.id > hit.id]
-        if before:
-            chosen.setdefault(before[-1].id, before[-1])
-        if after:
-            chosen.setdefault(after[0].id, after[0])
-    debug = [{"turn_id": t.id, "bm25": scores[t.id]} for t in kept]
+        for t in [t for t in same if t.id < hit.id][-reach:] + [t for t in same if t.id > hit.id][:reach]:
+            chosen.setdefault(t.id, t)
+    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total")} for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
 
 
@@ -237,18 +332,24 @@ def _visible(turn, ctx) -> bool:
 
 def turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str]]:
     """``(kind, line)`` pairs: date headers, quoted turn lines, and blank separators."""
-    lines: list[tuple[str, str]] = []
+    return [(kind, line) for kind, line, _ in owned_turn_lines(turns, labels, tz)]
+
+
+def owned_turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str, int | None]]:
+    """``turn_lines`` with the id of the turn each line quotes (None for headers and blanks),
+    so the caller can tell which turns survived the token budget."""
+    lines: list[tuple[str, str, int | None]] = []
     day = None
     for t in sorted(turns, key=lambda t: (t.created_at, t.id)):
         date = local_date(t.created_at, tz)
         if date != day:
             if day is not None:
-                lines.append(("blank", ""))
-            lines.append(("date", f"{date}:"))
+                lines.append(("blank", "", None))
+            lines.append(("date", f"{date}:", None))
             day = date
         body = labels.rewrite_mentions(t.content).splitlines() or [""]
-        lines.append(("turn", f"> [{clock_12h(t.created_at, tz)} {labels.for_turn(t)}]: {body[0]}"))
-        lines.extend(("turn", f"> {line}" if line.strip() else ">") for line in body[1:])
+        lines.append(("turn", f"> [{clock_12h(t.created_at, tz)} {labels.for_turn(t)}]: {body[0]}", t.id))
+        lines.extend(("turn", f"> {line}" if line.strip() else ">", t.id) for line in body[1:])
     return lines
 
 
@@ -262,6 +363,11 @@ def render(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: 
     kept line is truncated if it alone is too big. A date header left without
     its turns is dropped.
     """
+    return render_counted(fact_lines, turn_part, max_tokens)[0]
+
+
+def render_counted(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int) -> tuple[str, int, int]:
+    """``render`` plus how many fact lines and turn-part lines it kept (what the prompt really shows)."""
     remaining = max_tokens
     facts: list[str] = []
     for line in fact_lines:
@@ -294,7 +400,7 @@ def render(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: 
         parts.append(FACTS_HEADER + "\n\n" + "\n".join(facts))
     if turns:
         parts.append(TURNS_HEADER + "\n\n" + "\n".join(turns))
-    return "\n\n".join(parts)
+    return "\n\n".join(parts), len(facts), len(turns)
 
 
 def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]:
@@ -309,5 +415,10 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)
     fact_lines = [f"- {one_line(f['text'])}{rename_note(f, labels)}" for f in facts]
-    text = render(fact_lines, turn_lines(turns, labels, memory.config.tz), budget.rag_tokens)
+    owned = owned_turn_lines(turns, labels, memory.config.tz)
+    text, facts_kept, lines_kept = render_counted(fact_lines, [(k, line) for k, line, _ in owned],
+                                                  budget.rag_tokens)
+    # What the section really shows after the token cut: the evaluation's rendered recall reads these.
+    debug["shown_fact_ids"] = [f["id"] for f in facts[:facts_kept]]
+    debug["shown_turn_ids"] = sorted({tid for _, _, tid in owned[:lines_kept] if tid is not None})
     return text, debug

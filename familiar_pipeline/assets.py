@@ -21,6 +21,7 @@ from familiar_pipeline.projections import facts as fact_projection
 from familiar_pipeline.projections import reflections as reflection_projection
 from familiar_pipeline.projections import summary as summary_projection
 from familiar_pipeline.projections import supersede as supersede_projection
+from familiar_pipeline.projections import turn_embeddings as turn_embedding_projection
 from familiar_pipeline.projections import turns_index
 from familiar_pipeline.projections.report import ProjectionReport
 from familiar_pipeline.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
@@ -286,3 +287,34 @@ def fact_embeddings(
 
 
 FACT_DRIVEN_ASSETS = [fact_supersessions, people_dossiers, reflections, fact_embeddings]
+
+
+@dg.asset(
+    name="turn_embeddings",
+    partitions_def=familiars_partitions,
+    group_name="turns",
+    kinds={"duckdb"},
+    deps=[turns],
+    tags={"projector": "turn_embedding"},
+)
+def turn_embeddings(
+    context: dg.AssetExecutionContext,
+    config: ProjectionConfig,
+    familiar_data: FamiliarData,
+    llm: LlmResource,
+    embedder: EmbedderResource,
+) -> dg.MaterializeResult:
+    """Opt-in: a vector per live turn for the active embedding model (projector `turn_embedding`).
+
+    New turns are embedded in batches of `batch_size`, edited turns re-embedded, deleted turns' vectors
+    removed; `rag_context` fuses the cosine with BM25 (`[memory.retrieval].turn_embedding_weight`).
+    Needs [providers.embedding].backend other than "off".
+    """
+    return materialize_projection(
+        context, turn_embedding_projection.PROJECTOR, turn_embedding_projection.run, config, familiar_data, llm,
+        needs_llm=False, embedder=embedder,
+    )
+
+
+# Turn-driven too, but kept out of TURN_DRIVEN_ASSETS' list order so existing selections stay as they were.
+TURN_EMBEDDING_ASSETS = [turn_embeddings]

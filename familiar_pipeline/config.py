@@ -163,6 +163,7 @@ class PipelineConfig:
     sensor_interval_s: int = knob(15, minimum=5)
     max_familiars_per_tick: int = knob(20, minimum=1)
     max_batches_per_run: int = knob(20, minimum=1)
+    index_quiet_s: int = knob(30, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -201,12 +202,28 @@ class FactEmbeddingConfig:
 
 
 @dataclass(frozen=True)
+class TurnEmbeddingConfig:
+    batch_size: int = knob(64, minimum=1)
+
+
+@dataclass(frozen=True)
 class RetrievalConfig:
     bm25_weight: float = knob(1.0, minimum=0.0)
     recency_weight: float = knob(0.0, minimum=0.0)
     importance_weight: float = knob(0.6, minimum=0.0)
-    embedding_weight: float = knob(0.0, minimum=0.0)
+    # 3.0: (cos+1)/2 spans little of [0, 1], so it needs a larger weight than BM25's full
+    # min-max range to matter; measured best on LoCoMo (docs/benchmarks.md). Inert while
+    # fact embeddings are off.
+    embedding_weight: float = knob(3.0, minimum=0.0)
     fact_overfetch: int = knob(4, minimum=1)  # candidates fetched = this x max_rag_facts
+    # Turns: BM25 and (when turn_embedding is active) cosine, min-max normalised over
+    # the union of each signal's top `turn_candidates`, summed with these weights.
+    turn_embedding_weight: float = knob(1.0, minimum=0.0)
+    turn_candidates: int = knob(20, minimum=1)
+    turn_neighbours: int = knob(1, minimum=0)  # same-channel turns shown before and after each hit
+    # "weighted": the min-max weighted sum above; "rrf": reciprocal rank fusion (k=60), kept to
+    # re-check the measurement that chose "weighted" (docs/benchmarks.md).
+    turn_fusion: str = knob("weighted", choices=("weighted", "rrf"))
 
 
 # The built-in knob tables under [providers.memory.<name>], by projector name.
@@ -217,6 +234,7 @@ KNOB_TABLES: Mapping[str, type] = FrozenDict({
     "people_dossier": PeopleDossierConfig,
     "reflection": ReflectionConfig,
     "fact_embedding": FactEmbeddingConfig,
+    "turn_embedding": TurnEmbeddingConfig,
 })
 
 
@@ -229,6 +247,7 @@ class MemoryConfig:
     reflection: ReflectionConfig = field(default_factory=ReflectionConfig)
     fact_supersede: FactSupersedeConfig = field(default_factory=FactSupersedeConfig)
     fact_embedding: FactEmbeddingConfig = field(default_factory=FactEmbeddingConfig)
+    turn_embedding: TurnEmbeddingConfig = field(default_factory=TurnEmbeddingConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     # [providers.memory.<name>] tables of registered third-party projectors, untyped.
     extra_knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: FrozenDict({}))
@@ -664,7 +683,7 @@ def _build(tree: _Tree, familiar_id: str, secrets_env: Mapping[str, str]) -> Fam
     memory = _memory(v, providers.get("memory", {}), retrieval)
 
     _check_embedding_switches(tree, memory, embedding)
-    _check_retrieval_weights(tree, retrieval)
+    _check_retrieval_weights(tree, retrieval, embedding.backend != "off")
 
     budgets = _budgets(v, root.get("budget", {}))
     llm = _llm(v, root.get("llm", {}))
@@ -777,7 +796,8 @@ def _three_switches() -> str:
     return (
         "semantic recall needs all three switches: [providers.embedding].backend set to one of "
         f"{backends}; \"fact_embedding\" in [providers.memory].projectors; and "
-        "[memory.retrieval].embedding_weight > 0"
+        "[memory.retrieval].embedding_weight > 0 (for turns: \"turn_embedding\" in the projectors; "
+        "[memory.retrieval].turn_embedding_weight is used only when it is active)"
     )
 
 
@@ -785,14 +805,19 @@ def _check_embedding_switches(tree: _Tree, memory: MemoryConfig, embedding: Embe
     if embedding.backend != "off":
         return
     backend_src = tree.source_of(("providers", "embedding", "backend"))
-    if "fact_embedding" in memory.projectors:
-        ppath = ("providers", "memory", "projectors")
-        raise ConfigError(
-            f"{tree.source_of(ppath)}: {dotted(ppath)} lists \"fact_embedding\" but "
-            f"[providers.embedding].backend = \"off\" (set in {backend_src}); {_three_switches()}"
-        )
-    if memory.retrieval.embedding_weight > 0:
-        wpath = ("memory", "retrieval", "embedding_weight")
+    for projector in ("fact_embedding", "turn_embedding"):
+        if projector in memory.projectors:
+            ppath = ("providers", "memory", "projectors")
+            raise ConfigError(
+                f"{tree.source_of(ppath)}: {dotted(ppath)} lists \"{projector}\" but "
+                f"[providers.embedding].backend = \"off\" (set in {backend_src}); {_three_switches()}"
+            )
+    wpath = ("memory", "retrieval", "embedding_weight")
+    # The default weight is the measured best for when embeddings are on; with them off it is
+    # inert (and a rendered config that repeats it must load). Only another positive weight,
+    # chosen with no vectors to score, is an error.
+    chosen = memory.retrieval.embedding_weight != RetrievalConfig().embedding_weight
+    if memory.retrieval.embedding_weight > 0 and chosen:
         raise ConfigError(
             f"{tree.source_of(wpath)}: {dotted(wpath)} = {memory.retrieval.embedding_weight!r} "
             f"but [providers.embedding].backend = \"off\" (set in {backend_src}), so no vector "
@@ -800,9 +825,11 @@ def _check_embedding_switches(tree: _Tree, memory: MemoryConfig, embedding: Embe
         )
 
 
-def _check_retrieval_weights(tree: _Tree, retrieval: RetrievalConfig) -> None:
+def _check_retrieval_weights(tree: _Tree, retrieval: RetrievalConfig, embedding_on: bool = True) -> None:
     weights = ("bm25_weight", "recency_weight", "importance_weight", "embedding_weight")
-    if all(getattr(retrieval, w) == 0 for w in weights):
+    # With the embedder off the embedding weight ranks nothing, whatever its value.
+    counted = weights if embedding_on else weights[:3]
+    if all(getattr(retrieval, w) == 0 for w in counted):
         path = ("memory", "retrieval", "bm25_weight")
         raise ConfigError(
             f"{tree.source_of(path)}: [memory.retrieval] sets every weight to 0, so retrieval "

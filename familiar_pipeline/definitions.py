@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, turns
+from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, TURN_EMBEDDING_ASSETS, turns
 from familiar_pipeline.checks import ALL_CHECKS
 from familiar_pipeline.jobs import plugin_assets, projection_job
 from familiar_pipeline.resources import EmbedderResource, FamiliarData, LlmResource
@@ -23,10 +23,10 @@ fact_automation_sensor = dg.AutomationConditionSensorDefinition(
 )
 
 defs = dg.Definitions(
-    assets=[turns, *TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS, *plugin_assets()],
+    assets=[turns, *TURN_DRIVEN_ASSETS, *TURN_EMBEDDING_ASSETS, *FACT_DRIVEN_ASSETS, *plugin_assets()],
     asset_checks=ALL_CHECKS,
     jobs=[projection_job],
-    sensors=[build_turn_watermark_sensor([*TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS]), fact_automation_sensor],
+    sensors=[build_turn_watermark_sensor([*TURN_DRIVEN_ASSETS, *TURN_EMBEDDING_ASSETS, *FACT_DRIVEN_ASSETS]), fact_automation_sensor],
     resources={"familiar_data": FamiliarData(), "llm": LlmResource(), "embedder": EmbedderResource()},
     # One process per run: every step of a run shares the familiar's DuckDB file, which allows one writer.
     executor=dg.in_process_executor,

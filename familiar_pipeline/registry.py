@@ -110,4 +110,10 @@ register_projector(
     needs_llm=False,
 )
 
-BUILTIN_PROJECTORS: tuple[str, ...] = DEFAULT_PROJECTORS + ("fact_embedding",)
+register_projector(
+    "turn_embedding",
+    description="opt-in: a vector per live turn for the active embedding model (hybrid turn retrieval)",
+    needs_llm=False,
+)
+
+BUILTIN_PROJECTORS: tuple[str, ...] = DEFAULT_PROJECTORS + ("fact_embedding", "turn_embedding")

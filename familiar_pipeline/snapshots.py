@@ -136,6 +136,11 @@ SERVING_TABLES: dict[str, str] = {
                vector::FLOAT[] AS vector, created_at::TIMESTAMPTZ AS created_at
         FROM fact_embeddings ORDER BY model, fact_id
     """,
+    "turn_embeddings": """
+        SELECT turn_id::BIGINT AS turn_id, model::VARCHAR AS model, dim::INTEGER AS dim,
+               vector::FLOAT[] AS vector, created_at::TIMESTAMPTZ AS created_at
+        FROM turn_embeddings ORDER BY model, turn_id
+    """,
     "watermarks": """
         SELECT projector::VARCHAR AS projector, turn_id::BIGINT AS turn_id,
                fact_id::BIGINT AS fact_id, change_seq::BIGINT AS change_seq,
@@ -204,6 +209,15 @@ SERVING_SCHEMAS: dict[str, pa.Schema] = {
     "fact_embeddings": pa.schema(
         [
             ("fact_id", pa.int64()),
+            ("model", pa.string()),
+            ("dim", pa.int32()),
+            ("vector", pa.list_(pa.float32())),
+            ("created_at", _TS),
+        ]
+    ),
+    "turn_embeddings": pa.schema(
+        [
+            ("turn_id", pa.int64()),
             ("model", pa.string()),
             ("dim", pa.int32()),
             ("vector", pa.list_(pa.float32())),
@@ -755,6 +769,35 @@ class Snapshot:
         return out
 
 
+    def turn_matrix(self, model: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(turn ids, unit-length float32 rows)`` of every turn vector under ``model``.
+
+        Built once per snapshot and model (the snapshot never changes), so a
+        reply's dense turn search is one matrix-vector product. Rows of another
+        dimension than the model's first row are left out (a corrupt row must
+        not break every reply).
+        """
+        cache = self.__dict__.setdefault("_turn_matrices", {})
+        if model in cache:
+            return cache[model]
+        table = self._tables["turn_embeddings"]
+        ids = np.zeros(0, dtype=np.int64)
+        matrix = np.zeros((0, 0), dtype=np.float32)
+        if table.num_rows:
+            hits = _where(table, pc.equal(table["model"], pa.scalar(model, pa.string())))
+            if hits.num_rows:
+                dims = hits["dim"].to_numpy()
+                keep = pc.equal(hits["dim"], pa.scalar(int(dims[0]), pa.int32()))
+                hits = _where(hits, keep)
+                ids = hits["turn_id"].to_numpy().astype(np.int64)
+                flat = pc.list_flatten(hits["vector"]).to_numpy(zero_copy_only=False).astype(np.float32)
+                matrix = flat.reshape(hits.num_rows, int(dims[0]))
+                norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+                matrix = matrix / np.where(norms > 0, norms, 1.0)
+        cache[model] = (ids, matrix)
+        return ids, matrix
+
+
 def load_snapshot(serving_dir: str | Path, manifest: Manifest) -> Snapshot:
     """Read every table the manifest names; raises OSError/ArrowException/
     SnapshotFormatError when a file is missing, damaged or not as announced."""
@@ -935,3 +978,6 @@ class SnapshotReader:
 
     def embeddings_for(self, model: str, fact_ids: Iterable[int]) -> dict[int, np.ndarray]:
         return self._snapshot.embeddings_for(model, fact_ids)
+
+    def turn_matrix(self, model: str) -> tuple[np.ndarray, np.ndarray]:
+        return self._snapshot.turn_matrix(model)

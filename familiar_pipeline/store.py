@@ -68,6 +68,7 @@ _DROPPED_WATERMARKS: dict[str, tuple[str, ...]] = {
     "people_dossier": ("people_dossier",),
     "reflection": ("reflection",),
     "fact_embedding": ("fact_embedding",),
+    "turn_embedding": ("turn_embedding",),
 }
 PROJECTIONS = tuple(_DROPPED_WATERMARKS)
 
@@ -1091,6 +1092,62 @@ class ProjectionStore:
             limit=limit,
         )
 
+    def set_turn_embeddings(self, model: str, vectors: Iterable[tuple[int, Iterable[float]]], *, now: Any = None) -> int:
+        """Upsert ``(turn_id, vector)`` rows under ``model`` in one transaction; returns the count.
+
+        Turns live in turns.db, so ids are not checked against it here; the
+        projector only passes ids it just read from the turn log. Every row is
+        validated before anything is written.
+        """
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(f"model must be a non-empty string, got {model!r}")
+        rows = []
+        for turn_id, vector in vectors:
+            tid = _int(turn_id, "turn_id", minimum=1)
+            try:
+                values = [float(x) for x in vector]
+            except (TypeError, ValueError):
+                raise TypeError(f"the vector of turn {tid} is not a sequence of numbers") from None
+            if not values:
+                raise ValueError(f"the vector of turn {tid} is empty")
+            if not all(math.isfinite(x) for x in values):
+                raise ValueError(f"embedding of turn {tid} under {model} holds NaN or infinity")
+            rows.append((tid, model, len(values), values))
+        if not rows:
+            return 0
+        at = _now(now)
+        with self.transaction():
+            self._q("DELETE FROM turn_embeddings WHERE model = ? AND turn_id IN (SELECT unnest(?))",
+                    [model, [r[0] for r in rows]])
+            # One statement: parallel lists unnested side by side (executemany is a round trip per row).
+            self._q("INSERT INTO turn_embeddings SELECT unnest(?::BIGINT[]), ?, unnest(?::INTEGER[]), "
+                    "unnest(?::FLOAT[][]), ?",
+                    [[r[0] for r in rows], model, [r[2] for r in rows], [r[3] for r in rows], at])
+        return len(rows)
+
+    def delete_turn_embeddings(self, turn_ids: Iterable[int]) -> int:
+        """Remove every model's vector of these turns (deleted turns must not be retrievable)."""
+        wanted = list(_ids(turn_ids, "turn_ids"))
+        if not wanted:
+            return 0
+        with self.transaction():
+            count = self._q("SELECT count(*) FROM turn_embeddings WHERE turn_id IN (SELECT unnest(?))", [wanted]).fetchone()[0]
+            self._q("DELETE FROM turn_embeddings WHERE turn_id IN (SELECT unnest(?))", [wanted])
+        return int(count)
+
+    def turn_embeddings_for(self, model: str, turn_ids: Iterable[int]) -> dict[int, list[float]]:
+        wanted = list(_ids(turn_ids, "turn_ids"))
+        if not wanted:
+            return {}
+        rows = self._q(
+            "SELECT turn_id, vector FROM turn_embeddings WHERE model = ? AND turn_id IN (SELECT unnest(?))",
+            [model, wanted],
+        ).fetchall()
+        return {turn_id: list(vector) for turn_id, vector in rows}
+
+    def turn_embedding_count(self, model: str) -> int:
+        return int(self._q("SELECT count(*) FROM turn_embeddings WHERE model = ?", [model]).fetchone()[0])
+
     # ----------------------------------------------------------------- watermarks
 
     def get_watermark(self, projector: str) -> Watermark:
@@ -1158,6 +1215,7 @@ class ProjectionStore:
         * ``people_dossier``: every dossier.
         * ``reflection``: every reflection.
         * ``fact_embedding``: every vector, all models.
+        * ``turn_embedding``: every turn vector, all models.
 
         All in one transaction with the watermark rows.
         """
@@ -1194,6 +1252,8 @@ class ProjectionStore:
                 self._q("CREATE OR REPLACE SEQUENCE reflections_id_seq START 1")
             elif name == "fact_embedding":
                 self._q("DELETE FROM fact_embeddings")
+            elif name == "turn_embedding":
+                self._q("DELETE FROM turn_embeddings")
             self._q(
                 "DELETE FROM watermarks WHERE projector IN (SELECT unnest(?))", [list(_DROPPED_WATERMARKS[name])]
             )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import duckdb
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _V1 = (
     """
@@ -141,7 +141,23 @@ _V2 = (
     """,
 )
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: _V1, 2: _V2}
+# v3: opt-in turn embeddings (projector `turn_embedding`), a vector per (turn, model),
+# for hybrid BM25 + cosine turn retrieval. Keyed like fact_embeddings so a model
+# swap accumulates beside the old rows.
+_V3 = (
+    """
+    CREATE TABLE turn_embeddings (
+        turn_id    BIGINT NOT NULL,
+        model      VARCHAR NOT NULL,
+        dim        INTEGER NOT NULL,
+        vector     FLOAT[] NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (turn_id, model)
+    )
+    """,
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: _V1, 2: _V2, 3: _V3}
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
 # Every table, with the columns that order its rows deterministically.
@@ -152,6 +168,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "people_dossiers": ("canonical_key",),
     "reflections": ("id",),
     "fact_embeddings": ("fact_id", "model"),
+    "turn_embeddings": ("turn_id", "model"),
     "watermarks": ("projector",),
     "supersede_decisions": ("id",),
     "schema_version": ("version",),

@@ -58,7 +58,7 @@ def test_defaults_are_the_documented_values(tmp_path):
     assert cfg.familiar_id == FID and cfg.display_name == "Sapphire" and cfg.aliases == ()
     assert cfg.display_tz == "UTC"
     assert dataclasses.asdict(cfg.pipeline) == {
-        "sensor_interval_s": 15, "max_familiars_per_tick": 20, "max_batches_per_run": 20}
+        "sensor_interval_s": 15, "max_familiars_per_tick": 20, "max_batches_per_run": 20, "index_quiet_s": 30}
     mem = cfg.memory
     assert mem.projectors == ("rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection")
     assert mem.projectors == registry.DEFAULT_PROJECTORS
@@ -72,7 +72,8 @@ def test_defaults_are_the_documented_values(tmp_path):
     assert mem.fact_embedding.batch_size == 32
     assert dataclasses.asdict(mem.retrieval) == {
         "bm25_weight": 1.0, "recency_weight": 0.0, "importance_weight": 0.6,
-        "embedding_weight": 0.0, "fact_overfetch": 4}
+        "embedding_weight": 3.0, "fact_overfetch": 4, "turn_embedding_weight": 1.0, "turn_candidates": 20,
+        "turn_neighbours": 1, "turn_fusion": "weighted"}
     assert cfg.embedding == EmbeddingConfig(backend="off", dim=256, fastembed_model="BAAI/bge-small-en-v1.5",
                                             fastembed_cache_dir=None, fastembed_model_path=None)
     assert dataclasses.asdict(cfg.history) == {
@@ -347,7 +348,7 @@ def test_non_utf8_file(tmp_path):
      "[channels.5].respond_to_all = 0 is invalid: expected true or false, got an integer"),
     # unknown keys at each level
     ("colour = \"blue\"", "unknown key 'colour' in the top level; valid: aliases, budget, channels,"),
-    ("[pipeline]\ntick = 5", "unknown key 'tick' in [pipeline]; valid: max_batches_per_run,"),
+    ("[pipeline]\ntick = 5", "unknown key 'tick' in [pipeline]; valid: index_quiet_s, max_batches_per_run,"),
     ("[providers.voice]\nx = 1", "unknown key 'voice' in [providers]; valid: embedding, history, memory"),
     ("[providers.memory.people_dossier]\nmax_facts = 5",
      "unknown key 'max_facts' in [providers.memory.people_dossier]; valid: max_facts_per_prompt "
@@ -461,7 +462,8 @@ def test_a_failed_load_changes_no_file(tmp_path):
 
 def test_registry_builtins_and_registration():
     assert registry.known_projectors() == (
-        "fact_embedding", "fact_supersede", "people_dossier", "reflection", "rich_note", "rolling_summary")
+        "fact_embedding", "fact_supersede", "people_dossier", "reflection", "rich_note", "rolling_summary",
+        "turn_embedding")
     assert registry.get_projector("fact_embedding").needs_llm is False
     assert registry.get_projector("rich_note").needs_llm is True
     with pytest.raises(registry.UnknownProjectorError, match="unknown memory projector 'nope'; valid: fact_embedding"):

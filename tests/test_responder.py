@@ -276,11 +276,13 @@ def test_missing_api_key_variable_is_told_once_and_names_the_variable(tmp_path, 
     assert fake.calls == [] and len(log.recent(CHANNEL, 10)) == 2
 
 
-def test_unstorable_message_is_refused_with_the_reason(tmp_path, fake):
+def test_lone_surrogates_are_kept_as_replacement_characters_not_refused(tmp_path, fake):
+    """UTF-8 cannot store a lone surrogate; losing the whole message for it would be worse."""
     responder, _, log = make(tmp_path)
-    replies = run(responder.handle(msg("bad \ud800 surrogate Fam")))
-    assert len(replies) == 1 and "surrogate" in replies[0]
-    assert log.count() == 0 and fake.calls == []
+    fake.script(lambda messages: "Got it!")
+    replies = run(responder.handle(msg("bad \ud800 surrogate Fam \ud83d\ude00")))
+    assert replies == ["Got it!"]
+    assert log.recent(CHANNEL, 10)[0].content == "bad \ufffd surrogate Fam \U0001f600"
 
 
 # --------------------------------------------------------------------------- edits and deletions

@@ -145,7 +145,7 @@ def test_mixed_batch_missing_vector_is_neutral_and_zero_weight_never_embeds(worl
     _, debug = rag(world, "muffin", {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "1"}, embedder)
     assert sorted(c["embedding"] for c in debug["facts"]) == [0.5, pytest.approx(1.0)]
     embedder.calls = 0
-    rag(world, "muffin", EMBED_ON, embedder)  # shipped weight 0
+    rag(world, "muffin", {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "0"}, embedder)
     assert embedder.calls == 0
 
 

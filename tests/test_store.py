@@ -576,6 +576,7 @@ def populated(store):
     store.append_reflection(channel_id=1, text="R.", cited_turn_ids=[1], cited_fact_ids=[a.id],
                             last_turn_id=3, last_fact_id=c.id)
     store.set_fact_embedding(b.id, "m", [1.0])
+    store.set_turn_embeddings("m", [(1, [1.0])])
     for name in PROJECTIONS:
         store.set_watermark(name, turn_id=3, fact_id=c.id)
     return a, b, c
@@ -594,9 +595,10 @@ def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
     store.drop_projection("rich_note")
     assert row_counts(store) == {
         "facts": 0, "fact_subjects": 0, "summaries": 1, "people_dossiers": 0, "reflections": 0,
-        "fact_embeddings": 0, "watermarks": 2, "supersede_decisions": 0,
+        "fact_embeddings": 0, "turn_embeddings": 1, "watermarks": 3, "supersede_decisions": 0,
     }
-    assert remaining_watermarks(store) == {"rolling_summary", "turns_fts"}
+    # Turn vectors are built from turns, not facts: they survive.
+    assert remaining_watermarks(store) == {"rolling_summary", "turns_fts", "turn_embedding"}
     # nothing citing a fact id survives, so ids restart: a rebuild reproduces the incremental ids
     assert add(store, "Cass likes tea.", CASS).id == 1
 
@@ -698,15 +700,16 @@ def test_a_v1_file_migrates_on_writer_open_and_never_on_read_only_open(tmp_path)
         assert raw.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'supersede_decisions'").fetchone()[0] == 0
 
     with ProjectionStore(path) as store:
-        assert store.schema_version == store_schema.SCHEMA_VERSION == 2
+        assert store.schema_version == store_schema.SCHEMA_VERSION == 3
         (fact,) = store.current_facts()
         assert (fact.text, fact.subjects, fact.importance) == ("Cass likes tea.", (CASS,), 6)
         assert store.append_fact(FactDraft("cass likes TEA", subjects=[CASS]))[1] is False
         store.record_supersede_decision(new_fact_id=fact.id, subject_key="discord:1", shown_prior_ids=[],
                                         retired_ids=[], skipped=[], model=None)
         assert add(store, "Aria sings.", ARIA).id == 2  # the v1 sequence carries on
+        assert store.set_turn_embeddings("m", [(4, [1.0, 0.0])]) == 1  # v3's table exists after the upgrade
     with ProjectionStore(path, read_only=True) as reader:
-        assert [v for v, *_ in reader.table_rows("schema_version")] == [1, 2]
+        assert [v for v, *_ in reader.table_rows("schema_version")] == [1, 2, 3]
 
 
 def test_files_from_the_future_or_foreign_files_are_refused(tmp_path):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from familiar_pipeline.identity import is_ego_key
 from familiar_pipeline.prompts import dossier as prompt
+from familiar_pipeline.prompts.common import MAX_PROSE_CHARS
 from familiar_pipeline.store import Fact
 
 from .horizon import current_at, fact_horizon, facts_in_range, retired_between, subject_fact_ids
@@ -122,6 +123,9 @@ def fold(rt, report, plan: Plan, max_facts: int) -> str | None:
         reply = rt.llm.complete(messages)
         report.llm_seconds += reply.latency_s
         new_text = prompt.parse_reply(reply.text, ego=ego)
+        if len(new_text) > MAX_PROSE_CHARS:
+            report.drop("oversized_reply")  # the prior dossier stands
+            return None
         if not new_text:
             report.drop("empty_reply")
             return None

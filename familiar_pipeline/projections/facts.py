@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
 from typing import Any, Sequence
 
 from familiar_pipeline.identity import ego_key
 from familiar_pipeline.jsonparse import as_int
 from familiar_pipeline.prompts import facts as prompt
+from familiar_pipeline.prompts.common import MAX_FACT_CHARS
 from familiar_pipeline.prompts.facts import ManifestEntry, RawFact
 from familiar_pipeline.store import FactDraft, Subject
 
@@ -102,9 +103,22 @@ def build_manifest(batch: Sequence, turn_log, *, participants_max: int, self_key
                 break
             if turn.author_key and turn.role == "user" and turn.author_key not in entries:
                 entries[turn.author_key] = turn.author_display or turn.author_key
-    manifest = [ManifestEntry(k, v) for k, v in entries.items()]
+    manifest = [ManifestEntry(k, v) for k, v in disambiguate_labels(entries, self_name).items()]
     manifest.append(ManifestEntry(self_key, self_name))
     return manifest
+
+
+def disambiguate_labels(labels: dict[str, str], self_name: str) -> dict[str, str]:
+    """key -> label, with every label shared by two accounts (or with the familiar) made unique.
+
+    Display names are chosen by users: an account renamed "Cor" (or after the
+    familiar) must not read as the real Cor to the model, or its claims would be
+    tagged with Cor's key. A shared label gets the account's key appended.
+    """
+    seen: dict[str, int] = {self_name.casefold(): 1}
+    for label in labels.values():
+        seen[label.casefold()] = seen.get(label.casefold(), 0) + 1
+    return {key: (f"{label} ({key})" if seen[label.casefold()] > 1 else label) for key, label in labels.items()}
 
 
 @dataclass
@@ -143,6 +157,9 @@ def validate_facts(
         if not text:
             outcome.drop("empty_text")
             continue
+        if len(text) > MAX_FACT_CHARS:
+            outcome.drop("oversized_text")
+            continue
         if is_self_capability(text, self_name):
             outcome.drop("self_capability")
             continue
@@ -179,6 +196,10 @@ def validate_facts(
 
 def extraction_messages(batch: Sequence, manifest: Sequence[ManifestEntry], *, self_key: str, self_name: str) -> list[dict]:
     prompt_turns = [t for t in batch if t.mode != ACTIVITY_RETURN and not t.deleted]
+    # turns by an account whose label had to be made unique speak under that label
+    relabelled = {e.canonical_key: e.label for e in manifest if e.label.endswith(f" ({e.canonical_key})")}
+    prompt_turns = [replace(t, author_display=relabelled[t.author_key])
+                    if t.role == "user" and t.author_key in relabelled else t for t in prompt_turns]
     dream_ids = [t.id for t in prompt_turns if t.mode == SLEEP_RETURN]
     return prompt.build_messages(prompt_turns, manifest, self_name=self_name, self_key=self_key, dream_ids=dream_ids)
 
@@ -245,6 +266,8 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             reply = rt.llm.complete(messages)
             report.llm_seconds += time.perf_counter() - llm_started
             raw_facts, malformed = prompt.parse_reply(reply.text)
+            if not (reply.text or "").strip():
+                report.drop("empty_reply")  # not the same as "[]": the model said nothing at all
             report.drop("malformed_items", malformed)
             outcome = validate_facts(raw_facts, batch, manifest, self_key=self_key, self_name=self_name)
         else:

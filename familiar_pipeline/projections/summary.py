@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from familiar_pipeline.prompts import summary as prompt
+from familiar_pipeline.prompts.common import MAX_PROSE_CHARS
 
 PROJECTOR = "rolling_summary"
 WRITE_GROUP_BATCHES = 20  # see projections.facts: short grouped writes, never across a model call
@@ -57,6 +58,9 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             reply = rt.llm.complete(prompt.build_messages(prior_text, visible))
             report.llm_seconds += time.perf_counter() - llm_started
             text = prompt.parse_reply(reply.text)
+            if len(text) > MAX_PROSE_CHARS:
+                report.drop("oversized_reply")  # kept out like an empty one: the old summary stands
+                break
             if not text:
                 report.drop("empty_reply")
                 break

@@ -1,0 +1,119 @@
+"""`familiar eval locomo` end to end on a tiny LoCoMo-format fixture, plus its scoring rules.
+
+The fixture is written here, never taken from the licensed LoCoMo file.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from familiar_bot.cli import main
+from familiar_pipeline import evaluation
+
+TURNS_1 = [
+    ("Ana", "I finally bought a cello last week and the teacher is great"),
+    ("Ben", "Nice! I went kayaking on the river near Porto"),
+    ("Ana", "My sister Lucia is moving to Montreal in autumn"),
+    ("Ben", "I adopted a grey greyhound named Biscuit"),
+]
+TURNS_2 = [
+    ("Ana", "The orchestra audition went badly, my bow slipped"),
+    ("Ben", "Biscuit ate my running shoes this morning"),
+    ("Ana", "Lucia found a flat in Montreal near the old port"),
+    ("Ben", "I signed up for a marathon in Lisbon next spring"),
+]
+
+
+def fixture() -> list[dict]:
+    def session(turns, n):
+        return [{"speaker": s, "dia_id": f"D{n}:{i + 1}", "text": t} for i, (s, t) in enumerate(turns)]
+
+    return [{
+        "sample_id": "tiny-1",
+        "conversation": {
+            "speaker_a": "Ana", "speaker_b": "Ben",
+            "session_1_date_time": "1:56 pm on 8 May, 2023", "session_1": session(TURNS_1, 1),
+            "session_2_date_time": "10:15 am on 3 June, 2023", "session_2": session(TURNS_2, 2),
+        },
+        "observation": {
+            "session_1_observation": {
+                "Ana": [["Ana bought a cello and likes her teacher.", "D1:1"]],
+                "Ben": [["Ben has a greyhound named Biscuit.", "D1:4"]],
+            },
+            "session_2_observation": {
+                "Ben": [["Ben will run a marathon in Lisbon.", ["D2:4"]]],
+            },
+        },
+        "qa": [
+            {"question": "What instrument did Ana buy, a cello?", "evidence": ["D1:1"], "category": 4},
+            {"question": "Where is Lucia moving, Montreal?", "evidence": ["D1:3; D2:3"], "category": 1},
+            {"question": "When is the Lisbon marathon?", "evidence": ["D2:4", "D:9:9"], "category": 2},
+            {"question": "What did the greyhound Biscuit eat?", "evidence": ["D2:6"], "category": 3},  # no such turn
+            {"question": "Did Ben play the cello?", "evidence": ["D1:1"], "category": 5},  # adversarial: not scored
+        ],
+    }]
+
+
+def test_parse_evidence_splits_packed_ids_and_counts_bad_ones():
+    assert evaluation.parse_evidence(["D8:6; D9:17", "D1:2", "D:11:26", 7]) == (["D8:6", "D9:17", "D1:2"], 2)
+
+
+def test_score_question_any_all_session_and_rendered():
+    units = [frozenset({5}), frozenset({1, 2}), frozenset({9})]
+    scores = evaluation.score_question(units, gold={2, 9}, gold_sessions={2}, session_of_turn={1: 1, 2: 1, 5: 1, 9: 2},
+                                       shown={9})
+    assert scores["any@1"] == 0.0 and scores["any@5"] == 1.0
+    assert scores["all@1"] == 0.0 and scores["all@5"] == 1.0
+    assert scores["session_any@5"] == 1.0
+    assert scores["rendered_recall"] == 1.0 and scores["rendered_all"] == 0.0
+
+
+def test_ranked_units_alternate_turns_and_facts():
+    debug = {"turns": [{"turn_id": 3}, {"turn_id": 4}, {"turn_id": 8}], "facts": [{"fact_id": 1}]}
+    assert evaluation.ranked_units(debug, {1: (6, 7)}) == [frozenset({3}), frozenset({6, 7}), frozenset({4}), frozenset({8})]
+
+
+@pytest.mark.parametrize("embedder", ["off", "hash"])
+def test_eval_locomo_end_to_end(tmp_path, capsys, embedder):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    out = tmp_path / "out"
+    code = main(["eval", "locomo", "--data", str(data), "--embedder", embedder, "--out", str(out),
+                 "--workdir", str(tmp_path / "work")])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| overall | 3 |" in printed and "skipped 2 unusable evidence ids and 1 questions" in printed
+    results = json.loads((out / "results.json").read_text())
+    overall = results["overall"]
+    for key in ("n", "any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "session_any@5",
+                "rendered_recall", "rendered_tokens_mean", "latency_ms_p50", "latency_ms_p95"):
+        assert key in overall
+    assert overall["n"] == 3 and set(results["by_category"]) == {"single-hop", "multi-hop", "temporal"}
+    # Every question shares a rare word with its evidence, and eight turns fit the text budget easily.
+    assert overall["any@5"] == 100.0 and overall["rendered_recall"] == 100.0
+    assert results["by_category"]["single-hop"]["any@1"] == 100.0
+    assert 0 < overall["rendered_tokens_mean"] <= 2400
+    assert results["setup"]["facts_loaded"] == 3
+    assert (out / "results.md").read_text().startswith("| scope |")
+
+
+def test_eval_refuses_a_missing_file(tmp_path, capsys):
+    assert main(["eval", "locomo", "--data", str(tmp_path / "nope.json")]) != 0
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_sweep_measures_the_grid_then_variations_around_the_best(tmp_path, capsys):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    out = tmp_path / "out"
+    assert main(["eval", "locomo", "--data", str(data), "--embedder", "hash", "--out", str(out), "--sweep",
+                 "--workdir", str(tmp_path / "work")]) == 0
+    sweep = json.loads((out / "sweep.json").read_text())
+    grid = len(evaluation.SWEEP_TURN_WEIGHTS) * len(evaluation.SWEEP_FACT_WEIGHTS)
+    assert len(sweep["rows"]) == grid + len(evaluation.sweep_variations())
+    assert sweep["best"]["any@10"] == max(r["any@10"] for r in sweep["rows"])
+    rrf = next(r for r in sweep["rows"] if r["label"].endswith("turn_fusion=rrf"))
+    assert rrf["retrieval"]["turn_fusion"] == "rrf"
+    assert "**(best)**" in (out / "sweep.md").read_text()

@@ -1,0 +1,207 @@
+"""turn_embeddings: the projector (batches, edits, deletes, model swaps), schema v3, the snapshot
+matrix, hybrid fusion, and the config and sensor switches."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import duckdb
+import numpy as np
+import pytest
+
+from familiar_bot.retrieval import RRF_K, _dense_turns, fuse_turns, rrf_turns
+from familiar_pipeline import store_schema
+from familiar_pipeline.config import ConfigError, load_config
+from familiar_pipeline.embedders import HashEmbedder
+from familiar_pipeline.projections import turn_embeddings
+from familiar_pipeline.projections.report import ProjectionReport
+from familiar_pipeline.resources import FamiliarData, LlmResource, build_runtime
+from familiar_pipeline.sensors import FamiliarState, due_assets
+from familiar_pipeline.snapshots import SnapshotReader
+from familiar_pipeline.store import ProjectionStore
+from familiar_pipeline.turns import TurnLog
+
+from .helpers import append_chat, make_familiar
+
+TOML = ('[providers.embedding]\nbackend = "hash"\ndim = 64\n'
+        '[providers.memory]\nprojectors = ["turn_embedding"]\n'
+        '[providers.memory.turn_embedding]\nbatch_size = 4\n')
+
+
+class Counting:
+    def __init__(self, inner, drop: int = 0):
+        self.inner, self.drop, self.calls = inner, drop, []
+        self.name, self.dim = inner.name, inner.dim
+
+    def embed(self, texts):
+        self.calls.append(list(texts))
+        vectors = self.inner.embed(texts)
+        return vectors[: len(vectors) - self.drop] if self.drop else vectors
+
+
+def run(root, embedder, *, rebuild=False):
+    rt = build_runtime(FamiliarData(data_root=str(root)), LlmResource(), "fam")
+    rt.embedder = embedder
+    report = ProjectionReport(turn_embeddings.PROJECTOR)
+    try:
+        turn_embeddings.run(rt, report, rebuild=rebuild)
+    finally:
+        rt.close()
+    return report
+
+
+def vectors(paths, model, ids):
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        return store.turn_embeddings_for(model, ids)
+
+
+def test_embeds_new_turns_in_batches_with_the_speaker_then_nothing(tmp_path):
+    paths = make_familiar(tmp_path, "fam", TOML)
+    turns = append_chat(paths, 10)
+    emb = Counting(HashEmbedder(64))
+    report = run(tmp_path, emb)
+    assert [len(c) for c in emb.calls] == [4, 4, 2] and report.rows_written == 10
+    assert emb.calls[0][0] == f"Cass: {turns[0].content}"
+    assert report.watermark_after["turn_id"] == turns[-1].id
+    stored = vectors(paths, emb.name, [t.id for t in turns])
+    assert len(stored) == 10
+    assert np.allclose(stored[turns[1].id], HashEmbedder(64).embed([f"Bo: {turns[1].content}"])[0], atol=1e-6)
+    again = Counting(HashEmbedder(64))
+    assert run(tmp_path, again).status == "no-op" and again.calls == []
+
+
+def test_edits_are_re_embedded_and_deletions_lose_their_vectors(tmp_path):
+    paths = make_familiar(tmp_path, "fam", TOML)
+    turns = append_chat(paths, 5)
+    run(tmp_path, HashEmbedder(64))
+    with TurnLog(paths.turns_db) as log:
+        log.record_edit(turn_id=turns[1].id, new_content="I now live in Oslo")
+        log.record_deletion(turn_id=turns[2].id)
+    emb = Counting(HashEmbedder(64))
+    report = run(tmp_path, emb)
+    assert emb.calls == [["Bo: I now live in Oslo"]] and report.extra["removed"] == 1
+    stored = vectors(paths, emb.name, [t.id for t in turns])
+    assert turns[2].id not in stored and len(stored) == 4
+    assert np.allclose(stored[turns[1].id], HashEmbedder(64).embed(["Bo: I now live in Oslo"])[0], atol=1e-6)
+
+
+def test_a_model_swap_re_embeds_everything_beside_the_old_rows(tmp_path):
+    paths = make_familiar(tmp_path, "fam", TOML)
+    turns = append_chat(paths, 3)
+    run(tmp_path, HashEmbedder(64))
+    report = run(tmp_path, HashEmbedder(32))
+    assert report.rows_written == 3 and "restarted" in report.extra
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        assert store.turn_embedding_count("hash-v1-d64") == store.turn_embedding_count("hash-v1-d32") == 3
+        store_ids = [t.id for t in turns]
+    assert {len(v) for v in vectors(paths, "hash-v1-d32", store_ids).values()} == {32}
+
+
+def test_a_length_mismatch_writes_nothing(tmp_path):
+    paths = make_familiar(tmp_path, "fam", TOML)
+    append_chat(paths, 3)
+    report = run(tmp_path, Counting(HashEmbedder(64), drop=1))
+    assert report.rows_written == 0 and report.dropped["length_mismatch"] == 3
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        assert store.turn_embedding_count("hash-v1-d64") == 0
+        assert store.get_watermark("turn_embedding").turn_id == 0
+
+
+def test_no_embedder_skips_with_the_reason(tmp_path):
+    make_familiar(tmp_path, "fam", TOML)
+    report = run(tmp_path, None)
+    assert report.status == "skipped" and "backend" in report.reason
+
+
+def test_the_snapshot_serves_a_normalised_matrix_of_the_active_model(tmp_path):
+    paths = make_familiar(tmp_path, "fam", TOML)
+    turns = append_chat(paths, 6)
+    run(tmp_path, HashEmbedder(64))
+    reader = SnapshotReader(paths.serving_dir)
+    ids, matrix = reader.turn_matrix("hash-v1-d64")
+    assert sorted(ids.tolist()) == [t.id for t in turns] and matrix.shape == (6, 64)
+    assert np.allclose(np.linalg.norm(matrix, axis=1), 1.0, atol=1e-5)
+    assert reader.turn_matrix("other")[0].size == 0
+
+
+def test_schema_v2_file_upgrades_to_v3(tmp_path):
+    path = tmp_path / "memory.duckdb"
+    conn = duckdb.connect(str(path))
+    assert store_schema.migrate(conn, target=2) == [1, 2]
+    conn.close()
+    with ProjectionStore(path) as store:
+        assert store.schema_version == 3
+        assert store.set_turn_embeddings("m", [(1, [0.5, 0.5])]) == 1
+    with pytest.raises(TypeError):
+        with ProjectionStore(path) as store:
+            store.set_turn_embeddings("m", [(2, "not numbers")])
+
+
+def test_drop_projection_removes_every_turn_vector(tmp_path):
+    with ProjectionStore(tmp_path / "m.duckdb") as store:
+        store.set_turn_embeddings("a", [(1, [1.0]), (2, [2.0])])
+        store.set_watermark("turn_embedding", turn_id=2)
+        store.drop_projection("turn_embedding")
+        assert store.turn_embedding_count("a") == 0 and store.get_watermark("turn_embedding").turn_id == 0
+
+
+# ----------------------------------------------------------------------------- fusion and dense search
+
+
+def test_fuse_turns_min_max_over_the_union():
+    bm25 = {1: 10.0, 2: 5.0}
+    cos = {2: 0.9, 3: 0.5, 1: 0.1}
+    scored = fuse_turns(bm25, cos, 1.0, 1.5, [1, 2, 3])
+    by_id = {s["turn_id"]: s for s in scored}
+    assert by_id[1]["total"] == pytest.approx(1.0 + 0.0)
+    assert by_id[2]["total"] == pytest.approx(0.0 + 1.5)
+    assert by_id[3]["total"] == pytest.approx(0.0 + 1.5 * 0.5)  # not a BM25 hit: 0 on that signal
+    assert [s["turn_id"] for s in scored] == [2, 1, 3]
+    assert [s["turn_id"] for s in fuse_turns(bm25, {}, 1.0, 1.5, [1, 2])] == [1, 2]  # BM25 alone keeps its order
+
+
+def test_rrf_sums_weighted_reciprocal_ranks():
+    scored = rrf_turns({1: 10.0, 2: 5.0}, {2: 0.9, 3: 0.5}, 1.0, 2.0, [1, 2, 3])
+    by_id = {s["turn_id"]: s["total"] for s in scored}
+    assert by_id[1] == pytest.approx(1 / (RRF_K + 1))
+    assert by_id[2] == pytest.approx(1 / (RRF_K + 2) + 2 / (RRF_K + 1))
+    assert by_id[3] == pytest.approx(2 / (RRF_K + 2))
+    assert [s["turn_id"] for s in scored] == [2, 3, 1]
+
+
+def test_dense_turns_needs_the_projector_the_weight_and_vectors(tmp_path):
+    ids = np.array([7, 8, 9])
+    matrix = np.eye(3, dtype=np.float32)
+    snapshot = SimpleNamespace(turn_matrix=lambda model: (ids, matrix))
+    embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 2.0, 0.1], dtype=np.float32)])
+
+    def memory(weight, projectors=("turn_embedding",)):
+        retrieval = SimpleNamespace(turn_embedding_weight=weight)
+        mem = SimpleNamespace(is_active=lambda p: p in projectors)
+        config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=mem.is_active))
+        return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
+                               memo=lambda key, compute: compute(), warn_once=lambda *a: None)
+
+    found = _dense_turns("cue", memory(1.0), 2)
+    assert set(found) == {8, 9} and found[8] == pytest.approx(2 / np.linalg.norm([0, 2, 0.1]), rel=1e-5)
+    assert _dense_turns("cue", memory(0.0), 2) == {}
+    assert _dense_turns("cue", memory(1.0, projectors=()), 2) == {}
+
+
+# ----------------------------------------------------------------------------- switches
+
+
+def test_turn_embedding_with_the_embedder_off_is_a_config_error(tmp_path):
+    make_familiar(tmp_path, "fam", '[providers.memory]\nprojectors = ["turn_embedding"]\n')
+    with pytest.raises(ConfigError, match='lists "turn_embedding" but \\[providers.embedding\\].backend = "off"'):
+        load_config("fam", root=tmp_path)
+
+
+def test_the_sensor_sends_turn_embeddings_with_the_index_when_active(tmp_path):
+    make_familiar(tmp_path, "fam", TOML)
+    config = load_config("fam", root=tmp_path)
+    behind = FamiliarState(latest_turn_id=5, latest_change_seq=0, latest_turn_age_s=10**6, snapshot_version=1,
+                           watermarks={})
+    assert due_assets(config, behind)[:2] == ["turns_fts", "turn_embeddings"]
+    make_familiar(tmp_path, "off", "")
+    assert "turn_embeddings" not in due_assets(load_config("off", root=tmp_path), behind)
