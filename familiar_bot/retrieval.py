@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 from familiar_pipeline.embedders import cosine
 
 from familiar_bot.layers.common import Labels, clock_12h, content_hash, local_date, one_line
-from familiar_bot.tokens import estimate_tokens, truncate_to_tokens
+from familiar_bot.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 
 FACTS_HEADER = "## Possibly relevant facts"
 TURNS_HEADER = "## Possibly relevant earlier turns"
@@ -368,17 +368,8 @@ def render(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: 
 
 def render_counted(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int) -> tuple[str, int, int]:
     """``render`` plus how many fact lines and turn-part lines it kept (what the prompt really shows)."""
-    remaining = max_tokens
-    facts: list[str] = []
-    for line in fact_lines:
-        cost = estimate_tokens(line)
-        if cost > remaining and facts:
-            break
-        line = truncate_to_tokens(line, remaining)
-        if not line:
-            break
-        facts.append(line)
-        remaining -= estimate_tokens(line)
+    facts = cap_blocks(fact_lines, max_tokens)
+    remaining = max_tokens - sum(estimate_tokens(line) for line in facts)
     turns: list[str] = []
     kinds: list[str] = []
     for kind, line in turn_part:
