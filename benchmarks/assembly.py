@@ -240,6 +240,36 @@ def run_mode(label: str, paths: FamiliarPaths, env: dict, embedder, iterations: 
     return result
 
 
+SEMANTIC_ENV = {"FAMILIAR__PROVIDERS__EMBEDDING__BACKEND": '"fastembed"',
+                "FAMILIAR__PROVIDERS__EMBEDDING__FASTEMBED_MODEL": f'"{MINILM_MODEL_NAME}"',
+                "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding"]',
+                "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "0.5"}
+
+
+def local_embedder() -> FastEmbedEmbedder:
+    embedder = FastEmbedEmbedder(MINILM_MODEL_NAME, model_path=ensure_local_minilm())
+    embedder.embed(["warm up the model"])
+    return embedder
+
+
+def measure(root: Path, turns: int, facts: int, *, embedder: FastEmbedEmbedder, base_facts: int = 1500,
+            iterations: int = 300, warmup: int = 30, seed: int = 7) -> dict:
+    """Build (or reuse) a familiar of this size under `root` and time both modes."""
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / f"built-{turns}-{facts}-{seed}"
+    if marker.exists():  # reuse an earlier build in --dir (it only grows by the benchmark's own turns)
+        print(f"reusing the familiar built under {root}")
+        paths = FamiliarPaths.for_id(FAMILIAR, root)
+    else:
+        print(f"building {turns} turns and {facts} facts under {root}")
+        paths = build(root, turns, facts, base_facts, embedder, seed)
+        marker.touch()
+    plain = run_mode("embedding weight 0", paths, {}, None, iterations, warmup, seed)
+    embed = run_mode("embedding weight 0.5 (MiniLM cue embedding)", paths, SEMANTIC_ENV, embedder,
+                     iterations, warmup, seed + 1)
+    return {"turns": turns, "facts": facts, "plain": plain, "embedded": embed}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=100_000)
@@ -251,27 +281,10 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="build here (default: a temp dir)")
     args = parser.parse_args()
 
-    model_dir = ensure_local_minilm()
-    embedder = FastEmbedEmbedder(MINILM_MODEL_NAME, model_path=model_dir)
-    embedder.embed(["warm up the model"])
     root = args.dir or Path(tempfile.mkdtemp(prefix="familiar-assembly-bench-"))
-    root.mkdir(parents=True, exist_ok=True)
-    marker = root / f"built-{args.turns}-{args.facts}-{args.seed}"
-    if marker.exists():  # reuse an earlier build in --dir (it only grows by the benchmark's own turns)
-        print(f"reusing the familiar built under {root}")
-        paths = FamiliarPaths.for_id(FAMILIAR, root)
-    else:
-        print(f"building {args.turns} turns and {args.facts} facts under {root}")
-        paths = build(root, args.turns, args.facts, args.base_facts, embedder, args.seed)
-        marker.touch()
-
-    semantic = {"FAMILIAR__PROVIDERS__EMBEDDING__BACKEND": '"fastembed"',
-                "FAMILIAR__PROVIDERS__EMBEDDING__FASTEMBED_MODEL": f'"{MINILM_MODEL_NAME}"',
-                "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding"]',
-                "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "0.5"}
-    plain = run_mode("embedding weight 0", paths, {}, None, args.iterations, args.warmup, args.seed)
-    embed = run_mode("embedding weight 0.5 (MiniLM cue embedding)", paths, semantic, embedder,
-                     args.iterations, args.warmup, args.seed + 1)
+    result = measure(root, args.turns, args.facts, embedder=local_embedder(), base_facts=args.base_facts,
+                     iterations=args.iterations, warmup=args.warmup, seed=args.seed)
+    plain, embed = result["plain"], result["embedded"]
     print(f"\ntargets: p95 < 25 ms without embedding ({'met' if plain['p95'] < 25 else 'MISSED'}), "
           f"< 60 ms with ({'met' if embed['p95'] < 60 else 'MISSED'})")
 

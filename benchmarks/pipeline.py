@@ -7,7 +7,7 @@ prints per asset: wall time, model time, rows, LLM calls and prompt tokens, and
 LLM calls and prompt tokens per 100 turns (prompt sizes are real even though
 replies are scripted); then the full-rebuild time of the whole graph.
 
-    uv run python benchmarks/pipeline.py [--data ../shared/data/locomo-dev.json]
+    uv run python benchmarks/pipeline.py [--data ../shared/data/locomo-dev.json] [--embedding hash|fastembed]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 import dagster as dg  # noqa: E402
 
 from familiar_pipeline import locomo  # noqa: E402
-from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, facts, rolling_summary, turns, turns_fts  # noqa: E402
+from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, facts, rolling_summary, turn_embeddings, turns, turns_fts  # noqa: E402
 from familiar_pipeline.fake_llm import install_fake_llm  # noqa: E402
 from familiar_pipeline.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.resources import EmbedderResource, FamiliarData, LlmResource  # noqa: E402
@@ -45,6 +45,22 @@ backend = "hash"
 [providers.memory]
 projectors = ["rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection", "fact_embedding"]
 """
+
+
+def graph_toml(embedding: str) -> str:
+    """The whole graph; `embedding="fastembed"` adds turn vectors and uses the local MiniLM folder."""
+    if embedding == "hash":
+        return GRAPH_TOML
+    from familiar_pipeline.minilm import MINILM_MODEL_NAME, ensure_local_minilm
+
+    return (GRAPH_TOML.replace('backend = "hash"', f'backend = "fastembed"\nfastembed_model = "{MINILM_MODEL_NAME}"\n'
+                               f'fastembed_model_path = "{ensure_local_minilm()}"')
+            .replace('"fact_embedding"]', '"fact_embedding", "turn_embedding"]'))
+
+
+# One run works off the whole conversation (the defaults cap a run at 20 batches).
+BIG_RUNS = {"FAMILIAR__PIPELINE__MAX_BATCHES_PER_RUN": "100000",
+            "FAMILIAR__PROVIDERS__MEMORY__ROLLING_SUMMARY__BACKFILL_CAP": "100000"}
 
 
 def import_locomo(paths: FamiliarPaths, data: Path) -> int:
@@ -75,43 +91,73 @@ def materialize(root: Path, instance, assets, *, rebuild=False):
     return out
 
 
+def run(data: Path = DEFAULT_DATA, embedding: str = "hash") -> dict:
+    """Materialize every asset in order on the LoCoMo familiar, then rebuild the graph; figures per asset.
+
+    `embedding`: "hash" (no model cost) or "fastembed" (real MiniLM vectors for facts and turns).
+    """
+    graph = ALL_ASSETS if embedding == "hash" else [turns_fts, turn_embeddings, *ALL_ASSETS[1:]]
+    fake = install_fake_llm()
+    fake.script(careful_model)
+    saved = {k: os.environ.get(k) for k in BIG_RUNS}
+    os.environ.update(BIG_RUNS)
+    try:
+        with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test() as instance:
+            root = Path(tmp)
+            paths = FamiliarPaths.for_id("bench", root)
+            paths.dir.mkdir(parents=True)
+            paths.character_toml.write_text(graph_toml(embedding))
+            n_turns = import_locomo(paths, data)
+            instance.add_dynamic_partitions("familiars", ["bench"])
+            assets = []
+            for asset in graph:
+                started = time.perf_counter()
+                meta = materialize(root, instance, [asset])[asset.key.path[-1]]
+                wall = time.perf_counter() - started
+                llm_s = float(meta.get("llm_seconds", 0.0))
+                assets.append({
+                    "asset": asset.key.path[-1], "wall_s": round(wall, 2), "llm_s": round(llm_s, 2),
+                    "rows": int(meta["rows_written"]), "llm_calls": int(meta.get("llm_calls", 0)),
+                    "prompt_tokens": int(meta.get("llm_prompt_tokens", 0)),
+                    "turns_per_s": round(n_turns / wall, 1),
+                    "turns_per_s_excl_llm": round(n_turns / max(wall - llm_s, 1e-6), 1),
+                })
+            calls_before = len(fake.calls)
+            started = time.perf_counter()
+            materialize(root, instance, graph, rebuild=True)
+            rebuild_s = time.perf_counter() - started
+            return {"turns": n_turns, "embedding": embedding, "assets": assets, "rebuild_s": round(rebuild_s, 2),
+                    "rebuild_new_calls": len(fake.calls) - calls_before}
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--embedding", choices=["hash", "fastembed"], default="hash",
+                        help="fastembed: real MiniLM vectors for facts and turns (default: hash)")
     args = parser.parse_args()
     if not args.data.exists():
         sys.exit(f"LoCoMo file not found: {args.data}")
-    fake = install_fake_llm()
-    fake.script(careful_model)
-    with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test() as instance:
-        root = Path(tmp)
-        os.environ["FAMILIAR__PIPELINE__MAX_BATCHES_PER_RUN"] = "100000"
-        os.environ["FAMILIAR__PROVIDERS__MEMORY__ROLLING_SUMMARY__BACKFILL_CAP"] = "100000"
-        paths = FamiliarPaths.for_id("bench", root)
-        paths.dir.mkdir(parents=True)
-        paths.character_toml.write_text(GRAPH_TOML)
-        n_turns = import_locomo(paths, args.data)
-        instance.add_dynamic_partitions("familiars", ["bench"])
-        print(f"turns imported: {n_turns} (3 LoCoMo conversations)")
-        per100 = 100 / n_turns
-        print(f"{'asset':<20}{'wall s':>8}{'llm s':>8}{'rows':>7}{'llm calls':>11}{'prompt tok':>12}{'calls/100t':>12}{'tok/100t':>10}")
-        totals = {"calls": 0, "prompt": 0}
-        for asset in ALL_ASSETS:
-            started = time.perf_counter()
-            meta = materialize(root, instance, [asset])[asset.key.path[-1]]
-            wall = time.perf_counter() - started
-            llm_s = float(meta.get("llm_seconds", 0.0))
-            calls, prompt_tokens = int(meta.get("llm_calls", 0)), int(meta.get("llm_prompt_tokens", 0))
-            totals["calls"] += calls
-            totals["prompt"] += prompt_tokens
-            print(f"{asset.key.path[-1]:<20}{wall:>8.2f}{llm_s:>8.2f}{meta['rows_written']:>7}{calls:>11}{prompt_tokens:>12}"
-                  f"{calls * per100:>12.1f}{prompt_tokens * per100:>10.0f}")
-        print(f"LLM per 100 turns (whole graph): {totals['calls'] * per100:.1f} calls, {totals['prompt'] * per100:.0f} prompt tokens")
-        calls_before = len(fake.calls)
-        started = time.perf_counter()
-        materialize(root, instance, ALL_ASSETS, rebuild=True)
-        rebuild_s = time.perf_counter() - started
-        print(f"full rebuild (whole graph, cached replies): {rebuild_s:.2f} s, new provider calls: {len(fake.calls) - calls_before}")
+    result = run(args.data, args.embedding)
+    n_turns = result["turns"]
+    per100 = 100 / n_turns
+    print(f"turns imported: {n_turns} (3 LoCoMo conversations)")
+    print(f"{'asset':<20}{'wall s':>8}{'llm s':>8}{'rows':>7}{'turns/s':>9}{'llm calls':>11}{'prompt tok':>12}"
+          f"{'calls/100t':>12}{'tok/100t':>10}")
+    for a in result["assets"]:
+        print(f"{a['asset']:<20}{a['wall_s']:>8.2f}{a['llm_s']:>8.2f}{a['rows']:>7}{a['turns_per_s']:>9.0f}"
+              f"{a['llm_calls']:>11}{a['prompt_tokens']:>12}{a['llm_calls'] * per100:>12.1f}{a['prompt_tokens'] * per100:>10.0f}")
+    calls = sum(a["llm_calls"] for a in result["assets"])
+    tokens = sum(a["prompt_tokens"] for a in result["assets"])
+    print(f"LLM per 100 turns (whole graph): {calls * per100:.1f} calls, {tokens * per100:.0f} prompt tokens")
+    print(f"full rebuild (whole graph, cached replies): {result['rebuild_s']:.2f} s, "
+          f"new provider calls: {result['rebuild_new_calls']}")
 
 
 if __name__ == "__main__":

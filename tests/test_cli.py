@@ -184,7 +184,7 @@ def test_real_process_config_show(tmp_path):
     good = subprocess.run(_familiar_command() + ["config", "show", "--familiar", "owl"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert good.returncode == 0, good.stderr
-    assert tomllib.loads(good.stdout)["pipeline"]["sensor_interval_s"] == 15
+    assert tomllib.loads(good.stdout)["pipeline"]["sensor_interval_s"] == 5
     assert "planted-subprocess-token" not in good.stdout + good.stderr
 
     (tmp_path / "owl").mkdir()

@@ -142,7 +142,7 @@ def test_change_a_threshold_and_the_sensor_cadence(built, monkeypatch):
 
     more(built, 6, start=30)  # 6 turns past the facts watermark: below batch_size 10
     def facts_requested() -> bool:
-        requests, *_ = evaluate_tick({}, ["demo"], {"demo"}, root=built.root, in_flight=set(), max_requests=5)
+        requests, *_ = evaluate_tick({}, ["demo"], {"demo"}, root=built.root, in_flight={}, max_requests=5)
         return any(dg.AssetKey("facts") in (r.asset_selection or []) for r in requests)
 
     # The snapshot manifest carries the watermarks the sensor reads.
@@ -152,7 +152,7 @@ def test_change_a_threshold_and_the_sensor_cadence(built, monkeypatch):
         name, value = line.split(" ", 1)[0].split("=")
         monkeypatch.setenv(name, value)
     assert facts_requested()  # batch_size 5: the next tick asks for facts
-    assert build_turn_watermark_sensor(TURN_DRIVEN_ASSETS).minimum_interval_seconds == 5
+    assert "Every 30s" in build_turn_watermark_sensor(TURN_DRIVEN_ASSETS).description
 
 
 def test_query_facts_from_a_notebook(built):

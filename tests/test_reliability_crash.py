@@ -211,6 +211,7 @@ def clean(turns_only, tmp_path_factory):
     return state(root)
 
 
+@pytest.mark.timeout(3600 if FULL else 300)  # 50 spawned runs take ~10 min
 def test_sigkilled_runs_converge_to_a_clean_run(turns_only, clean, tmp_path):
     shutil.copytree(turns_only, tmp_path, dirs_exist_ok=True)
     rng = random.Random(50)

@@ -103,6 +103,36 @@ def test_in_flight_run_defers_the_familiar(env):
     assert "alpha" not in json.loads(result.cursor or "{}")
 
 
+def add_in_flight_run(instance, familiar, status, dispatched_turn_id):
+    instance.add_run(dg.DagsterRun(
+        job_name="project_memory", run_id=f"r-{status.value}-{dispatched_turn_id}", status=status,
+        tags={"dagster/partition": familiar, "familiar/turn_id": str(dispatched_turn_id)},
+    ))
+
+
+def test_running_run_gets_one_follow_on_when_a_whole_batch_arrived_since(env):
+    root, instance = env
+    paths = make_familiar(root, "alpha")
+    append_chat(paths, 12)
+    instance.add_dynamic_partitions("familiars", ["alpha"])
+    add_in_flight_run(instance, "alpha", dg.DagsterRunStatus.STARTED, 12)
+    assert tick(instance).run_requests == []  # nothing new since it was requested
+    append_chat(paths, 9, start=12)
+    assert tick(instance).run_requests == []  # 9 new turns: not a whole batch yet
+    append_chat(paths, 1, start=21)
+    follow_on = tick(instance)
+    assert requested(follow_on) == {"alpha": FULL}  # queued now, starts when the slot frees
+    assert follow_on.run_requests[0].tags["familiar/turn_id"] == "22"
+
+
+def test_queued_run_is_never_joined_by_another(env):
+    root, instance = env
+    append_chat(make_familiar(root, "alpha"), 40)
+    instance.add_dynamic_partitions("familiars", ["alpha"])
+    add_in_flight_run(instance, "alpha", dg.DagsterRunStatus.NOT_STARTED, 1)
+    assert tick(instance).run_requests == []  # it reads the turn log when it starts
+
+
 def test_flood_guard_caps_requests_per_tick(env, monkeypatch):
     root, instance = env
     for name in ("a1", "a2", "a3", "a4"):
@@ -147,3 +177,14 @@ def test_index_alone_waits_for_a_quiet_conversation(env, monkeypatch):
     assert "alpha" not in json.loads(first.cursor), "not recorded, so a later tick looks again"
     monkeypatch.setenv("FAMILIAR__PIPELINE__INDEX_QUIET_S", "0")
     assert requested(tick(instance, cursor=first.cursor)) == {"alpha": ["turns_fts"]}
+
+
+def test_sensor_ticks_at_the_configured_interval_within_the_daemon_loop(tmp_path, monkeypatch):
+    # The daemon wakes sensors every 5 s and measures from the end of the last tick: the
+    # minimum handed to Dagster is one second less, so a 5 s cadence never skips a wake-up.
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    assert build_turn_watermark_sensor(TURN_DRIVEN_ASSETS).minimum_interval_seconds == 4
+    monkeypatch.setenv("FAMILIAR__PIPELINE__SENSOR_INTERVAL_S", "30")
+    sensor = build_turn_watermark_sensor(TURN_DRIVEN_ASSETS)
+    assert sensor.minimum_interval_seconds == 29
+    assert "Every 30s" in sensor.description
