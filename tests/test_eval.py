@@ -97,6 +97,7 @@ def test_eval_locomo_end_to_end(tmp_path, capsys, embedder):
     assert 0 < overall["rendered_tokens_mean"] <= 2400
     assert results["setup"]["facts_loaded"] == 3
     assert (out / "results.md").read_text().startswith("| scope |")
+    assert (out / "recall_at_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib: dev dependency
 
 
 def test_eval_refuses_a_missing_file(tmp_path, capsys):

@@ -198,8 +198,10 @@ def turns_only(tmp_path_factory):
     root = tmp_path_factory.mktemp("turns")
     paths = make_familiar(root, "fam", TOML)
     paths.character_md.write_text("You are Fam.")
-    append_chat(paths, 60)
-    append_chat(paths, 20, start=60, channel_id=11)
+    # The full run needs work left for 50 runs (each finished run takes up to 2 fact batches).
+    scale = 8 if FULL else 1
+    append_chat(paths, 60 * scale)
+    append_chat(paths, 20 * scale, start=60 * scale, channel_id=11)
     return root
 
 
