@@ -24,7 +24,8 @@ Rules of ``coerce_json``, in the order they are tried:
    a. commas directly before a closing ``]`` or ``}`` are dropped;
    b. arrays only: a truncated array keeps its complete leading items
       (``[{...}, {...}, {..`` becomes ``[{...}, {...}]``), trying the last three
-      item boundaries at most. Objects are not
+      item boundaries at most; ``coerce_json_array`` also says how many
+      trailing items were discarded, so callers can record them as dropped. Objects are not
       truncation-repaired: a half-written object has no safe "complete part",
       and callers act on objects (retiring facts), so a guess could do harm.
 5. Anything else gives ``None``. A value of the wrong shape (an object when an
@@ -63,17 +64,31 @@ def coerce_json(text: str | None, expect: Expect) -> Any | None:
     Returns a ``list`` (``expect="array"``) or ``dict`` (``expect="object"``), or
     ``None`` when nothing of that shape can be recovered. Never raises.
     """
+    return _coerce_counted(text, expect)[0]
+
+
+def coerce_json_array(text: str | None) -> tuple[list | None, int]:
+    """``coerce_json(text, "array")`` and how many trailing items truncation repair discarded.
+
+    A reply cut off by ``max_tokens`` loses its unfinished last item (and, rarely,
+    items before it that did not parse): callers record those as dropped output
+    instead of losing them silently.
+    """
+    return _coerce_counted(text, "array")
+
+
+def _coerce_counted(text: str | None, expect: Expect) -> tuple[Any | None, int]:
     if expect not in _BRACKETS:
         raise ValueError(f"expect must be 'array' or 'object', not {expect!r}")
     if not isinstance(text, str) or not text.strip():
-        return None
+        return None, 0
     try:
         return _coerce(_FENCE.sub("", text), expect)
     except Exception:  # noqa: BLE001 - the contract is "never raises"
-        return None
+        return None, 0
 
 
-def _coerce(text: str, expect: Expect) -> Any | None:
+def _coerce(text: str, expect: Expect) -> tuple[Any | None, int]:
     want = list if expect == "array" else dict
     open_ch, close_ch = _BRACKETS[expect]
     first = text.find(open_ch)
@@ -86,22 +101,22 @@ def _coerce(text: str, expect: Expect) -> Any | None:
     for candidate in candidates:
         value = _loads(candidate)
         if isinstance(value, want):
-            return value
+            return value, 0
 
     if first == -1:
-        return None
+        return None, 0
     try:
         value, _end = _DECODER.raw_decode(text, first)
     except (ValueError, RecursionError):
         value = None
     if isinstance(value, want):
-        return value
+        return value, 0
 
-    for repaired in _repairs(text[first:], expect):
+    for repaired, discarded in _repairs(text[first:], expect):
         value = _loads(repaired)
         if isinstance(value, want):
-            return value
-    return None
+            return value, discarded
+    return None, 0
 
 
 def _loads(text: str) -> Any | None:
@@ -111,11 +126,11 @@ def _loads(text: str) -> Any | None:
         return None
 
 
-def _repairs(tail: str, expect: Expect) -> list[str]:
-    """Repaired versions of ``tail`` (text starting at the first opening bracket)."""
+def _repairs(tail: str, expect: Expect) -> list[tuple[str, int]]:
+    """Repaired versions of ``tail`` (text from the first opening bracket), each with the items it discards."""
     tokens = list(_TOKEN.finditer(tail))
     fixed = _drop_trailing_commas(tail, tokens)
-    repaired = [fixed]
+    repaired = [(fixed, 0)]
     if expect == "array":
         if fixed is not tail:
             tokens = list(_TOKEN.finditer(fixed))
@@ -144,8 +159,8 @@ def _drop_trailing_commas(text: str, tokens: list[re.Match[str]]) -> str:
     return "".join(pieces)
 
 
-def _truncated_array_prefixes(text: str, tokens: list[re.Match[str]]) -> list[str]:
-    """Closed-off prefixes of a cut-off top-level array, longest first.
+def _truncated_array_prefixes(text: str, tokens: list[re.Match[str]]) -> list[tuple[str, int]]:
+    """Closed-off prefixes of a cut-off top-level array, longest first, with the items each discards.
 
     A prefix ends where a top-level item is known to be complete: at a comma
     between items, or at the very end when the text stops right after an item.
@@ -167,14 +182,18 @@ def _truncated_array_prefixes(text: str, tokens: list[re.Match[str]]) -> list[st
                 item_ends.append(token.start())
         elif token.group(1) is None:  # a string cut off by the end of the text
             ended_cleanly = False
-    prefixes: list[str] = []
+    prefixes: list[tuple[str, int]] = []
     last_boundary = item_ends[-1] if item_ends else 0  # 0 is the opening "["
     has_final_item = bool(text[last_boundary + 1 :].strip(" \t\r\n,"))
     if depth == 1 and ended_cleanly and has_final_item:
-        prefixes.append(text.rstrip().rstrip(",") + "]")
+        prefixes.append((text.rstrip().rstrip(",") + "]", 0))
     # Only the last few cut points: earlier ones only help when an item that
     # looked complete is itself invalid, and each try copies the whole prefix.
-    prefixes.extend(text[:end] + "]" for end in reversed(item_ends[-_MAX_CUTS:]))
+    # Cutting at the k-th boundary from the end discards k items (the last one
+    # only when something was written after the final comma).
+    cuts = item_ends[-_MAX_CUTS:]
+    for k, end in enumerate(reversed(cuts), start=1):
+        prefixes.append((text[:end] + "]", k - 1 + int(has_final_item)))
     return prefixes
 
 

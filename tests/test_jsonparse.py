@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from familiar_pipeline.jsonparse import as_int, as_int_list, coerce_json
+from familiar_pipeline.jsonparse import as_int, as_int_list, coerce_json, coerce_json_array
 
 
 # --- plain and fenced -------------------------------------------------------
@@ -210,3 +210,19 @@ def test_as_int_list():
     assert as_int_list("1, 2") == []
     assert as_int_list(None) == []
     assert as_int_list({"a": 1}) == []
+
+
+def test_truncation_repair_counts_what_it_discarded():
+    cut_inside = '[{"text": "one"}, {"text": "two"}, {"text": "thr'
+    assert coerce_json_array(cut_inside) == ([{"text": "one"}, {"text": "two"}], 1)
+    assert coerce_json_array('[{"a": 1}, {"b": 2},') == ([{"a": 1}, {"b": 2}], 0)  # nothing after the comma
+    assert coerce_json_array('[{"a": 1}, {"b": 2}') == ([{"a": 1}, {"b": 2}], 0)  # only the "]" was missing
+    assert coerce_json_array('[{"a": 1}]') == ([{"a": 1}], 0)
+    assert coerce_json_array("no json") == (None, 0)
+
+
+def test_a_fact_cut_off_by_the_token_limit_is_counted_as_malformed():
+    from familiar_pipeline.prompts.facts import parse_reply
+
+    facts, malformed = parse_reply('[{"text": "Ana moved to Lisbon", "source_turn_ids": [1]}, {"text": "Ana is allerg')
+    assert [f.text for f in facts] == ["Ana moved to Lisbon"] and malformed == 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from familiar_pipeline.jsonparse import as_int_list, coerce_json
+from familiar_pipeline.jsonparse import as_int_list, coerce_json_array
 
 from .common import UNTRUSTED_NOTE, TurnLike, quote, render_turn_lines
 
@@ -124,12 +124,12 @@ def build_messages(
 
 
 def parse_reply(text: str | None) -> tuple[list[RawFact], int]:
-    """Items of the reply that have the right shape, and how many items were malformed."""
-    value = coerce_json(text or "", "array")
+    """Items of the reply that have the right shape, and how many were malformed (or cut off by the token limit)."""
+    value, cut_off = coerce_json_array(text or "")
     if not isinstance(value, list):
         return [], (1 if (text or "").strip() else 0)
     facts: list[RawFact] = []
-    malformed = 0
+    malformed = cut_off
     for item in value:
         if not isinstance(item, dict):
             malformed += 1

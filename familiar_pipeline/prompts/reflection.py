@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from familiar_pipeline.jsonparse import as_int_list, coerce_json
+from familiar_pipeline.jsonparse import as_int_list, coerce_json_array
 
 from .common import UNTRUSTED_NOTE, TurnLike, quote, render_turn_lines
 
@@ -49,11 +49,11 @@ def build_messages(turns: Sequence[TurnLike], facts: Sequence[tuple[int, str]], 
 
 
 def parse_reply(text: str | None) -> tuple[list[RawReflection], int]:
-    """Shape-checked items, and how many were malformed (a non-array reply counts as one)."""
-    value = coerce_json(text or "", "array")
+    """Shape-checked items, and how many were malformed or cut off (a non-array reply counts as one)."""
+    value, cut_off = coerce_json_array(text or "")
     if not isinstance(value, list):
         return [], (1 if (text or "").strip() else 0)
-    items, malformed = [], 0
+    items, malformed = [], cut_off
     for item in value:
         if not isinstance(item, dict) or not isinstance(item.get("text"), str):
             malformed += 1
