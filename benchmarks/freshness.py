@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from familiar_bot.supervisor import free_port, group_alive, tree_rss_bytes  # noqa: E402
+from familiar_bot.supervisor import child_sessions, free_port, group_alive, tree_rss_bytes  # noqa: E402
 from familiar_pipeline.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.snapshots import SnapshotReader  # noqa: E402
 from familiar_pipeline.turns import TurnLog  # noqa: E402
@@ -79,19 +79,6 @@ def stop_up(process: subprocess.Popen) -> float:
             os.killpg(session, signal.SIGKILL)
             print(f"warning: session {session} outlived familiar up", flush=True)
     return took
-
-
-def child_sessions(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and int(fields[3]) == int(entry.name):
-                found.add(int(entry.name))
-    return found
 
 
 def prepare(tmp: Path) -> FamiliarPaths:

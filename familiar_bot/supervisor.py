@@ -203,6 +203,21 @@ def processes_in_sessions(sessions: set[int]) -> list[int]:
     return found
 
 
+def child_sessions(pid: int) -> set[int]:
+    """Session ids led by direct children of `pid` (each `familiar up` child has its own session)."""
+    sessions = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and int(fields[3]) == int(entry.name):  # ppid, session id
+            sessions.add(int(entry.name))
+    return sessions
+
+
 def rss_bytes(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -222,15 +237,5 @@ def tree_rss_bytes(root_pid: int) -> tuple[int, int]:
     """
     if _proc_stat(root_pid) is None:
         return 0, 0
-    sessions = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == root_pid:
-            sessions.add(int(entry.name))
-    pids = {root_pid, *processes_in_sessions(sessions)}
+    pids = {root_pid, *processes_in_sessions(child_sessions(root_pid))}
     return sum(rss_bytes(p) for p in pids), len(pids)

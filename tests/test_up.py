@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot.supervisor import free_port, group_alive
+from familiar_bot.supervisor import child_sessions, free_port, group_alive
 from familiar_pipeline.snapshots import SnapshotReader
 from tests.helpers import append_chat, make_familiar
 
@@ -88,20 +88,6 @@ def latest(port: int, asset: str, partition: str) -> dict | None:
         return None
     entries = {e["label"]: e.get("text", e.get("intValue")) for e in records[0]["metadataEntries"]}
     return {"run_id": records[0]["runId"], "partition": records[0]["partition"], **entries}
-
-
-def child_sessions(pid: int) -> set[int]:
-    """Session ids led by direct children of `pid` (each `familiar up` child has its own)."""
-    sessions = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and int(fields[3]) == int(entry.name):
-                sessions.add(int(entry.name))
-    return sessions
 
 
 @pytest.mark.slow
