@@ -7,8 +7,9 @@ writes, under `--out` (default `docs/bench`):
 * `speed.md`: the tables `docs/benchmarks.md` quotes;
 * `assembly.png`, `pipeline.png`, `freshness.png`: the plots.
 
-    uv run python benchmarks/report.py              # everything, ~15 min on 2 cores
+    uv run python benchmarks/report.py              # everything, ~8 min on 2 idle cores
     uv run python benchmarks/report.py --quick      # small sizes, for a smoke run
+    uv run python benchmarks/report.py --from-json docs/bench/speed.json   # re-render only
 
 Parts: `assembly` (p50/p95/p99 at 10k/100k turns x 2k/20k facts, with and without
 the MiniLM cue embedding), `pipeline` (the LoCoMo dev file through every asset with
@@ -195,12 +196,14 @@ def plots(report: dict, out: Path) -> list[Path]:
         values = report["freshness"]["freshness_s"]
         fig, ax = plt.subplots(figsize=(8, 3.5))
         ax.bar(range(1, len(values) + 1), values)
+        ax.set_xticks(range(1, len(values) + 1))
+        ax.set_ylim(0, max(24, max(values) * 1.15))
         ax.axhline(20, color="red", linestyle="--", label="target p95 20 s")
         ax.axhline(report["freshness"]["freshness_p95_s"], color="black", linestyle=":", label="measured p95")
         ax.set_xlabel("message (1 s apart; facts are extracted per batch of 10)")
         ax.set_ylabel("seconds until its facts are visible")
         ax.set_title("Freshness at the default sensor cadence")
-        ax.legend()
+        ax.legend(loc="upper right", ncols=2)
         fig.tight_layout()
         written.append(out / "freshness.png")
         fig.savefig(written[-1], dpi=110)
@@ -213,6 +216,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="small sizes and counts (smoke run)")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="re-render speed.md and the plots from an earlier speed.json (measures nothing)")
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "locomo-dev.json",
                         help="LoCoMo-format file for the pipeline part")
     args = parser.parse_args()
@@ -221,6 +226,11 @@ def main() -> None:
     if unknown:
         sys.exit(f"error: unknown part(s) {unknown}; choose from {list(PARTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_json:
+        report = json.loads(args.from_json.read_text())
+        (args.out / "speed.md").write_text(markdown(report) + "\n")
+        print("\n".join(str(p) for p in plots(report, args.out)))
+        return
     report: dict = {"machine": machine()}
     if "assembly" in parts:
         print("assembly latency ...", flush=True)

@@ -51,3 +51,15 @@ def test_unknown_part_is_refused(monkeypatch, capsys):
         assert "unknown part(s) ['speed']" in str(exc.code)
     else:
         raise AssertionError("an unknown part must be refused")
+
+
+def test_from_json_re_renders_without_measuring(tmp_path, monkeypatch):
+    import json
+
+    saved = tmp_path / "speed.json"
+    saved.write_text(json.dumps(FIGURES))
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["report.py", "--from-json", str(saved), "--out", str(out)])
+    report.main()
+    assert (out / "speed.md").read_text().strip() == report.markdown(FIGURES).strip()
+    assert {p.name for p in out.glob("*.png")} == {"assembly.png", "pipeline.png", "freshness.png"}

@@ -149,7 +149,7 @@ def run_until_idle(root) -> int:
 
     with fake_llm() as fake, dg.instance_for_test() as instance:
         fake.script(slow_careful)
-        for rounds in range(1, 30):
+        for rounds in range(1, 200):  # each round works off at most max_batches_per_run batches
             result = run_pipeline(root, instance)
             assert result.success
             statuses = [str(m.metadata["status"].value) for a in assets()
