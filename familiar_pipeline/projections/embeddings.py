@@ -14,14 +14,20 @@ from __future__ import annotations
 PROJECTOR = "fact_embedding"
 
 
-def run(rt, report, *, rebuild: bool = False) -> None:
-    embedder = rt.embedder
-    if embedder is None:
+def embedder_or_skip(rt, report, projector: str):
+    """The run's embedder, or None after marking the run skipped with the settings to change."""
+    if rt.embedder is None:
         report.status = "skipped"
         report.reason = (
             'no embedder: set [providers.embedding].backend to a backend other than "off" '
-            "(and list fact_embedding in [providers.memory].projectors)"
+            f"(and list {projector} in [providers.memory].projectors)"
         )
+    return rt.embedder
+
+
+def run(rt, report, *, rebuild: bool = False) -> None:
+    embedder = embedder_or_skip(rt, report, PROJECTOR)
+    if embedder is None:
         return
     batch_size = rt.config.memory.fact_embedding.batch_size
     with rt.store() as store:

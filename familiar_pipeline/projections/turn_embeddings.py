@@ -16,6 +16,8 @@ stops the run (misaligned vectors would attach meaning to the wrong turns).
 
 from __future__ import annotations
 
+from familiar_pipeline.projections.embeddings import embedder_or_skip
+
 PROJECTOR = "turn_embedding"
 
 
@@ -31,13 +33,8 @@ def embedding_text(turn) -> str:
 
 
 def run(rt, report, *, rebuild: bool = False) -> None:
-    embedder = rt.embedder
+    embedder = embedder_or_skip(rt, report, PROJECTOR)
     if embedder is None:
-        report.status = "skipped"
-        report.reason = (
-            'no embedder: set [providers.embedding].backend to a backend other than "off" '
-            "(and list turn_embedding in [providers.memory].projectors)"
-        )
         return
     batch_size = rt.config.memory.turn_embedding.batch_size
     turn_log = rt.turn_log()
