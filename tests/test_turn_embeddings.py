@@ -205,3 +205,16 @@ def test_the_sensor_sends_turn_embeddings_with_the_index_when_active(tmp_path):
     assert due_assets(config, behind)[:2] == ["turns_fts", "turn_embeddings"]
     make_familiar(tmp_path, "off", "")
     assert "turn_embeddings" not in due_assets(load_config("off", root=tmp_path), behind)
+
+
+def test_without_an_embedder_both_embedding_projectors_skip_naming_the_settings():
+    from types import SimpleNamespace
+
+    from familiar_pipeline.projections import embeddings, turn_embeddings
+    from familiar_pipeline.projections.report import ProjectionReport
+
+    for module in (embeddings, turn_embeddings):
+        report = ProjectionReport(module.PROJECTOR)
+        module.run(SimpleNamespace(embedder=None), report)
+        assert report.status == "skipped"
+        assert "[providers.embedding].backend" in report.reason and f"list {module.PROJECTOR} in" in report.reason
