@@ -39,6 +39,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from familiar_pipeline.paths import FamiliarPaths  # noqa: E402
+from familiar_pipeline.testing import FAKE_MODELS_TOML  # noqa: E402
 
 TOML = """
 aliases = ["Fam"]
@@ -46,14 +47,7 @@ aliases = ["Fam"]
 [pipeline]
 max_batches_per_run = {max_batches}
 
-[llm.reply]
-model = "fake/reply"
-max_retries = 0
-
-[llm.background]
-model = "fake/careful"
-max_retries = 0
-"""
+""" + FAKE_MODELS_TOML
 WORDS = ("bakery Berlin cello Lisbon hiking peanut album Pixel plants sister trip job weekend party "
          "coffee rain train garden novel chess").split()
 

@@ -12,6 +12,18 @@ from __future__ import annotations
 import json
 import re
 
+# character.toml lines that point both model slots at the in-process fake, with no
+# retries (a scripted fault should surface at once).
+FAKE_MODELS_TOML = """
+[llm.reply]
+model = "fake/reply"
+max_retries = 0
+
+[llm.background]
+model = "fake/careful"
+max_retries = 0
+"""
+
 _TURN_LINE = re.compile(r'^- id=(\d+)(?: #-?\d+)? ("(?:[^"\\]|\\.)*"): ("(?:[^"\\]|\\.)*")$')
 _PARTICIPANT_LINE = re.compile(r'^- ([a-z][a-z0-9_-]*:[^:\s]+): ("(?:[^"\\]|\\.)*")$')
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from familiar_pipeline.testing import FAKE_MODELS_TOML
+
 REPO = Path(__file__).resolve().parents[1]
 POINTS = ["llm_call", "before_publish", "mid_publish", "fts_commit", "random_time"]
 FULL = os.environ.get("FAMILIAR_RELIABILITY_FULL") == "1"
@@ -39,14 +41,7 @@ aliases = ["Fam"]
 [pipeline]
 max_batches_per_run = 2
 
-[llm.reply]
-model = "fake/reply"
-max_retries = 0
-
-[llm.background]
-model = "fake/careful"
-max_retries = 0
-
+""" + FAKE_MODELS_TOML + """
 [providers.memory.reflection]
 turns_threshold = 20
 """

@@ -32,21 +32,14 @@ from familiar_pipeline.fake_llm import fake_llm
 from familiar_pipeline.fts import FtsIndex
 from familiar_pipeline.resources import FamiliarData, LlmResource
 from familiar_pipeline.store import ProjectionStore
-from familiar_pipeline.testing import careful_model
+from familiar_pipeline.testing import FAKE_MODELS_TOML, careful_model
 
 from .helpers import append_chat, make_familiar
 
 TOML = """
 aliases = ["Fam"]
 
-[llm.reply]
-model = "fake/reply"
-max_retries = 0
-
-[llm.background]
-model = "fake/careful"
-max_retries = 0
-"""
+""" + FAKE_MODELS_TOML
 ASSETS = [turns_fts, facts, rolling_summary]
 ANA = Person(key="discord:111", username="ana", global_name="Ana")
 FACT_WORD = "bakery"  # append_chat's lines talk about the bakery
