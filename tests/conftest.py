@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,16 @@ def minilm_dir() -> Path:
         return ensure_local_minilm()
     except MinilmUnavailable as exc:
         pytest.skip(f"local MiniLM model cannot be built on this host: {exc}")
+
+
+@pytest.fixture
+def clean_env(tmp_path, monkeypatch) -> Path:
+    """An empty data root, and an environment free of the host's familiar settings and token."""
+    for name in list(os.environ):
+        if name.startswith("FAMILIAR") or name == "DISCORD_TOKEN":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    return tmp_path
 
 
 @pytest.fixture

@@ -57,3 +57,16 @@ def append_chat(paths: FamiliarPaths, n: int, *, start: int = 0, channel_id: int
                 )
             )
     return turns
+
+
+class CountingEmbedder:
+    """Wraps an embedder, recording each call; `drop` returns fewer vectors than asked."""
+
+    def __init__(self, inner, drop: int = 0):
+        self.inner, self.drop, self.calls = inner, drop, []
+        self.name, self.dim = inner.name, inner.dim
+
+    def embed(self, texts):
+        self.calls.append(list(texts))
+        vectors = self.inner.embed(texts)
+        return vectors[: len(vectors) - self.drop] if self.drop else vectors

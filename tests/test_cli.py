@@ -18,13 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def root(tmp_path, monkeypatch) -> Path:
-    """An empty data root, and an environment free of the host's familiar settings."""
-    for name in list(os.environ):
-        if name.startswith("FAMILIAR") or name == "DISCORD_TOKEN":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
-    return tmp_path
+def root(clean_env) -> Path:
+    return clean_env
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -262,15 +262,6 @@ async def test_context_command_answers_ephemerally_without_recording(bot, fake):
 # --------------------------------------------------------------------------- familiar bot
 
 
-@pytest.fixture
-def clean_env(tmp_path, monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("FAMILIAR") or name == "DISCORD_TOKEN":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
-    return tmp_path
-
-
 def test_bot_refuses_without_a_token_in_one_line(clean_env, capsys):
     from familiar_bot import cli
 

@@ -13,22 +13,9 @@ from familiar_pipeline.resources import FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.store import ProjectionStore
 
 from .fact_helpers import CASS, add_facts, fact
-from .helpers import make_familiar
+from .helpers import CountingEmbedder, make_familiar
 
 TOML = '[providers.embedding]\nbackend = "hash"\ndim = 64\n[providers.memory]\nprojectors = ["fact_embedding"]\n'
-
-
-class Counting:
-    """Wraps an embedder, recording each call; `drop` returns fewer vectors than asked."""
-
-    def __init__(self, inner, drop: int = 0):
-        self.inner, self.drop, self.calls = inner, drop, []
-        self.name, self.dim = inner.name, inner.dim
-
-    def embed(self, texts):
-        self.calls.append(list(texts))
-        vectors = self.inner.embed(texts)
-        return vectors[: len(vectors) - self.drop] if self.drop else vectors
 
 
 def run(root, embedder, *, batch_size=None):
@@ -50,7 +37,7 @@ def seed(root, n):
 
 def test_embeds_in_batches_then_nothing(tmp_path):
     seed(tmp_path, 5)
-    emb = Counting(HashEmbedder(64))
+    emb = CountingEmbedder(HashEmbedder(64))
     paths, report = run(tmp_path, emb, batch_size=2)
     assert [len(c) for c in emb.calls] == [2, 2, 1] and report.rows_written == 5
     assert report.watermark_after == {"fact_id": 5}
@@ -58,7 +45,7 @@ def test_embeds_in_batches_then_nothing(tmp_path):
         vectors = store.embeddings_for(emb.name, [1, 2, 3, 4, 5])
     assert len(vectors) == 5 and all(len(v) == 64 for v in vectors.values())
     assert np.allclose(vectors[1], HashEmbedder(64).embed(["Cass fact number 1."])[0], atol=1e-6)
-    emb2 = Counting(HashEmbedder(64))
+    emb2 = CountingEmbedder(HashEmbedder(64))
     _, report = run(tmp_path, emb2)
     assert emb2.calls == [] and report.status == "no-op"
 
@@ -76,7 +63,7 @@ def test_model_swap_accumulates_beside_the_old(tmp_path):
 
 def test_length_mismatch_writes_nothing(tmp_path):
     seed(tmp_path, 3)
-    paths, report = run(tmp_path, Counting(HashEmbedder(64), drop=1))
+    paths, report = run(tmp_path, CountingEmbedder(HashEmbedder(64), drop=1))
     assert report.rows_written == 0 and report.dropped["length_mismatch"] == 3
     with ProjectionStore(paths.memory_db, read_only=True) as store:
         assert store.conn.execute("SELECT count(*) FROM fact_embeddings").fetchone()[0] == 0
@@ -87,7 +74,7 @@ def test_retired_facts_are_not_embedded(tmp_path):
     paths = make_familiar(tmp_path, "fam", TOML)
     with ProjectionStore(paths.memory_db) as store:
         store.supersede([1], 2)
-    emb = Counting(HashEmbedder(64))
+    emb = CountingEmbedder(HashEmbedder(64))
     run(tmp_path, emb)
     assert emb.calls == [["Cass fact number 2.", "Cass fact number 3."]]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,8 @@ content = "The Crumb & Co bakery on Elm Street opens at six."
 
 
 @pytest.fixture
-def root(tmp_path, monkeypatch) -> Path:
-    for name in list(os.environ):
-        if name.startswith("FAMILIAR") or name == "DISCORD_TOKEN":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
-    return tmp_path
+def root(clean_env) -> Path:
+    return clean_env
 
 
 def prompt(capsys, *argv: str) -> tuple[int, str, str]:

@@ -36,15 +36,6 @@ MALFORMED = {
 }
 
 
-@pytest.fixture
-def clean_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name.startswith("FAMILIAR") or name == "DISCORD_TOKEN":
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
-    return tmp_path
-
-
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_malformed_character_toml_is_one_clear_error_everywhere(clean_env, case, capsys):
     text, named = MALFORMED[case]

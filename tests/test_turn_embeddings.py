@@ -21,22 +21,11 @@ from familiar_pipeline.snapshots import SnapshotReader
 from familiar_pipeline.store import ProjectionStore
 from familiar_pipeline.turns import TurnLog
 
-from .helpers import append_chat, make_familiar
+from .helpers import CountingEmbedder, append_chat, make_familiar
 
 TOML = ('[providers.embedding]\nbackend = "hash"\ndim = 64\n'
         '[providers.memory]\nprojectors = ["turn_embedding"]\n'
         '[providers.memory.turn_embedding]\nbatch_size = 4\n')
-
-
-class Counting:
-    def __init__(self, inner, drop: int = 0):
-        self.inner, self.drop, self.calls = inner, drop, []
-        self.name, self.dim = inner.name, inner.dim
-
-    def embed(self, texts):
-        self.calls.append(list(texts))
-        vectors = self.inner.embed(texts)
-        return vectors[: len(vectors) - self.drop] if self.drop else vectors
 
 
 def run(root, embedder, *, rebuild=False):
@@ -58,7 +47,7 @@ def vectors(paths, model, ids):
 def test_embeds_new_turns_in_batches_with_the_speaker_then_nothing(tmp_path):
     paths = make_familiar(tmp_path, "fam", TOML)
     turns = append_chat(paths, 10)
-    emb = Counting(HashEmbedder(64))
+    emb = CountingEmbedder(HashEmbedder(64))
     report = run(tmp_path, emb)
     assert [len(c) for c in emb.calls] == [4, 4, 2] and report.rows_written == 10
     assert emb.calls[0][0] == f"Cass: {turns[0].content}"
@@ -66,7 +55,7 @@ def test_embeds_new_turns_in_batches_with_the_speaker_then_nothing(tmp_path):
     stored = vectors(paths, emb.name, [t.id for t in turns])
     assert len(stored) == 10
     assert np.allclose(stored[turns[1].id], HashEmbedder(64).embed([f"Bo: {turns[1].content}"])[0], atol=1e-6)
-    again = Counting(HashEmbedder(64))
+    again = CountingEmbedder(HashEmbedder(64))
     assert run(tmp_path, again).status == "no-op" and again.calls == []
 
 
@@ -77,7 +66,7 @@ def test_edits_are_re_embedded_and_deletions_lose_their_vectors(tmp_path):
     with TurnLog(paths.turns_db) as log:
         log.record_edit(turn_id=turns[1].id, new_content="I now live in Oslo")
         log.record_deletion(turn_id=turns[2].id)
-    emb = Counting(HashEmbedder(64))
+    emb = CountingEmbedder(HashEmbedder(64))
     report = run(tmp_path, emb)
     assert emb.calls == [["Bo: I now live in Oslo"]] and report.extra["removed"] == 1
     stored = vectors(paths, emb.name, [t.id for t in turns])
@@ -100,7 +89,7 @@ def test_a_model_swap_re_embeds_everything_beside_the_old_rows(tmp_path):
 def test_a_length_mismatch_writes_nothing(tmp_path):
     paths = make_familiar(tmp_path, "fam", TOML)
     append_chat(paths, 3)
-    report = run(tmp_path, Counting(HashEmbedder(64), drop=1))
+    report = run(tmp_path, CountingEmbedder(HashEmbedder(64), drop=1))
     assert report.rows_written == 0 and report.dropped["length_mismatch"] == 3
     with ProjectionStore(paths.memory_db, read_only=True) as store:
         assert store.turn_embedding_count("hash-v1-d64") == 0
