@@ -12,22 +12,22 @@ lineage: what it replaced and what replaced it.
 from __future__ import annotations
 
 import argparse
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 
 from familiar_bot.cli import EXIT_CONFIG, CliError, Command
 
 
 def parse_when(text: str) -> datetime:
-    """A date (read as 00:00 UTC) or an ISO-8601 timestamp (no offset = UTC), as an aware UTC datetime."""
-    raw = text.strip()
-    try:
-        if len(raw) == 10:
-            d = date.fromisoformat(raw)
-            return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
-        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise CliError(f"--as-of {text!r} is not a date (YYYY-MM-DD) or ISO-8601 timestamp", EXIT_CONFIG) from None
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    """A date (read as 00:00 UTC) or an ISO-8601 timestamp (no offset = UTC), as an aware UTC datetime.
+
+    The same reading the fact extractor gives a model's valid_from/valid_to.
+    """
+    from familiar_pipeline.projections.facts import parse_instant  # lazily: it loads the store (DuckDB)
+
+    when = parse_instant(text)
+    if when is None:
+        raise CliError(f"--as-of {text!r} is not a date (YYYY-MM-DD) or ISO-8601 timestamp", EXIT_CONFIG)
+    return when
 
 
 def select_facts(snapshot, *, subject: str | None, as_of: datetime | None, include_retired: bool, now: datetime | None = None) -> list[dict]:
