@@ -46,25 +46,6 @@ DISPATCHED_TURN_TAG = "familiar/turn_id"
 
 
 @dataclass(frozen=True)
-class InFlightRun:
-    """The newest queued or running run of a familiar, as the sensor sees it."""
-
-    waiting: bool  # queued, not started: it will read the turn log when it starts
-    dispatched_turn_id: int | None  # newest turn id when it was requested (None: not ours)
-
-    def leaves_a_full_batch(self, config, state: FamiliarState) -> bool:
-        """A whole new fact batch arrived after this (running) run was requested.
-
-        Such a run may already have read the turn log, so the new batch would wait for
-        the tick after it ends; one follow-on run queued now starts the moment the
-        familiar's slot frees (the queue allows one run per familiar at a time).
-        """
-        if self.waiting or self.dispatched_turn_id is None or "rich_note" not in config.memory.projectors:
-            return False
-        return state.latest_turn_id - self.dispatched_turn_id >= config.memory.rich_note.batch_size
-
-
-@dataclass(frozen=True)
 class FamiliarState:
     """What the sensor can see of one familiar without opening memory.duckdb."""
 
@@ -79,6 +60,25 @@ class FamiliarState:
 
     def signature(self) -> list[int]:
         return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version]
+
+
+@dataclass(frozen=True)
+class InFlightRun:
+    """The newest queued or running run of a familiar, as the sensor sees it."""
+
+    waiting: bool  # queued, not started: it will read the turn log when it starts
+    dispatched_turn_id: int | None  # newest turn id when it was requested (None: not ours)
+
+    def leaves_a_full_batch(self, config, state: FamiliarState) -> bool:
+        """A whole new fact batch arrived after this (running) run was requested.
+
+        Such a run may already have read the turn log, so the new batch would wait for
+        the tick after it ends; one follow-on run queued now starts the moment the
+        familiar's slot frees (the queue allows one run per familiar at a time).
+        """
+        if self.waiting or self.dispatched_turn_id is None or not config.memory.is_active("rich_note"):
+            return False
+        return state.latest_turn_id - self.dispatched_turn_id >= config.memory.rich_note.batch_size
 
 
 def read_state(paths: FamiliarPaths) -> FamiliarState:
