@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 REPO = Path(__file__).resolve().parents[1]
@@ -99,41 +100,32 @@ def run(data: Path = DEFAULT_DATA, embedding: str = "hash") -> dict:
     graph = ALL_ASSETS if embedding == "hash" else [turns_fts, turn_embeddings, *ALL_ASSETS[1:]]
     fake = install_fake_llm()
     fake.script(careful_model)
-    saved = {k: os.environ.get(k) for k in BIG_RUNS}
-    os.environ.update(BIG_RUNS)
-    try:
-        with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test() as instance:
-            root = Path(tmp)
-            paths = FamiliarPaths.for_id("bench", root)
-            paths.dir.mkdir(parents=True)
-            paths.character_toml.write_text(graph_toml(embedding))
-            n_turns = import_locomo(paths, data)
-            instance.add_dynamic_partitions("familiars", ["bench"])
-            assets = []
-            for asset in graph:
-                started = time.perf_counter()
-                meta = materialize(root, instance, [asset])[asset.key.path[-1]]
-                wall = time.perf_counter() - started
-                llm_s = float(meta.get("llm_seconds", 0.0))
-                assets.append({
-                    "asset": asset.key.path[-1], "wall_s": round(wall, 2), "llm_s": round(llm_s, 2),
-                    "rows": int(meta["rows_written"]), "llm_calls": int(meta.get("llm_calls", 0)),
-                    "prompt_tokens": int(meta.get("llm_prompt_tokens", 0)),
-                    "turns_per_s": round(n_turns / wall, 1),
-                    "turns_per_s_excl_llm": round(n_turns / max(wall - llm_s, 1e-6), 1),
-                })
-            calls_before = len(fake.calls)
+    with mock.patch.dict(os.environ, BIG_RUNS), tempfile.TemporaryDirectory() as tmp, dg.instance_for_test() as instance:
+        root = Path(tmp)
+        paths = FamiliarPaths.for_id("bench", root)
+        paths.dir.mkdir(parents=True)
+        paths.character_toml.write_text(graph_toml(embedding))
+        n_turns = import_locomo(paths, data)
+        instance.add_dynamic_partitions("familiars", ["bench"])
+        assets = []
+        for asset in graph:
             started = time.perf_counter()
-            materialize(root, instance, graph, rebuild=True)
-            rebuild_s = time.perf_counter() - started
-            return {"turns": n_turns, "embedding": embedding, "assets": assets, "rebuild_s": round(rebuild_s, 2),
-                    "rebuild_new_calls": len(fake.calls) - calls_before}
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            meta = materialize(root, instance, [asset])[asset.key.path[-1]]
+            wall = time.perf_counter() - started
+            llm_s = float(meta.get("llm_seconds", 0.0))
+            assets.append({
+                "asset": asset.key.path[-1], "wall_s": round(wall, 2), "llm_s": round(llm_s, 2),
+                "rows": int(meta["rows_written"]), "llm_calls": int(meta.get("llm_calls", 0)),
+                "prompt_tokens": int(meta.get("llm_prompt_tokens", 0)),
+                "turns_per_s": round(n_turns / wall, 1),
+                "turns_per_s_excl_llm": round(n_turns / max(wall - llm_s, 1e-6), 1),
+            })
+        calls_before = len(fake.calls)
+        started = time.perf_counter()
+        materialize(root, instance, graph, rebuild=True)
+        rebuild_s = time.perf_counter() - started
+        return {"turns": n_turns, "embedding": embedding, "assets": assets, "rebuild_s": round(rebuild_s, 2),
+                "rebuild_new_calls": len(fake.calls) - calls_before}
 
 
 def main() -> None:
