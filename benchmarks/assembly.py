@@ -38,16 +38,16 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from familiar_pipeline.config import load_config  # noqa: E402
-from familiar_pipeline.embedders import FastEmbedEmbedder  # noqa: E402
-from familiar_pipeline.fts import FtsIndex  # noqa: E402
-from familiar_pipeline.minilm import MINILM_MODEL_NAME, ensure_local_minilm  # noqa: E402
-from familiar_pipeline.paths import FamiliarPaths  # noqa: E402
-from familiar_pipeline.snapshots import publish_snapshot  # noqa: E402
-from familiar_pipeline.store import ProjectionStore, normalize_fact_text, subject_set_key  # noqa: E402
-from familiar_pipeline.turns import TurnLog  # noqa: E402
+from familiar_pipeline.models.embedders import FastEmbedEmbedder  # noqa: E402
+from familiar_pipeline.storage.fts import FtsIndex  # noqa: E402
+from familiar_pipeline.models.minilm import MINILM_MODEL_NAME, ensure_local_minilm  # noqa: E402
+from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
+from familiar_pipeline.storage.snapshots import publish_snapshot  # noqa: E402
+from familiar_pipeline.storage.store import ProjectionStore, normalize_fact_text, subject_set_key  # noqa: E402
+from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
-from familiar_bot.assembly import Assembler, AssemblyContext, MemoryView  # noqa: E402
-from familiar_bot.layers import default_layers  # noqa: E402
+from familiar_bot.prompt.assembly import Assembler, AssemblyContext, MemoryView  # noqa: E402
+from familiar_bot.prompt.layers import default_layers  # noqa: E402
 
 FAMILIAR = "bench"
 GUILD = 900000000000000001

@@ -35,21 +35,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from familiar_bot.supervisor import child_sessions, free_port, group_alive, tree_rss_bytes  # noqa: E402
-from familiar_pipeline.paths import FamiliarPaths  # noqa: E402
-from familiar_pipeline.snapshots import SnapshotReader  # noqa: E402
-from familiar_pipeline.turns import TurnLog  # noqa: E402
+from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
+from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
+from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
 
 def start_up(tmp: Path, port: int, sensor_interval: int | None) -> tuple[subprocess.Popen, Path]:
     env = dict(os.environ, DAGSTER_HOME=str(tmp / "dagster_home"), FAMILIAR_DATA_ROOT=str(tmp / "familiars"),
-               FAMILIAR_FAKE_LLM="familiar_pipeline.testing:careful_model", PYTHONUNBUFFERED="1",
+               FAMILIAR_FAKE_LLM="familiar_pipeline.testing.scripted:careful_model", PYTHONUNBUFFERED="1",
                LITELLM_LOCAL_MODEL_COST_MAP="True")
     env.pop("DISCORD_TOKEN", None)
     if sensor_interval is not None:
         env["FAMILIAR__PIPELINE__SENSOR_INTERVAL_S"] = str(sensor_interval)
     err = tmp / f"up-{port}.err"
     process = subprocess.Popen(
-        [sys.executable, "-m", "familiar_bot.cli", "up", "--no-bot", "--familiar", "fresh", "--port", str(port)],
+        [sys.executable, "-m", "familiar_bot.cli.main", "up", "--no-bot", "--familiar", "fresh", "--port", str(port)],
         cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err.open("wb"),
         start_new_session=True,
     )

@@ -38,8 +38,8 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from familiar_pipeline.paths import FamiliarPaths  # noqa: E402
-from familiar_pipeline.testing import FAKE_MODELS_TOML  # noqa: E402
+from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
+from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML  # noqa: E402
 
 TOML = """
 aliases = ["Fam"]
@@ -95,7 +95,7 @@ class LoadResult:
 
 
 def make_familiar(root: Path, max_batches: int) -> FamiliarPaths:
-    from familiar_pipeline.turns import TurnLog
+    from familiar_pipeline.storage.turns import TurnLog
 
     paths = FamiliarPaths.for_id("fam", root)
     paths.dir.mkdir(parents=True, exist_ok=True)
@@ -135,8 +135,8 @@ def pipeline_loop(root: Path, stop_file: Path, out_file: Path) -> None:
     """The pipeline process: materialize again and again; after `stop_file` appears, until idle."""
     import dagster as dg
 
-    from familiar_pipeline.assets import facts, rolling_summary, turns_fts
-    from familiar_pipeline.resources import FamiliarData, LlmResource
+    from familiar_pipeline.defs.assets import facts, rolling_summary, turns_fts
+    from familiar_pipeline.defs.resources import FamiliarData, LlmResource
 
     assets = [turns_fts, facts, rolling_summary]
     stats = {"runs": 0, "batches": 0, "errors": []}
@@ -162,7 +162,7 @@ def pipeline_loop(root: Path, stop_file: Path, out_file: Path) -> None:
 
 def start_pipeline_process(root: Path) -> tuple[subprocess.Popen, Path, Path]:
     stop_file, out_file = root / "stop-pipeline", root / "pipeline-stats.json"
-    env = {**os.environ, "FAMILIAR_FAKE_LLM": "familiar_pipeline.testing:careful_model"}
+    env = {**os.environ, "FAMILIAR_FAKE_LLM": "familiar_pipeline.testing.scripted:careful_model"}
     # Dagster logs every step: to a file, since an unread pipe would fill and block the worker.
     with open(root / "pipeline-worker.log", "wb") as log_file:
         child = subprocess.Popen([sys.executable, __file__, "--pipeline-worker", str(root)], env=env,
@@ -173,7 +173,7 @@ def start_pipeline_process(root: Path) -> tuple[subprocess.Popen, Path, Path]:
 def assembly_loop(paths: FamiliarPaths, channels: int, start: threading.Event, stop: threading.Event,
                   result: LoadResult, seed: int) -> None:
     """Assemble prompts for random channels from the moment the burst starts until the pipeline is idle."""
-    from familiar_bot.assembly import AssemblyContext, build_assembler
+    from familiar_bot.prompt.assembly import AssemblyContext, build_assembler
     from familiar_pipeline.config import load_config
 
     rng = random.Random(seed + 1)
@@ -195,9 +195,9 @@ def assembly_loop(paths: FamiliarPaths, channels: int, start: threading.Event, s
 
 
 def verify(paths: FamiliarPaths, result: LoadResult) -> None:
-    from familiar_pipeline.fts import FtsIndex
-    from familiar_pipeline.store import ProjectionStore
-    from familiar_pipeline.turns import TurnLog
+    from familiar_pipeline.storage.fts import FtsIndex
+    from familiar_pipeline.storage.store import ProjectionStore
+    from familiar_pipeline.storage.turns import TurnLog
 
     with TurnLog(paths.turns_db, readonly=True) as log:
         turns = log.recent_cross_channel(10 * result.messages + 10, include_deleted=True)

@@ -26,13 +26,13 @@ sys.path.insert(0, str(REPO))
 
 import dagster as dg  # noqa: E402
 
-from familiar_pipeline import locomo  # noqa: E402
-from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, facts, rolling_summary, turn_embeddings, turns, turns_fts  # noqa: E402
-from familiar_pipeline.fake_llm import install_fake_llm  # noqa: E402
-from familiar_pipeline.paths import FamiliarPaths  # noqa: E402
-from familiar_pipeline.resources import EmbedderResource, FamiliarData, LlmResource  # noqa: E402
-from familiar_pipeline.testing import careful_model  # noqa: E402
-from familiar_pipeline.turns import TurnLog  # noqa: E402
+from familiar_bot.eval import locomo  # noqa: E402
+from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, facts, rolling_summary, turn_embeddings, turns, turns_fts  # noqa: E402
+from familiar_pipeline.testing.fake_llm import install_fake_llm  # noqa: E402
+from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
+from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource  # noqa: E402
+from familiar_pipeline.testing.scripted import careful_model  # noqa: E402
+from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo-dev.json"
 ALL_ASSETS = [turns_fts, rolling_summary, facts, *FACT_DRIVEN_ASSETS]
@@ -52,7 +52,7 @@ def graph_toml(embedding: str) -> str:
     """The whole graph; `embedding="fastembed"` adds turn vectors and uses the local MiniLM folder."""
     if embedding == "hash":
         return GRAPH_TOML
-    from familiar_pipeline.minilm import MINILM_MODEL_NAME, ensure_local_minilm
+    from familiar_pipeline.models.minilm import MINILM_MODEL_NAME, ensure_local_minilm
 
     return (GRAPH_TOML.replace('backend = "hash"', f'backend = "fastembed"\nfastembed_model = "{MINILM_MODEL_NAME}"\n'
                                f'fastembed_model_path = "{ensure_local_minilm()}"')

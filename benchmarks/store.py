@@ -21,10 +21,10 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from familiar_pipeline.fts import FtsIndex  # noqa: E402
-from familiar_pipeline.runtime import store_watermark  # noqa: E402
-from familiar_pipeline.snapshots import SnapshotReader, publish_snapshot  # noqa: E402
-from familiar_pipeline.store import FactDraft, ProjectionStore, Subject  # noqa: E402
+from familiar_pipeline.storage.fts import FtsIndex  # noqa: E402
+from familiar_pipeline.projectors.runtime import store_watermark  # noqa: E402
+from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot  # noqa: E402
+from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject  # noqa: E402
 
 WORDS = (
     "tea coffee hiking berlin lisbon cello bakery cat dog plants album concert job moved sister brother "

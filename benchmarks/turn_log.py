@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from familiar_pipeline.turns import TurnLog  # noqa: E402
+from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
 WORDS = (
     "the a i you we it is was to of and in that for on with my your so just like what "

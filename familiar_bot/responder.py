@@ -31,9 +31,9 @@ from datetime import datetime
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from familiar_pipeline.config import FamiliarConfig
-from familiar_pipeline.identity import ego_key
-from familiar_pipeline.paths import FamiliarPaths
-from familiar_pipeline.turns import TurnLog, TurnLogError
+from familiar_pipeline.storage.identity import ego_key
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.turns import TurnLog, TurnLogError
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ class Responder:
     """One familiar's responder; share one instance per process and event loop.
 
     `assembler` is anything with `assemble(AssemblyContext) -> AssembledPrompt`
-    (see familiar_bot.assembly), which refreshes its memory readers (snapshots,
+    (see familiar_bot.prompt.assembly), which refreshes its memory readers (snapshots,
     full-text indexes) itself on each call; `llm` is the `reply` slot's client
     (`configured`, `acomplete(messages)`); `turn_log` is the writer.
     """
@@ -402,14 +402,14 @@ class Responder:
 
     async def context_report(self, channel_id: int, *, guild_id: int | None = None, cue: str = "") -> str:
         """The `/context` report: which layers said what, with token counts."""
-        from familiar_bot.assembly import render_sections
+        from familiar_bot.prompt.assembly import render_sections
 
         return render_sections(await self.inspect(channel_id, guild_id=guild_id, cue=cue))
 
     # -- composing
 
     async def _assemble(self, channel_id: int, guild_id: int | None, cue: str) -> Any:
-        from familiar_bot.assembly import AssemblyContext
+        from familiar_bot.prompt.assembly import AssemblyContext
 
         ctx = AssemblyContext(
             familiar_id=self.familiar_id, channel_id=channel_id, guild_id=guild_id, tier=TIER, cue=cue
@@ -421,7 +421,7 @@ class Responder:
             return await asyncio.to_thread(self.assembler.assemble, ctx)
 
     async def _compose(self, message: IncomingMessage, turn_id: int) -> str:
-        from familiar_pipeline.llm import LlmError, LlmNotConfigured
+        from familiar_pipeline.models.llm import LlmError, LlmNotConfigured
 
         where = f"familiar {self.familiar_id} channel {message.channel_id} turn {turn_id}"
         try:
@@ -555,10 +555,10 @@ def open_responder(paths: FamiliarPaths, config: FamiliarConfig) -> ResponderHan
     The memory view reads through the responder's own turn-log connection, so a
     turn appended a moment ago is visible to the assembly that follows.
     """
-    from familiar_bot.assembly import build_assembler
-    from familiar_bot.memory_view import MemoryView
-    from familiar_pipeline.embedders import create_embedder
-    from familiar_pipeline.llm import client_for
+    from familiar_bot.prompt.assembly import build_assembler
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_pipeline.models.embedders import create_embedder
+    from familiar_pipeline.models.llm import client_for
 
     turn_log = TurnLog(paths.turns_db)
     handle = ResponderHandle(responder=None, closers=[turn_log.close])  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Sequence
 
-from familiar_pipeline.paths import REPO_ROOT, data_root
+from familiar_pipeline.storage.paths import REPO_ROOT, data_root
 
 STOP_GRACE_S = 8.0  # SIGTERM first; SIGKILL after this, so a full stop stays under 10 s
 READY_TIMEOUT_S = 120.0

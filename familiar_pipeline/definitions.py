@@ -2,11 +2,11 @@
 
 import dagster as dg
 
-from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, TURN_EMBEDDING_ASSETS, turns
-from familiar_pipeline.checks import ALL_CHECKS
-from familiar_pipeline.jobs import plugin_assets, projection_job
-from familiar_pipeline.resources import EmbedderResource, FamiliarData, LlmResource
-from familiar_pipeline.sensors import build_turn_watermark_sensor
+from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, TURN_EMBEDDING_ASSETS, turns
+from familiar_pipeline.defs.checks import ALL_CHECKS
+from familiar_pipeline.defs.jobs import plugin_assets, projection_job
+from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
+from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
 
 # The fact-driven assets carry automation conditions (they follow `facts`, per
 # partition); this sensor evaluates them. RUNNING by default so nothing needs

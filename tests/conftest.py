@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from familiar_pipeline.minilm import MinilmUnavailable, ensure_local_minilm
+from familiar_pipeline.models.minilm import MinilmUnavailable, ensure_local_minilm
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +32,8 @@ def clean_env(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def fake_llm():
     """The in-process litellm fake, answering every projector prompt as a careful model would."""
-    from familiar_pipeline.fake_llm import install_fake_llm
-    from familiar_pipeline.testing import careful_model
+    from familiar_pipeline.testing.fake_llm import install_fake_llm
+    from familiar_pipeline.testing.scripted import careful_model
 
     fake = install_fake_llm()
     fake.reset()

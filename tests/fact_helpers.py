@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dagster as dg
 
-from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, turns
-from familiar_pipeline.llm import LlmUsage
-from familiar_pipeline.projections.report import ProjectionReport
-from familiar_pipeline.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
-from familiar_pipeline.store import FactDraft, ProjectionStore, Subject
+from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, turns
+from familiar_pipeline.models.llm import LlmUsage
+from familiar_pipeline.projectors.report import ProjectionReport
+from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
+from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
 
 from .helpers import make_familiar
 

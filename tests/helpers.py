@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from familiar_pipeline.paths import FamiliarPaths
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.turns import TurnLog
 
 FAKE_MODEL_TOML = """
 [llm.background]

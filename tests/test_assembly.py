@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from familiar_pipeline.config import ConfigError, load_config
-from familiar_pipeline.fts import FtsIndex
-from familiar_pipeline.snapshots import publish_snapshot
-from familiar_pipeline.store import FactDraft, ProjectionStore, Subject
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.storage.fts import FtsIndex
+from familiar_pipeline.storage.snapshots import publish_snapshot
+from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+from familiar_pipeline.storage.turns import TurnLog
 
-from familiar_bot.assembly import (
+from familiar_bot.prompt.assembly import (
     AssembledPrompt,
     Assembler,
     AssemblyContext,
@@ -23,7 +23,7 @@ from familiar_bot.assembly import (
     build_assembler,
     render_sections,
 )
-from familiar_bot.layers import default_layers
+from familiar_bot.prompt.layers import default_layers
 from tests.helpers import FAKE_MODEL_TOML, make_familiar
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)

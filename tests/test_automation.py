@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from familiar_pipeline.assets import FACT_DRIVEN_ASSETS
+from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS
 from familiar_pipeline.definitions import defs, fact_automation_sensor
 
 FOLLOWERS = {"fact_supersessions", "people_dossiers", "reflections", "fact_embeddings"}
@@ -52,8 +52,8 @@ def test_facts_update_requests_followers_for_that_partition_only():
 
 
 def test_operator_can_still_materialize_one_alone(tmp_path):
-    from familiar_pipeline.fake_llm import install_fake_llm
-    from familiar_pipeline.testing import careful_model
+    from familiar_pipeline.testing.fake_llm import install_fake_llm
+    from familiar_pipeline.testing.scripted import careful_model
 
     from .fact_helpers import familiar, materialize, metadata
     from .helpers import append_chat
@@ -62,17 +62,17 @@ def test_operator_can_still_materialize_one_alone(tmp_path):
     paths = familiar(tmp_path)
     append_chat(paths, 20)
     with dg.instance_for_test() as instance:
-        from familiar_pipeline.assets import people_dossiers
+        from familiar_pipeline.defs.assets import people_dossiers
 
         result = materialize(tmp_path, instance, [people_dossiers], rebuild=True)
         assert result.success and metadata(result, "people_dossiers")["status"].startswith("no-op")
 
 
 def test_a_sensor_run_that_already_included_the_followers_does_not_trigger_them_again(tmp_path):
-    from familiar_pipeline.assets import FOLLOWERS_INCLUDED_TAG, facts, turns
-    from familiar_pipeline.fake_llm import install_fake_llm
-    from familiar_pipeline.resources import FamiliarData, LlmResource
-    from familiar_pipeline.testing import careful_model
+    from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG, facts, turns
+    from familiar_pipeline.testing.fake_llm import install_fake_llm
+    from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+    from familiar_pipeline.testing.scripted import careful_model
 
     from .helpers import append_chat, make_familiar
 

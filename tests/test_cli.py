@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot import cli
-from familiar_pipeline import paths
+from familiar_bot.cli import main as cli
+from familiar_pipeline.storage import paths
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_init_creates_the_familiar(root, capsys):
 
 
 def test_init_creates_a_real_turn_log(root, capsys):
-    turns = pytest.importorskip("familiar_pipeline.turns", reason="the turn log module is written by another issue")
+    turns = pytest.importorskip("familiar_pipeline.storage.turns", reason="the turn log module is written by another issue")
     assert run(capsys, "init", "sapphire")[0] == 0
     log = turns.TurnLog(paths.FamiliarPaths.for_id("sapphire", root).turns_db)
     try:
@@ -96,7 +96,7 @@ def test_init_twice_refuses_and_changes_nothing(root, capsys):
 
 
 def test_init_force_keeps_turns_and_backs_up_edited_files(root, capsys):
-    turns = pytest.importorskip("familiar_pipeline.turns", reason="the turn log module is written by another issue")
+    turns = pytest.importorskip("familiar_pipeline.storage.turns", reason="the turn log module is written by another issue")
     assert run(capsys, "init", "sapphire")[0] == 0
     familiar = paths.FamiliarPaths.for_id("sapphire", root)
     log = turns.TurnLog(familiar.turns_db)

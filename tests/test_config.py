@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from familiar_pipeline import paths, registry
+from familiar_pipeline.storage import paths
+
+from familiar_pipeline.projectors import registry
 from familiar_pipeline.config import (
     DEFAULT_BUDGETS,
     LAYER_NAMES,

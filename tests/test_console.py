@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot.console import console_person
-from familiar_pipeline.paths import FamiliarPaths
-from familiar_pipeline.turns import TurnLog
+from familiar_bot.transports.console import console_person
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.turns import TurnLog
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_RESPONDER = "tests.test_console:answer_from_history"
@@ -26,7 +26,7 @@ def answer_from_history(messages):
 def familiar_command() -> list[str]:
     script = Path(sys.executable).parent / "familiar"
     return [str(script)] if script.exists() else [sys.executable, "-c",
-                                                  "import sys; from familiar_bot.cli import main; sys.exit(main())"]
+                                                  "import sys; from familiar_bot.cli.main import main; sys.exit(main())"]
 
 
 def chat(tmp_path: Path, stdin: str, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:

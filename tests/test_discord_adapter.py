@@ -15,23 +15,23 @@ import pytest
 import pytest_asyncio
 from discord.ext.test import backend, callbacks, factories
 
-from familiar_bot.assembly import Assembler
-from familiar_bot.discord_adapter import (
+from familiar_bot.prompt.assembly import Assembler
+from familiar_bot.transports.discord_adapter import (
     CONTEXT_MAX_MESSAGES,
     FamiliarClient,
     context_payload,
     incoming_from,
     intents,
 )
-from familiar_bot.layers.character_card import CharacterCardLayer
-from familiar_bot.layers.recent_history import RecentHistoryLayer
-from familiar_bot.memory_view import MemoryView
+from familiar_bot.prompt.layers.character_card import CharacterCardLayer
+from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
+from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.responder import Responder
 from familiar_pipeline.config import load_config
-from familiar_pipeline.fake_llm import fake_llm
-from familiar_pipeline.llm import client_for
-from familiar_pipeline.paths import FamiliarPaths
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.testing.fake_llm import fake_llm
+from familiar_pipeline.models.llm import client_for
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.turns import TurnLog
 
 TOML = """
 aliases = ["Fam"]
@@ -263,7 +263,7 @@ async def test_context_command_answers_ephemerally_without_recording(bot, fake):
 
 
 def test_bot_refuses_without_a_token_in_one_line(clean_env, capsys):
-    from familiar_bot import cli
+    from familiar_bot.cli import main as cli
 
     assert cli.main(["bot", "--familiar", "fam"]) == 2
     err = capsys.readouterr().err.strip()
@@ -272,7 +272,7 @@ def test_bot_refuses_without_a_token_in_one_line(clean_env, capsys):
 
 
 def test_bot_never_echoes_the_token(clean_env, capsys, monkeypatch):
-    from familiar_bot import cli
+    from familiar_bot.cli import main as cli
 
     monkeypatch.setenv("DISCORD_TOKEN", "planted.token-value.xyz")
     assert cli.main(["bot", "--familiar", "ghost"]) == 1  # no such familiar: refused before connecting

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 
-from familiar_pipeline.projections import dossiers, supersede
+from familiar_pipeline.projectors import dossiers, supersede
 from familiar_pipeline.prompts import dossier as dossier_prompt
-from familiar_pipeline.store import ProjectionStore, Subject
+from familiar_pipeline.storage.store import ProjectionStore, Subject
 
 from .fact_helpers import BO, CASS, add_facts, fact, familiar, run_projector
 from .helpers import FAKE_MODEL_TOML, append_chat

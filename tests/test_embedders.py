@@ -13,9 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from familiar_pipeline import embedders, minilm
+from familiar_pipeline.models import embedders
+
+from familiar_pipeline.models import minilm
 from familiar_pipeline.config import EmbeddingConfig
-from familiar_pipeline.embedders import (
+from familiar_pipeline.models.embedders import (
     Embedder,
     FastEmbedEmbedder,
     HashEmbedder,
@@ -151,7 +153,7 @@ def test_hash_is_deterministic_across_processes():
     texts = ["Déjà vu, all over again!", "the quick brown fox", ""]
     script = (
         "import json, sys\n"
-        "from familiar_pipeline.embedders import HashEmbedder\n"
+        "from familiar_pipeline.models.embedders import HashEmbedder\n"
         "texts = json.loads(sys.argv[1])\n"
         "print(json.dumps(HashEmbedder(dim=32).embed(texts).tolist()))\n"
     )

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from familiar_bot.cli import main
-from familiar_pipeline import evaluation
+from familiar_bot.cli.main import main
+from familiar_bot.eval import evaluation
 
 TURNS_1 = [
     ("Ana", "I finally bought a cello last week and the teacher is great"),

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from familiar_pipeline.config import ConfigError, load_config
-from familiar_pipeline.embedders import HashEmbedder
-from familiar_pipeline.projections import embeddings
-from familiar_pipeline.projections.report import ProjectionReport
-from familiar_pipeline.resources import FamiliarData, LlmResource, build_runtime
-from familiar_pipeline.store import ProjectionStore
+from familiar_pipeline.models.embedders import HashEmbedder
+from familiar_pipeline.projectors import embeddings
+from familiar_pipeline.projectors.report import ProjectionReport
+from familiar_pipeline.defs.resources import FamiliarData, LlmResource, build_runtime
+from familiar_pipeline.storage.store import ProjectionStore
 
 from .fact_helpers import CASS, add_facts, fact
 from .helpers import CountingEmbedder, make_familiar

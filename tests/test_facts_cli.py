@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from familiar_bot.cli import main
-from familiar_pipeline.runtime import store_watermark
-from familiar_pipeline.snapshots import publish_snapshot
-from familiar_pipeline.store import FactDraft, ProjectionStore
+from familiar_bot.cli.main import main
+from familiar_pipeline.projectors.runtime import store_watermark
+from familiar_pipeline.storage.snapshots import publish_snapshot
+from familiar_pipeline.storage.store import FactDraft, ProjectionStore
 
 from .fact_helpers import BO, CASS
 from .helpers import make_familiar

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from familiar_pipeline import fts
-from familiar_pipeline.fts import (
+from familiar_pipeline.storage import fts
+from familiar_pipeline.storage.fts import (
     COMMIT_RETRY_DELAYS_S,
     STOPWORDS,
     FtsError,
@@ -319,7 +319,7 @@ def test_retry_succeeds_after_two_transient_failures():
 
 def test_retry_gives_up_after_four_attempts(caplog):
     attempt, sleeps = Attempts(*[ValueError(LOCK_ERROR)] * 10), []
-    with caplog.at_level(logging.WARNING, logger="familiar_pipeline.fts"):
+    with caplog.at_level(logging.WARNING, logger="familiar_pipeline.storage.fts"):
         assert retry_transient(attempt, sleep=sleeps.append) is False
     assert attempt.calls == 4 and sleeps == list(COMMIT_RETRY_DELAYS_S) == [0.05, 0.2, 0.5]
     assert sum("commit_retry=" in r.message for r in caplog.records) == 3
@@ -390,7 +390,7 @@ def test_index_commit_skip_keeps_the_writes_for_the_next_commit(no_sleep, caplog
     idx = FtsIndex(None)
     idx._writer = FlakyWriter(idx._writer, *[ValueError(LOCK_ERROR)] * 4)
     idx.upsert(1, "still buffered")
-    with caplog.at_level(logging.WARNING, logger="familiar_pipeline.fts"):
+    with caplog.at_level(logging.WARNING, logger="familiar_pipeline.storage.fts"):
         assert idx.commit() is False
     assert idx.search("buffered", 5) == []
     assert any("commit skipped" in r.message for r in caplog.records)
@@ -521,7 +521,7 @@ def test_a_folder_with_another_schema_gives_a_clear_error(tmp_path):
 CHILD_WRITER = textwrap.dedent(
     """
     import sys
-    from familiar_pipeline.fts import FtsIndex
+    from familiar_pipeline.storage.fts import FtsIndex
     index = FtsIndex(sys.argv[1], writable=True)
     index.upsert_many([(7, "the sphinx of black quartz"), (8, "judge my vow")])
     assert index.commit()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from familiar_bot.cli import main
-from familiar_bot.commands.import_ import channel_number, import_transcript
-from familiar_pipeline.turns import TurnLog
+from familiar_bot.cli.main import main
+from familiar_bot.cli.commands.import_ import channel_number, import_transcript
+from familiar_pipeline.storage.turns import TurnLog
 from tests.helpers import make_familiar
 
 

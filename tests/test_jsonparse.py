@@ -1,4 +1,4 @@
-"""Tolerant JSON parsing of model replies (familiar_pipeline.jsonparse)."""
+"""Tolerant JSON parsing of model replies (familiar_pipeline.models.jsonparse)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from familiar_pipeline.jsonparse import as_int, as_int_list, coerce_json, coerce_json_array
+from familiar_pipeline.models.jsonparse import as_int, as_int_list, coerce_json, coerce_json_array
 
 
 # --- plain and fenced -------------------------------------------------------

@@ -6,16 +6,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from familiar_pipeline.paths import SHIPPED_DEFAULT_DIR
+from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR
 
-from familiar_bot.assembly import Message
-from familiar_bot.layers.character_card import CharacterCardLayer
-from familiar_bot.layers.conversation_summary import ConversationSummaryLayer
-from familiar_bot.layers.operating_mode import OperatingModeLayer
-from familiar_bot.layers.people_dossier import PeopleDossierLayer
-from familiar_bot.layers.recent_history import RecentHistoryLayer, history_view
-from familiar_bot.layers.reflection import ReflectionLayer
-from familiar_bot.tokens import cap_blocks, estimate_tokens, message_tokens, truncate_to_tokens
+from familiar_bot.prompt.assembly import Message
+from familiar_bot.prompt.layers.character_card import CharacterCardLayer
+from familiar_bot.prompt.layers.conversation_summary import ConversationSummaryLayer
+from familiar_bot.prompt.layers.operating_mode import OperatingModeLayer
+from familiar_bot.prompt.layers.people_dossier import PeopleDossierLayer
+from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer, history_view
+from familiar_bot.prompt.layers.reflection import ReflectionLayer
+from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, message_tokens, truncate_to_tokens
 from tests.test_assembly import BO, CASS, MIA, World, ctx
 
 

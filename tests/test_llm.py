@@ -15,8 +15,8 @@ import time
 import pytest
 
 from familiar_pipeline.config import ConfigError, LlmConfig, LlmSlotConfig
-from familiar_pipeline.fake_llm import NO_CHOICES, FakeLLM, fake_llm, replies_in_order
-from familiar_pipeline.llm import (
+from familiar_pipeline.testing.fake_llm import NO_CHOICES, FakeLLM, fake_llm, replies_in_order
+from familiar_pipeline.models.llm import (
     LlmClient,
     LlmError,
     LlmNotConfigured,
@@ -472,7 +472,7 @@ def test_fake_is_scripted_from_the_environment(monkeypatch):
 
 
 def test_install_is_idempotent_and_reset_forgets(fake):
-    from familiar_pipeline.fake_llm import install_fake_llm
+    from familiar_pipeline.testing.fake_llm import install_fake_llm
 
     assert install_fake_llm() is fake
     litellm = import_litellm()

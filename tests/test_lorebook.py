@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from familiar_bot.layers.lorebook import LorebookLayer
-from familiar_bot.lorebook import Lorebook, LorebookError, parse_lorebook
-from familiar_bot.tokens import estimate_tokens
+from familiar_bot.prompt.layers.lorebook import LorebookLayer
+from familiar_bot.prompt.lorebook import Lorebook, LorebookError, parse_lorebook
+from familiar_bot.prompt.tokens import estimate_tokens
 from tests.test_assembly import World, ctx
 
 

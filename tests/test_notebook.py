@@ -8,7 +8,7 @@ import dagster as dg
 import nbformat
 from nbclient import NotebookClient
 
-from familiar_pipeline.assets import facts, fact_supersessions
+from familiar_pipeline.defs.assets import facts, fact_supersessions
 from tests.fact_helpers import familiar, materialize
 from tests.helpers import append_chat
 
@@ -26,7 +26,7 @@ def text_of(cell) -> str:
 def test_facts_notebook_executes_against_a_small_familiar(tmp_path, monkeypatch):
     root = tmp_path / "familiars"
     monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(root))
-    monkeypatch.setenv("FAMILIAR_FAKE_LLM", "familiar_pipeline.testing:careful_model")
+    monkeypatch.setenv("FAMILIAR_FAKE_LLM", "familiar_pipeline.testing.scripted:careful_model")
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     paths = familiar(root, "nb")
     append_chat(paths, 20)

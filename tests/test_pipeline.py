@@ -7,13 +7,13 @@ import json
 import dagster as dg
 import pytest
 
-from familiar_pipeline.assets import facts, rolling_summary, turns, turns_fts
-from familiar_pipeline.checks import ALL_CHECKS
-from familiar_pipeline.fts import FtsIndex
-from familiar_pipeline.resources import FamiliarData, LlmResource
-from familiar_pipeline.snapshots import SnapshotReader
-from familiar_pipeline.store import ProjectionStore
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.defs.assets import facts, rolling_summary, turns, turns_fts
+from familiar_pipeline.defs.checks import ALL_CHECKS
+from familiar_pipeline.storage.fts import FtsIndex
+from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+from familiar_pipeline.storage.snapshots import SnapshotReader
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.turns import TurnLog
 
 from .helpers import append_chat, make_familiar
 
@@ -210,7 +210,7 @@ def test_incremental_build_equals_rebuild(tmp_path, instance, fake_llm):
 
 
 def test_checks_pass_and_catch_a_fact_citing_a_missing_turn(tmp_path, instance, fake_llm):
-    from familiar_pipeline.store import FactDraft
+    from familiar_pipeline.storage.store import FactDraft
 
     paths = make_familiar(tmp_path)
     append_chat(paths, 10)
@@ -267,7 +267,7 @@ def append_story(paths, n, start):
 
 def all_tables(path):
     """Every table of memory.duckdb minus wall-clock columns; superseded_at kept as a flag."""
-    from familiar_pipeline.store_schema import TABLE_KEYS
+    from familiar_pipeline.storage.store_schema import TABLE_KEYS
 
     wall_clock = {"created_at", "updated_at", "decided_at", "applied_at"}
     with ProjectionStore(path, read_only=True) as store:
@@ -283,8 +283,8 @@ def all_tables(path):
 
 def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_llm):
     """DESIGN §4 over every asset: same prompts, same cached replies, same rows, table by table."""
-    from familiar_pipeline.assets import FACT_DRIVEN_ASSETS
-    from familiar_pipeline.resources import EmbedderResource
+    from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS
+    from familiar_pipeline.defs.resources import EmbedderResource
 
     from .fact_helpers import GRAPH_TOML
 

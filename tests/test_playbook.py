@@ -13,10 +13,10 @@ import dagster as dg
 import duckdb
 import pytest
 
-from familiar_bot.cli import main
-from familiar_pipeline.assets import TURN_DRIVEN_ASSETS
+from familiar_bot.cli.main import main
+from familiar_pipeline.defs.assets import TURN_DRIVEN_ASSETS
 from familiar_pipeline.config import load_config
-from familiar_pipeline.sensors import build_turn_watermark_sensor, evaluate_tick
+from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, evaluate_tick
 from tests.fact_helpers import ALL_ASSETS, familiar, materialize, metadata
 from tests.helpers import append_chat
 
@@ -40,7 +40,7 @@ def cli_args(line: str) -> list[str]:
     return words
 
 
-ENV = {"FAMILIAR_FAKE_LLM": "familiar_pipeline.testing:careful_model", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+ENV = {"FAMILIAR_FAKE_LLM": "familiar_pipeline.testing.scripted:careful_model", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def built(template, tmp_path, monkeypatch):
     shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
     for name, value in {**ENV, "FAMILIAR_DATA_ROOT": str(root), "DAGSTER_HOME": str(home)}.items():
         monkeypatch.setenv(name, value)
-    from familiar_pipeline.paths import FamiliarPaths
+    from familiar_pipeline.storage.paths import FamiliarPaths
 
     return FamiliarPaths.for_id("demo", root)
 
@@ -180,9 +180,9 @@ def test_inspect_the_prompt_cli_and_console_context(built, capsys):
     report = capsys.readouterr().out
     assert "=== character_card:" in report and "=== total:" in report
 
-    from familiar_bot.console import console_person, run_console
+    from familiar_bot.transports.console import console_person, run_console
     from familiar_bot.responder import open_responder
-    from familiar_pipeline.turns import TurnLog
+    from familiar_pipeline.storage.turns import TurnLog
 
     [example] = blocks("text")
     typed = example.split("> ", 1)[1]

@@ -7,13 +7,13 @@ This is the documented example: a tiny projector counting words per speaker.
 import dagster as dg
 import pytest
 
-from familiar_pipeline import registry
-from familiar_pipeline.assets import TURN_DRIVEN_ASSETS, turns
+from familiar_pipeline.projectors import registry
+from familiar_pipeline.defs.assets import TURN_DRIVEN_ASSETS, turns
 from familiar_pipeline.config import ConfigError, load_config
-from familiar_pipeline.jobs import plugin_assets
-from familiar_pipeline.partitions import familiars_partitions
-from familiar_pipeline.resources import FamiliarData, LlmResource
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.defs.jobs import plugin_assets
+from familiar_pipeline.defs.partitions import familiars_partitions
+from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+from familiar_pipeline.storage.turns import TurnLog
 
 from .helpers import append_chat, make_familiar
 

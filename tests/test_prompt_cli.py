@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot import cli
-from familiar_pipeline.paths import FamiliarPaths
-from familiar_pipeline.turns import TurnLog
+from familiar_bot.cli import main as cli
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.turns import TurnLog
 from tests.helpers import append_chat, make_familiar
 
 LOREBOOK = """

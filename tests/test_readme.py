@@ -7,9 +7,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from familiar_bot.cli import build_parser
-from familiar_pipeline.assets import facts, turns
-from familiar_pipeline.resources import FamiliarData, LlmResource
+from familiar_bot.cli.main import build_parser
+from familiar_pipeline.defs.assets import facts, turns
+from familiar_pipeline.defs.resources import FamiliarData, LlmResource
 
 from .helpers import append_chat, make_familiar
 
@@ -27,8 +27,8 @@ def test_every_familiar_subcommand_in_the_readme_exists():
 
 
 def test_notebook_recipes_run_against_a_real_familiar(tmp_path, monkeypatch):
-    from familiar_pipeline.fake_llm import install_fake_llm
-    from familiar_pipeline.testing import careful_model
+    from familiar_pipeline.testing.fake_llm import install_fake_llm
+    from familiar_pipeline.testing.scripted import careful_model
 
     install_fake_llm().script(careful_model)
     paths = make_familiar(tmp_path, "demo")

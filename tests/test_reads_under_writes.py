@@ -13,10 +13,10 @@ import threading
 import traceback
 from datetime import timedelta
 
-from familiar_pipeline.fts import FtsIndex
-from familiar_pipeline.snapshots import publish_snapshot
-from familiar_pipeline.store import FactDraft, ProjectionStore, Subject
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.storage.fts import FtsIndex
+from familiar_pipeline.storage.snapshots import publish_snapshot
+from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+from familiar_pipeline.storage.turns import TurnLog
 
 from tests.test_assembly import BO, CASS, T0, World, ctx
 

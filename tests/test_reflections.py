@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from familiar_pipeline.fake_llm import FakeLLM
-from familiar_pipeline.projections import reflections
-from familiar_pipeline.store import ProjectionStore
+from familiar_pipeline.testing.fake_llm import FakeLLM
+from familiar_pipeline.projectors import reflections
+from familiar_pipeline.storage.store import ProjectionStore
 
 from .fact_helpers import CASS, add_facts, fact, familiar, run_projector
 from .helpers import FAKE_MODEL_TOML, append_chat

@@ -14,12 +14,12 @@ import logging
 import dagster as dg
 import pytest
 
-from familiar_bot import cli
+from familiar_bot.cli import main as cli
 from familiar_bot.responder import IncomingMessage, Person, open_responder
-from familiar_pipeline.assets import facts
+from familiar_pipeline.defs.assets import facts
 from familiar_pipeline.config import ConfigError, load_config
-from familiar_pipeline.fake_llm import fake_llm
-from familiar_pipeline.resources import FamiliarData, LlmResource
+from familiar_pipeline.testing.fake_llm import fake_llm
+from familiar_pipeline.defs.resources import FamiliarData, LlmResource
 
 from .helpers import make_familiar
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from familiar_pipeline.testing import FAKE_MODELS_TOML
+from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML
 
 REPO = Path(__file__).resolve().parents[1]
 POINTS = ["llm_call", "before_publish", "mid_publish", "fts_commit", "random_time"]
@@ -52,7 +52,7 @@ turns_threshold = 20
 
 def slow_careful(messages):
     """The careful model, a little slow, so a kill "inside the LLM call" has a window."""
-    from familiar_pipeline.testing import careful_model
+    from familiar_pipeline.testing.scripted import careful_model
 
     if os.environ.get("CRASH_POINT") == "llm_call" and _hit():
         os.kill(os.getpid(), signal.SIGKILL)
@@ -86,7 +86,11 @@ def _die_before(module, name: str) -> None:
 def child_pipeline(root: str) -> None:
     import dagster as dg
 
-    from familiar_pipeline import fts, runtime, snapshots
+    from familiar_pipeline.storage import fts
+
+    from familiar_pipeline.projectors import runtime
+
+    from familiar_pipeline.storage import snapshots
 
     point = os.environ.get("CRASH_POINT", "")
     if point == "before_publish":
@@ -110,7 +114,7 @@ def child_bot(root: str) -> None:
 
     from familiar_bot.responder import IncomingMessage, Person, open_responder
     from familiar_pipeline.config import load_config
-    from familiar_pipeline.paths import FamiliarPaths
+    from familiar_pipeline.storage.paths import FamiliarPaths
 
     paths = FamiliarPaths.for_id("fam", Path(root))
     handle = open_responder(paths, load_config("fam", root=Path(root), env={}))
@@ -122,7 +126,7 @@ def child_bot(root: str) -> None:
 
 
 def assets():
-    from familiar_pipeline.assets import facts, fact_supersessions, people_dossiers, reflections, rolling_summary, turns_fts
+    from familiar_pipeline.defs.assets import facts, fact_supersessions, people_dossiers, reflections, rolling_summary, turns_fts
 
     return [turns_fts, facts, rolling_summary, fact_supersessions, people_dossiers, reflections]
 
@@ -130,7 +134,7 @@ def assets():
 def run_pipeline(root, instance):
     import dagster as dg
 
-    from familiar_pipeline.resources import FamiliarData, LlmResource
+    from familiar_pipeline.defs.resources import FamiliarData, LlmResource
 
     instance.add_dynamic_partitions("familiars", ["fam"])
     return dg.materialize(assets(), partition_key="fam", instance=instance, raise_on_error=False,
@@ -140,7 +144,7 @@ def run_pipeline(root, instance):
 def run_until_idle(root) -> int:
     import dagster as dg
 
-    from familiar_pipeline.fake_llm import fake_llm
+    from familiar_pipeline.testing.fake_llm import fake_llm
 
     with fake_llm() as fake, dg.instance_for_test() as instance:
         fake.script(slow_careful)
@@ -156,10 +160,10 @@ def run_until_idle(root) -> int:
 
 def state(root: Path) -> dict:
     """Everything a reader can see, without system times: store tables, snapshot lag, index counts."""
-    from familiar_pipeline.checks import snapshot_lag
-    from familiar_pipeline.fts import FtsIndex
-    from familiar_pipeline.paths import FamiliarPaths
-    from familiar_pipeline.store import ProjectionStore
+    from familiar_pipeline.defs.checks import snapshot_lag
+    from familiar_pipeline.storage.fts import FtsIndex
+    from familiar_pipeline.storage.paths import FamiliarPaths
+    from familiar_pipeline.storage.store import ProjectionStore
 
     from .test_pipeline import SYSTEM_TIME_COLUMNS
 
@@ -234,7 +238,7 @@ def test_sigkilled_runs_converge_to_a_clean_run(turns_only, clean, tmp_path):
 
 
 def test_a_bot_killed_mid_reply_keeps_the_turn_and_starts_again(turns_only, tmp_path):
-    from familiar_pipeline.turns import TurnLog
+    from familiar_pipeline.storage.turns import TurnLog
 
     shutil.copytree(turns_only, tmp_path, dirs_exist_ok=True)
     with TurnLog(tmp_path / "fam" / "turns.db") as log:

@@ -22,13 +22,13 @@ import dagster as dg
 import pytest
 
 from familiar_bot.responder import IncomingMessage, Person, open_responder
-from familiar_pipeline.assets import facts, fact_supersessions, people_dossiers, reflections, rolling_summary, turns_fts
+from familiar_pipeline.defs.assets import facts, fact_supersessions, people_dossiers, reflections, rolling_summary, turns_fts
 from familiar_pipeline.config import load_config
-from familiar_pipeline.fake_llm import fake_llm
-from familiar_pipeline.fts import FtsIndex
-from familiar_pipeline.store import ProjectionStore
-from familiar_pipeline.testing import FAKE_MODELS_TOML, careful_model, parse_prompt_participants
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.testing.fake_llm import fake_llm
+from familiar_pipeline.storage.fts import FtsIndex
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML, careful_model, parse_prompt_participants
+from familiar_pipeline.storage.turns import TurnLog
 
 from .hostile import IMPERSONATED_NAME, hostile_messages
 from .test_pipeline import run_assets
@@ -63,7 +63,7 @@ def echo_or_careful(messages):
 
 
 def make_world(root):
-    from familiar_pipeline.paths import FamiliarPaths
+    from familiar_pipeline.storage.paths import FamiliarPaths
 
     paths = FamiliarPaths.for_id("fam", root)
     paths.dir.mkdir(parents=True)

@@ -20,13 +20,13 @@ import shutil
 import dagster as dg
 import pytest
 
-from familiar_pipeline.assets import facts, fact_supersessions, people_dossiers, reflections, rolling_summary, turns_fts
-from familiar_pipeline.paths import FamiliarPaths
-from familiar_pipeline.fake_llm import NO_CHOICES, FakeLLM, fake_llm
-from familiar_pipeline.resources import FamiliarData, LlmResource
-from familiar_pipeline.store import ProjectionStore
-from familiar_pipeline.testing import careful_model
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.defs.assets import facts, fact_supersessions, people_dossiers, reflections, rolling_summary, turns_fts
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.testing.fake_llm import NO_CHOICES, FakeLLM, fake_llm
+from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.testing.scripted import careful_model
+from familiar_pipeline.storage.turns import TurnLog
 
 from .helpers import append_chat, make_familiar
 from .test_pipeline import projection_tables

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from benchmarks.load import run_load
-from familiar_pipeline.store import ProjectionStore, StoreLockedError
+from familiar_pipeline.storage.store import ProjectionStore, StoreLockedError
 
 REPO = Path(__file__).resolve().parents[1]
 FULL = os.environ.get("FAMILIAR_RELIABILITY_FULL") == "1"
@@ -51,7 +51,7 @@ def test_duckdb_refuses_a_second_writer_process_with_a_clear_error(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from familiar_pipeline.store import ProjectionStore
+            from familiar_pipeline.storage.store import ProjectionStore
             store = ProjectionStore({str(db)!r})
             print("holding", flush=True)
             time.sleep(30)

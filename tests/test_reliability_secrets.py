@@ -20,13 +20,15 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from familiar_bot import cli, supervisor
+from familiar_bot import supervisor
+
+from familiar_bot.cli import main as cli
 from familiar_bot.responder import APOLOGY, IncomingMessage, Person, open_responder
-from familiar_pipeline.assets import facts, rolling_summary, turns_fts
+from familiar_pipeline.defs.assets import facts, rolling_summary, turns_fts
 from familiar_pipeline.config import load_config
-from familiar_pipeline.fake_llm import FakeLLM, fake_llm
-from familiar_pipeline.llm import LlmError, client_for
-from familiar_pipeline.testing import careful_model
+from familiar_pipeline.testing.fake_llm import FakeLLM, fake_llm
+from familiar_pipeline.models.llm import LlmError, client_for
+from familiar_pipeline.testing.scripted import careful_model
 
 from .helpers import append_chat, make_familiar
 from .test_pipeline import run_assets

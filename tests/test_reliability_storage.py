@@ -24,15 +24,15 @@ import dagster as dg
 import pytest
 
 from familiar_bot.responder import IncomingMessage, Person, open_responder
-from familiar_pipeline import snapshots
-from familiar_pipeline.assets import facts, rolling_summary, turns_fts
-from familiar_pipeline.checks import snapshot_lag
+from familiar_pipeline.storage import snapshots
+from familiar_pipeline.defs.assets import facts, rolling_summary, turns_fts
+from familiar_pipeline.defs.checks import snapshot_lag
 from familiar_pipeline.config import load_config
-from familiar_pipeline.fake_llm import fake_llm
-from familiar_pipeline.fts import FtsIndex
-from familiar_pipeline.resources import FamiliarData, LlmResource
-from familiar_pipeline.store import ProjectionStore
-from familiar_pipeline.testing import FAKE_MODELS_TOML, careful_model
+from familiar_pipeline.testing.fake_llm import fake_llm
+from familiar_pipeline.storage.fts import FtsIndex
+from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML, careful_model
 
 from .helpers import append_chat, make_familiar
 
@@ -140,7 +140,7 @@ def test_a_writer_killed_while_holding_the_lock_does_not_block_the_next_run(worl
     paths, fake, instance = world
     script = textwrap.dedent(f"""
         import sys, time
-        from familiar_pipeline.fts import FtsIndex
+        from familiar_pipeline.storage.fts import FtsIndex
         index = FtsIndex(__import__("pathlib").Path({str(paths.fts_facts)!r}), writable=True)
         index.upsert(10**6, "half written by a writer that will die")
         print("holding", flush=True)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot.assembly import Assembler
-from familiar_bot.layers.character_card import CharacterCardLayer
-from familiar_bot.layers.recent_history import RecentHistoryLayer
-from familiar_bot.memory_view import MemoryView
+from familiar_bot.prompt.assembly import Assembler
+from familiar_bot.prompt.layers.character_card import CharacterCardLayer
+from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
+from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.responder import (
     APOLOGY,
     DISCORD_MESSAGE_LIMIT,
@@ -29,10 +29,10 @@ from familiar_bot.responder import (
     strip_speaker_prefix,
 )
 from familiar_pipeline.config import load_config
-from familiar_pipeline.fake_llm import FakeLLM, fake_llm
-from familiar_pipeline.llm import client_for
-from familiar_pipeline.paths import FamiliarPaths
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.testing.fake_llm import FakeLLM, fake_llm
+from familiar_pipeline.models.llm import client_for
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.turns import TurnLog
 
 CARD = "You are Fam, a small fox spirit who loves puns."
 CHANNEL, QUIET_CHANNEL, LOUD_CHANNEL, BARE_CHANNEL = 10, 20, 30, 40

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from familiar_bot.layers.rag_context import RagContextLayer
-from familiar_bot.retrieval import Weights, fuse_facts, render
-from familiar_bot.tokens import estimate_tokens
+from familiar_bot.prompt.layers.rag_context import RagContextLayer
+from familiar_bot.prompt.retrieval import Weights, fuse_facts, render
+from familiar_bot.prompt.tokens import estimate_tokens
 from tests.test_assembly import BO, CASS, World, ctx, section
 
 EMBED_ON = {"FAMILIAR__PROVIDERS__EMBEDDING__BACKEND": '"hash"',

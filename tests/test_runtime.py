@@ -1,11 +1,11 @@
-"""Snapshot publishing inside one projection run (familiar_pipeline.runtime)."""
+"""Snapshot publishing inside one projection run (familiar_pipeline.projectors.runtime)."""
 
 from __future__ import annotations
 
-import familiar_pipeline.runtime as runtime_mod
+import familiar_pipeline.projectors.runtime as runtime_mod
 from familiar_pipeline.config import load_config
-from familiar_pipeline.runtime import FamiliarRuntime
-from familiar_pipeline.snapshots import SnapshotReader
+from familiar_pipeline.projectors.runtime import FamiliarRuntime
+from familiar_pipeline.storage.snapshots import SnapshotReader
 
 from .helpers import make_familiar
 

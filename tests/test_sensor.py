@@ -7,8 +7,8 @@ import json
 import dagster as dg
 import pytest
 
-from familiar_pipeline.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS
-from familiar_pipeline.sensors import build_turn_watermark_sensor, due_assets, read_state
+from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS
+from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, due_assets, read_state
 
 from .helpers import append_chat, make_familiar
 
@@ -164,7 +164,7 @@ def test_due_assets_reads_published_watermarks(tmp_path):
 def test_index_alone_waits_for_a_quiet_conversation(env, monkeypatch):
     from datetime import datetime, timezone
 
-    from familiar_pipeline.turns import TurnLog
+    from familiar_pipeline.storage.turns import TurnLog
 
     root, instance = env
     paths = make_familiar(root, "alpha")

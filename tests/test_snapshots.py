@@ -13,8 +13,8 @@ import duckdb
 import numpy as np
 import pytest
 
-from familiar_pipeline import snapshots
-from familiar_pipeline.snapshots import (
+from familiar_pipeline.storage import snapshots
+from familiar_pipeline.storage.snapshots import (
     MANIFEST_NAME,
     SERVING_SCHEMAS,
     SERVING_TABLES,
@@ -304,7 +304,7 @@ def test_corrupt_manifest_keeps_the_last_good_snapshot(store, tmp_path, caplog):
 
     (serving / MANIFEST_NAME).write_text('{"format": 1, "version": ')
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="familiar_pipeline.snapshots"):
+    with caplog.at_level(logging.WARNING, logger="familiar_pipeline.storage.snapshots"):
         assert reader.refresh() is False
         assert reader.refresh() is False
     assert reader.version == 1 and reader.latest_fact_id() == 5
@@ -432,7 +432,7 @@ def test_threads_query_while_the_reader_refreshes(tmp_path):
 def test_publish_from_a_real_projection_store_agrees_with_its_reads(tmp_path):
     from dataclasses import asdict
 
-    from familiar_pipeline.store import FactDraft, ProjectionStore, Subject
+    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
 
     store = ProjectionStore(tmp_path / "memory.duckdb")
     if not hasattr(store, "conn"):

@@ -10,8 +10,8 @@ from datetime import date, datetime, timedelta, timezone
 import duckdb
 import pytest
 
-from familiar_pipeline import store_schema
-from familiar_pipeline.store import (
+from familiar_pipeline.storage import store_schema
+from familiar_pipeline.storage.store import (
     PROJECTIONS,
     SYSTEM_TIME_COLUMNS,
     Fact,
@@ -671,7 +671,7 @@ def test_a_held_file_gives_a_clear_locked_error(tmp_path):
     path = tmp_path / "memory.duckdb"
     with ProjectionStore(path):
         probe = textwrap.dedent(f"""
-            from familiar_pipeline.store import ProjectionStore, StoreLockedError
+            from familiar_pipeline.storage.store import ProjectionStore, StoreLockedError
             try:
                 ProjectionStore({str(path)!r}, read_only=True)
             except StoreLockedError as exc:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from familiar_pipeline.projections import supersede
-from familiar_pipeline.store import ProjectionStore, Subject
-from familiar_pipeline.testing import careful_model
+from familiar_pipeline.projectors import supersede
+from familiar_pipeline.storage.store import ProjectionStore, Subject
+from familiar_pipeline.testing.scripted import careful_model
 
 from .fact_helpers import BO, CASS, MIA, add_facts, fact, familiar, run_projector
 
@@ -126,8 +126,8 @@ def test_already_retired_prior_lands_in_skipped(tmp_path, fake_llm):
 
 
 def test_a_failed_call_keeps_progress_and_resumes(tmp_path, fake_llm):
-    from familiar_pipeline.fake_llm import FakeLLM
-    from familiar_pipeline.llm import LlmError
+    from familiar_pipeline.testing.fake_llm import FakeLLM
+    from familiar_pipeline.models.llm import LlmError
 
     paths = familiar(tmp_path)
     add_facts(paths, [fact("Cass lives in Berlin.", CASS), fact("Cass moved to Lisbon.", CASS, turn=2),
@@ -222,7 +222,7 @@ def _case_subject(case_index: int, who) -> Subject:
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     """Every case's priors then its new fact, in one familiar, judged in one projector run."""
-    from familiar_pipeline.fake_llm import install_fake_llm
+    from familiar_pipeline.testing.fake_llm import install_fake_llm
 
     fake = install_fake_llm()
     fake.reset()

@@ -9,17 +9,17 @@ import duckdb
 import numpy as np
 import pytest
 
-from familiar_bot.retrieval import RRF_K, _dense_turns, fuse_turns, rrf_turns
-from familiar_pipeline import store_schema
+from familiar_bot.prompt.retrieval import RRF_K, _dense_turns, fuse_turns, rrf_turns
+from familiar_pipeline.storage import store_schema
 from familiar_pipeline.config import ConfigError, load_config
-from familiar_pipeline.embedders import HashEmbedder
-from familiar_pipeline.projections import turn_embeddings
-from familiar_pipeline.projections.report import ProjectionReport
-from familiar_pipeline.resources import FamiliarData, LlmResource, build_runtime
-from familiar_pipeline.sensors import FamiliarState, due_assets
-from familiar_pipeline.snapshots import SnapshotReader
-from familiar_pipeline.store import ProjectionStore
-from familiar_pipeline.turns import TurnLog
+from familiar_pipeline.models.embedders import HashEmbedder
+from familiar_pipeline.projectors import turn_embeddings
+from familiar_pipeline.projectors.report import ProjectionReport
+from familiar_pipeline.defs.resources import FamiliarData, LlmResource, build_runtime
+from familiar_pipeline.defs.sensors import FamiliarState, due_assets
+from familiar_pipeline.storage.snapshots import SnapshotReader
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.turns import TurnLog
 
 from .helpers import CountingEmbedder, append_chat, make_familiar
 
@@ -199,8 +199,8 @@ def test_the_sensor_sends_turn_embeddings_with_the_index_when_active(tmp_path):
 def test_without_an_embedder_both_embedding_projectors_skip_naming_the_settings():
     from types import SimpleNamespace
 
-    from familiar_pipeline.projections import embeddings, turn_embeddings
-    from familiar_pipeline.projections.report import ProjectionReport
+    from familiar_pipeline.projectors import embeddings, turn_embeddings
+    from familiar_pipeline.projectors.report import ProjectionReport
 
     for module in (embeddings, turn_embeddings):
         report = ProjectionReport(module.PROJECTOR)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from familiar_pipeline.turns import (
+from familiar_pipeline.storage.turns import (
     MAX_CONTENT_BYTES,
     SCHEMA_VERSION,
     Participant,
@@ -528,7 +528,7 @@ def test_reader_in_another_process_while_writer_appends(db_path: Path):
     script = textwrap.dedent(
         f"""
         import time
-        from familiar_pipeline.turns import TurnLog
+        from familiar_pipeline.storage.turns import TurnLog
         reader = TurnLog({str(db_path)!r}, readonly=True)
         print("ready", flush=True)
         observed = []

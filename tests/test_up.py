@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from familiar_bot.supervisor import child_sessions, free_port, group_alive
-from familiar_pipeline.snapshots import SnapshotReader
+from familiar_pipeline.storage.snapshots import SnapshotReader
 from tests.helpers import append_chat, make_familiar
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,13 +104,13 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
            and not k.startswith("FAMILIAR__")}
     env.update(
         FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home),
-        FAMILIAR_FAKE_LLM="familiar_pipeline.testing:careful_model",
+        FAMILIAR_FAKE_LLM="familiar_pipeline.testing.scripted:careful_model",
         FAMILIAR__PIPELINE__SENSOR_INTERVAL_S="5", PYTHONUNBUFFERED="1",
     )
     out_log, err_log = tmp_path / "up.out", tmp_path / "up.err"
     with out_log.open("wb") as out, err_log.open("wb") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "familiar_bot.cli", "up", "--familiar", "e2e", "--port", str(port), "--as", "Ana"],
+            [sys.executable, "-m", "familiar_bot.cli.main", "up", "--familiar", "e2e", "--port", str(port), "--as", "Ana"],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
         )
     try:

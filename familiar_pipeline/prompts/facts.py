@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from familiar_pipeline.jsonparse import as_int_list, coerce_json_array
+from familiar_pipeline.models.jsonparse import as_int_list, coerce_json_array
 
 from .common import UNTRUSTED_NOTE, TurnLike, quote, render_turn_lines
 

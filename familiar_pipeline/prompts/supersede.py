@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from familiar_pipeline.jsonparse import as_int_list, coerce_json
+from familiar_pipeline.models.jsonparse import as_int_list, coerce_json
 
 from .common import quote
 

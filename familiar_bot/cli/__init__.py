@@ -1,0 +1,1 @@
+"""The `familiar` command line."""

@@ -1,0 +1,90 @@
+"""`familiar chat`: talk to a familiar in the terminal, no Discord needed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import os
+import sys
+
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, init_familiar
+from familiar_pipeline.storage import paths
+from familiar_pipeline.config import DEFAULT_FAMILIAR_ID, load_config
+
+INTERRUPTED = 130
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--familiar", metavar="ID",
+                        help="familiar id (default: $FAMILIAR_ID, else 'familiar'); created from the "
+                             "defaults if it does not exist yet")
+    parser.add_argument("--as", dest="speaker", metavar="NAME",
+                        help="who you are in the conversation (default: your login name); "
+                             "recorded as the participant console:<name>")
+    parser.add_argument("--channel", type=int, default=None, metavar="N",
+                        help="channel number the turns are recorded under (default 1); use different "
+                             "numbers for separate conversations")
+
+
+def familiar_id_from(args: argparse.Namespace) -> str:
+    familiar_id = args.familiar or os.environ.get("FAMILIAR_ID") or DEFAULT_FAMILIAR_ID
+    return paths.validate_familiar_id(familiar_id)
+
+
+def ensure_familiar(familiar_id: str) -> bool:
+    """Create the familiar from the defaults unless it has files already; True if created."""
+    familiar = paths.FamiliarPaths.for_id(familiar_id)
+    if familiar.character_toml.exists() or familiar.turns_db.exists():
+        return False
+    for line in init_familiar(familiar_id):
+        print(line, file=sys.stderr)
+    return True
+
+
+def check_channel(channel: int | None) -> int:
+    from familiar_bot.transports.console import DEFAULT_CONSOLE_CHANNEL
+
+    if channel is None:
+        return DEFAULT_CONSOLE_CHANNEL
+    if not 0 < channel < 2**63:
+        raise CliError(f"--channel must be a positive integer below 2^63, got {channel}", EXIT_CONFIG)
+    return channel
+
+
+def run(args: argparse.Namespace) -> int:
+    from familiar_bot.transports.console import console_person, run_console
+    from familiar_bot.responder import open_responder
+
+    familiar_id = familiar_id_from(args)
+    channel = check_channel(args.channel)
+    try:
+        speaker = console_person(args.speaker or _login_name())
+    except ValueError as exc:
+        raise CliError(f"--as: {exc}", EXIT_CONFIG) from None
+    if ensure_familiar(familiar_id):
+        print(f"created familiar {familiar_id!r} from the defaults", file=sys.stderr)
+    config = load_config(familiar_id)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                            format="%(levelname)s %(name)s: %(message)s")
+    handle = open_responder(paths.FamiliarPaths.for_id(familiar_id), config)
+    try:
+        return asyncio.run(run_console(handle.responder, speaker=speaker, channel_id=channel))
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        handle.close()
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser() or "you"
+    except (KeyError, OSError):  # no passwd entry, e.g. in a container
+        return "you"
+
+
+COMMAND = Command("chat", "talk to a familiar in this terminal (reads lines from standard input)",
+                  configure, run)

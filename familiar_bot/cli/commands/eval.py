@@ -1,0 +1,99 @@
+"""`familiar eval locomo`: measure retrieval on a LoCoMo-format file through the bot's own path.
+
+Every conversation becomes a throwaway familiar under a temporary folder (or
+`--workdir`), with the shipped defaults of `data/familiars/_default`; nothing
+touches a real familiar. Prints the overall and per-category table and writes
+results.json, results.md and a recall@k plot into `--out`. See
+:mod:`familiar_bot.eval.evaluation` for what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    loc = sub.add_parser("locomo", help="evidence recall of rag_context on LoCoMo conversations (categories 1-4)")
+    loc.add_argument("--data", required=True, metavar="PATH", help="a LoCoMo-format JSON file (read in place, never copied)")
+    loc.add_argument("--embedder", choices=("hash", "fastembed", "off"), default="off",
+                     help="off: BM25 only; hash: the dependency-free test embedder; fastembed: local all-MiniLM-L6-v2 "
+                          "(default off)")
+    loc.add_argument("--model-path", metavar="DIR",
+                     help="local MiniLM ONNX folder for --embedder fastembed (default: built by the shared tool "
+                          "into .cache/models, or $FAMILIAR_MINILM_DIR)")
+    loc.add_argument("--out", metavar="DIR", help="write results.json, results.md and recall_at_k.png here")
+    loc.add_argument("--sweep", action="store_true",
+                     help="also sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file "
+                          "only); writes sweep.json and sweep.md into --out")
+    loc.add_argument("--workdir", metavar="DIR", help="keep the throwaway familiars here instead of a temporary folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from familiar_bot.eval import evaluation
+
+    data = Path(args.data).expanduser()
+    if not data.is_file():
+        raise CliError(f"--data {args.data}: no such file", EXIT_CONFIG)
+    model_path = None
+    if args.embedder == "fastembed":
+        from familiar_pipeline.models.minilm import MinilmUnavailable, ensure_local_minilm
+
+        try:
+            model_path = ensure_local_minilm(args.model_path)
+        except MinilmUnavailable as exc:
+            raise CliError(str(exc), EXIT_CONFIG) from None
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="familiar-eval-") as scratch:
+        workdir = Path(args.workdir).expanduser() if args.workdir else Path(scratch)
+        try:
+            prepared = evaluation.prepare_all(
+                data, workdir, embedder=args.embedder, model_path=model_path,
+                progress=lambda message: print(message, file=sys.stderr),
+            )
+        except (ValueError, KeyError) as exc:
+            raise CliError(f"{data}: not a usable LoCoMo file ({exc})", EXIT_CONFIG) from None
+        total = sum(len(p.questions) for p in prepared)
+        cache: dict = {}
+        with tqdm(total=total, unit="q", file=sys.stderr, desc="questions") as bar:
+            records = evaluation.evaluate(prepared, progress=bar.update, embedder_cache=cache)
+        sweep = None
+        if args.sweep:
+            sweep = evaluation.run_sweep(prepared, embedder_cache=cache,
+                                         progress=lambda message: print(message, file=sys.stderr))
+    results = evaluation.summarize(records)
+    results["setup"] = {
+        "data": str(data), "embedder": args.embedder, "conversations": len(prepared),
+        "facts_loaded": sum(p.facts_loaded for p in prepared),
+        "evidence_ids_skipped": sum(p.evidence_skipped for p in prepared),
+        "questions_skipped": sum(p.questions_skipped for p in prepared),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    print(evaluation.markdown_table(results))
+    setup = results["setup"]
+    print(f"\n{setup['conversations']} conversations, {results['overall']['n']} questions (categories 1-4), "
+          f"{setup['facts_loaded']} facts; skipped {setup['evidence_ids_skipped']} unusable evidence ids and "
+          f"{setup['questions_skipped']} questions without usable evidence; {setup['seconds']} s")
+    if sweep is not None:
+        print("\nsweep (overall figures per configuration):\n" + evaluation.sweep_table(sweep))
+    if args.out:
+        out = Path(args.out).expanduser()
+        for note in evaluation.write_outputs(results, out):
+            print(f"note: {note}", file=sys.stderr)
+        if sweep is not None:
+            (out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
+            (out / "sweep.md").write_text(evaluation.sweep_table(sweep) + "\n")
+        print(f"wrote {args.out}/results.json and results.md")
+    return 0
+
+
+COMMAND = Command("eval", "measure retrieval quality on a benchmark file (LoCoMo)", configure, run)

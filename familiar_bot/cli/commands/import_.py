@@ -1,0 +1,272 @@
+"""`familiar import`: seed a familiar's turn log from a JSON Lines transcript.
+
+One JSON object per line:
+
+    {"speaker": "Ana", "text": "I moved to Lisbon", "timestamp": "2024-05-01T18:03:00+00:00",
+     "channel": 7, "user_id": "discord:1234"}
+
+`speaker`, `text` and `timestamp` (ISO-8601; no offset means UTC) are required;
+`channel` (an integer, or a name that is mapped to a stable number) and `user_id`
+(a canonical key `platform:id`) are optional. A speaker without `user_id` becomes
+the participant `import:<slug of the name>`. Everything is recorded as user turns.
+
+Bad lines are reported with their line number and skipped; good lines are written
+in chunks, each chunk one transaction, so an interrupted import leaves whole chunks
+and never half a line. Importing the same file twice appends its turns twice: the
+turn log is append-only and has no natural key for a transcript line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+
+CHUNK_TURNS = 500
+IMPORT_PLATFORM = "import"
+DEFAULT_CHANNEL = 1
+REQUIRED = ("speaker", "text", "timestamp")
+OPTIONAL = ("channel", "user_id")
+_MAX_CHANNEL = 2**63 - 1
+
+
+class BadLine(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TranscriptLine:
+    line_no: int
+    speaker: str
+    author_key: str
+    text: str
+    at: datetime
+    channel_id: int
+
+
+@dataclass
+class ImportResult:
+    imported: int = 0
+    skipped: int = 0
+    errors: list[str] = field(default_factory=list)  # "line N: why", first MAX_SHOWN only
+    first_turn_id: int | None = None
+    last_turn_id: int | None = None
+    participants: set[str] = field(default_factory=set)
+    channels: dict[str, int] = field(default_factory=dict)  # channel name -> number, when names were used
+
+
+MAX_SHOWN_ERRORS = 20
+
+
+def speaker_slug(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-")
+    if not slug:
+        raise BadLine(f"speaker {name!r} has no letters or digits to make a participant key from; add user_id")
+    return slug
+
+
+def channel_number(value: object) -> tuple[int, str | None]:
+    """(channel id, the name it came from if it was a name)."""
+    if isinstance(value, bool):
+        raise BadLine(f"channel must be an integer or a name, got {value!r}")
+    if isinstance(value, int):
+        if not 0 < value <= _MAX_CHANNEL:
+            raise BadLine(f"channel must be a positive integer below 2^63, got {value}")
+        return value, None
+    if isinstance(value, str) and value.strip():
+        name = value.strip()
+        if name.isdigit():
+            return channel_number(int(name))
+        # A stable number from the name, so re-imports and later files agree.
+        digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+        return (int.from_bytes(digest, "big") & _MAX_CHANNEL) or 1, name
+    raise BadLine(f"channel must be an integer or a non-empty name, got {value!r}")
+
+
+def parse_line(raw: str, line_no: int, default_channel: int) -> tuple[TranscriptLine, str | None]:
+    """One transcript line -> a validated turn; raises BadLine with the reason."""
+    from familiar_pipeline.storage.identity import canonical_key, split_key
+
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BadLine(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(record, dict):
+        raise BadLine(f"expected a JSON object, got {type(record).__name__}")
+    unknown = sorted(set(record) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        raise BadLine(f"unknown field(s) {', '.join(unknown)}; valid: {', '.join(REQUIRED + OPTIONAL)}")
+    missing = [name for name in REQUIRED if record.get(name) in (None, "")]
+    if missing:
+        raise BadLine(f"missing {', '.join(missing)}")
+    speaker, text, stamp = record["speaker"], record["text"], record["timestamp"]
+    for name, value in (("speaker", speaker), ("text", text), ("timestamp", stamp)):
+        if not isinstance(value, str):
+            raise BadLine(f"{name} must be a string, got {type(value).__name__}")
+    speaker = " ".join(speaker.split())
+    if not text.strip():
+        raise BadLine("text is blank")
+    try:
+        at = datetime.fromisoformat(stamp.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise BadLine(f"timestamp {stamp!r} is not ISO-8601 (e.g. 2024-05-01T18:03:00+00:00)") from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    user_id = record.get("user_id")
+    if user_id is None:
+        key = canonical_key(IMPORT_PLATFORM, speaker_slug(speaker))
+    else:
+        try:
+            if not isinstance(user_id, str):
+                raise ValueError(f"user_id must be a string like 'discord:1234', got {user_id!r}")
+            platform, user = split_key(user_id.strip())
+            key = canonical_key(platform, user)
+        except ValueError as exc:
+            raise BadLine(f"user_id: {exc}") from None
+    channel, name = (default_channel, None) if record.get("channel") is None else channel_number(record["channel"])
+    return TranscriptLine(line_no, speaker, key, text, at, channel), name
+
+
+def read_transcript(lines: Iterable[str], result: ImportResult, default_channel: int) -> Iterator[TranscriptLine]:
+    """Valid lines, in order; bad ones are counted and described in `result`."""
+    for line_no, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            parsed, channel_name = parse_line(raw, line_no, default_channel)
+        except BadLine as exc:
+            result.skipped += 1
+            if len(result.errors) < MAX_SHOWN_ERRORS:
+                result.errors.append(f"line {line_no}: {exc}")
+            continue
+        if channel_name is not None:
+            result.channels[channel_name] = parsed.channel_id
+        yield parsed
+
+
+def import_transcript(turn_log, lines: Iterable[str], *, default_channel: int = DEFAULT_CHANNEL,
+                      chunk: int = CHUNK_TURNS, progress=None) -> ImportResult:
+    """Append the transcript's valid lines to `turn_log`; each chunk is one transaction.
+
+    A chunk's participants are upserted just before its turns, so every imported
+    turn's author exists (an interrupted import may leave a participant without
+    turns, which is harmless: upserts are idempotent).
+    """
+    from familiar_pipeline.storage.turns import TurnLogError
+
+    result = ImportResult()
+    pending: list[TranscriptLine] = []
+
+    def flush() -> None:
+        seen: dict[str, TranscriptLine] = {}
+        for line in pending:
+            seen[line.author_key] = line  # the latest line per author, for the display name
+        for key, line in seen.items():
+            first = min(p.at for p in pending if p.author_key == key)
+            turn_log.upsert_participant(key, global_name=line.speaker, seen_at=first)
+            turn_log.upsert_participant(key, seen_at=line.at)
+        rows = [{"channel_id": p.channel_id, "role": "user", "content": p.text, "author_key": p.author_key,
+                 "author_display": p.speaker, "created_at": p.at} for p in pending]
+        try:
+            turns = turn_log.append_turns(rows)
+        except TurnLogError as exc:
+            # A row the turn log refuses (e.g. > 1 MiB of text): find it, so the operator gets a line number.
+            index = int(m.group(1)) if (m := re.match(r"row (\d+): ", str(exc))) else None
+            where = f"line {pending[index].line_no}" if index is not None else f"lines {pending[0].line_no}-{pending[-1].line_no}"
+            raise CliError(f"{where}: {exc}; nothing from this chunk was written "
+                           f"({result.imported} turns were imported before it)") from None
+        result.imported += len(turns)
+        result.participants.update(seen)
+        if turns:
+            result.first_turn_id = result.first_turn_id or turns[0].id
+            result.last_turn_id = turns[-1].id
+        if progress is not None:
+            progress.update(len(turns))
+        pending.clear()
+
+    for parsed in read_transcript(lines, result, default_channel):
+        pending.append(parsed)
+        if len(pending) >= chunk:
+            flush()
+    if pending:
+        flush()
+    return result
+
+
+# --------------------------------------------------------------------------- command
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--familiar", required=True, metavar="ID", help="familiar id (must exist: `familiar init`)")
+    parser.add_argument("--channel", type=int, default=DEFAULT_CHANNEL, metavar="N",
+                        help=f"channel for lines without a channel field (default {DEFAULT_CHANNEL})")
+    parser.add_argument("file", help="JSON Lines transcript: speaker, text, timestamp[, channel][, user_id]; "
+                                     "'-' reads standard input")
+
+
+def _open(file: str) -> IO[str]:
+    if file == "-":
+        return sys.stdin
+    path = Path(file)
+    if not path.is_file():
+        raise CliError(f"{file}: no such file")
+    return path.open(encoding="utf-8", errors="strict", newline="")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from familiar_pipeline.storage.paths import FamiliarPaths
+    from familiar_pipeline.storage.turns import TurnLog, TurnLogError
+
+    familiar = FamiliarPaths.for_id(args.familiar)
+    if not familiar.turns_db.exists():
+        raise CliError(f"no familiar {args.familiar!r} (no turn log at {familiar.turns_db}); "
+                       f"create it with `familiar init {args.familiar}`")
+    if not 0 < args.channel < 2**63:
+        raise CliError(f"--channel must be a positive integer below 2^63, got {args.channel}", EXIT_CONFIG)
+    stream = _open(args.file)
+    total = None
+    if stream is not sys.stdin:  # a quick pass for the progress bar's total
+        with open(args.file, "rb") as counting:
+            total = sum(1 for line in counting if line.strip())
+    try:
+        turn_log = TurnLog(familiar.turns_db)
+    except TurnLogError as exc:
+        raise CliError(str(exc)) from None
+    # The bar shows lines written; it only draws on a terminal and for long files.
+    bar = tqdm(total=total, unit="turn", file=sys.stderr, disable=None if (total or 0) >= 1000 else True)
+    try:
+        result = import_transcript(turn_log, stream, default_channel=args.channel, progress=bar)
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{args.file} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                       "whole chunks before the bad byte were imported") from None
+    finally:
+        bar.close()
+        turn_log.close()
+        if stream is not sys.stdin:
+            stream.close()
+    for error in result.errors:
+        print(f"skipped {error}", file=sys.stderr)
+    if result.skipped > len(result.errors):
+        print(f"... and {result.skipped - len(result.errors)} more bad lines", file=sys.stderr)
+    span = f" (turns {result.first_turn_id}-{result.last_turn_id})" if result.imported else ""
+    print(f"imported {result.imported} turns{span} from {len(result.participants)} speakers into "
+          f"{args.familiar!r}; skipped {result.skipped} bad lines")
+    for name, number in sorted(result.channels.items()):
+        print(f"channel {name!r} -> {number}")
+    if result.imported:
+        print("note: importing the same file again appends its turns again (the turn log is append-only)")
+    return 0 if result.skipped == 0 else 1
+
+
+COMMAND = Command("import", "import a JSON Lines transcript (speaker, text, timestamp[, channel][, user_id]) "
+                  "as turns of a familiar", configure, run)

@@ -1,5 +1,0 @@
-"""One module per `familiar` subcommand beyond init/config.
-
-Each module defines `COMMAND = Command(...)` (see familiar_bot.cli); `build_parser`
-discovers them, so adding a command never touches cli.py.
-"""

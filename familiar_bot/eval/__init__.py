@@ -1,0 +1,1 @@
+"""Evaluation on LoCoMo through the bot's own retrieval."""

@@ -1,0 +1,530 @@
+"""Retrieval evaluation on LoCoMo-format conversations, through the bot's own retrieval path.
+
+Each conversation becomes a throwaway familiar: its turns are imported with
+their session times and speakers, the projections are materialized through
+Dagster (full-text index, and fact/turn embeddings when an embedder is on), and
+the file's ``observation`` lists are loaded through the store API as
+pre-extracted facts (speaker as subject, the dia id's turn as source), so fact
+retrieval is measured without an LLM. Every question of categories 1-4 is then
+put to ``rag_context``'s retrieval as the cue, at the text-tier budget, with no
+recent-window exclusion (the whole conversation counts as the past, so what is
+measured is retrieval alone).
+
+Two kinds of figures:
+
+* **ranking**: evidence recall any@k / all@k over the ranked retrieved units,
+  where a unit is a turn hit or a fact (a fact counts as its source turns) and
+  turns and facts alternate, best of each first. The ranking is read at depth
+  50 (the same scoring with ``max_rag_turns``/``max_rag_facts`` raised to 50);
+  session any@5 asks whether a top-5 unit lies in a gold session.
+* **rendered**: whether a gold evidence turn is in what the section actually
+  shows at the real text-tier budget (turn hits with their neighbours, and the
+  shown facts' source turns), the tokens the section used, and its latency.
+
+The LoCoMo file is licensed (CC BY-NC 4.0): it is read where it lies and never
+copied; only scores leave this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from familiar_bot.eval import locomo
+
+CATEGORIES: Mapping[int, str] = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+KS = (1, 5, 10, 20, 50)
+RANK_DEPTH = 50
+EVAL_CHANNEL = 1
+EMBEDDER_MODES = ("hash", "fastembed", "off")
+MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+_DIA_ID = re.compile(r"^D(\d+):(\d+)$")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_evidence(raw: Iterable[Any]) -> tuple[list[str], int]:
+    """Clean dia ids from a ``qa`` item's evidence, and how many pieces were unparseable.
+
+    Annotators sometimes packed several ids in one string (``"D8:6; D9:17"``) or
+    wrote ``"D:11:26"``-style typos; the first are split, the second skipped.
+    """
+    ids: list[str] = []
+    bad = 0
+    for item in raw or []:
+        if not isinstance(item, str):
+            bad += 1
+            continue
+        for piece in re.split(r"[;,\s]+", item.strip()):
+            if not piece:
+                continue
+            if _DIA_ID.match(piece):
+                if piece not in ids:
+                    ids.append(piece)
+            else:
+                bad += 1
+    return ids, bad
+
+
+def session_of(dia_id: str) -> int:
+    return int(_DIA_ID.match(dia_id).group(1))
+
+
+def observations_of(sample: dict) -> Iterable[tuple[str, str, list[str]]]:
+    """``(speaker, text, dia ids)`` of every atomic observation in the file's ``observation`` lists."""
+    for _, by_speaker in sorted((sample.get("observation") or {}).items()):
+        if not isinstance(by_speaker, dict):
+            continue
+        for speaker, items in by_speaker.items():
+            for item in items or []:
+                if not isinstance(item, list) or not item or not isinstance(item[0], str):
+                    continue
+                refs: list[Any] = []
+                for ref in item[1:]:
+                    refs.extend(ref if isinstance(ref, list) else [ref])
+                ids, _ = parse_evidence(refs)
+                yield speaker, item[0], ids
+
+
+@dataclass(frozen=True)
+class Question:
+    conversation: str
+    category: int
+    text: str
+    evidence: tuple[str, ...]
+
+
+@dataclass
+class PreparedConversation:
+    """One imported conversation: where it lives and how its dia ids map to turn ids."""
+
+    sample_id: str
+    familiar_id: str
+    root: Path
+    turn_of: dict[str, int]
+    session_of_turn: dict[int, int]
+    questions: list[Question]
+    facts_loaded: int = 0
+    evidence_skipped: int = 0  # unparseable pieces, or ids naming no turn
+    questions_skipped: int = 0  # categories 1-4 with no usable evidence
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- preparation
+
+
+def familiar_toml(embedder: str, model_path: Path | None) -> str:
+    """The throwaway familiar's own config: only the embedding switches; everything else is the shipped default."""
+    # One run drains each projection's whole backlog (the cap only paces a live familiar).
+    head = ["[pipeline]", "max_batches_per_run = 100000"]
+    if embedder == "off":
+        # The shipped weights may ask for vectors; with no embedder they must be off or config refuses.
+        return "\n".join(head + ["[memory.retrieval]", "embedding_weight = 0.0", "turn_embedding_weight = 0.0"]) + "\n"
+    lines = head + ["[providers.embedding]", f'backend = "{embedder}"']
+    if embedder == "hash":
+        lines.append("dim = 256")
+    else:
+        lines.append(f'fastembed_model = "{MINILM_NAME}"')
+        if model_path is not None:
+            lines.append(f"fastembed_model_path = {json.dumps(str(model_path))}")
+    from familiar_pipeline.projectors import registry
+
+    projectors = [p for p in ("fact_embedding", "turn_embedding") if p in registry.known_projectors()]
+    lines += ["[providers.memory]", f"projectors = {json.dumps(projectors)}"]
+    return "\n".join(lines) + "\n"
+
+
+def _familiar_id(sample_id: str, index: int) -> str:
+    slug = re.sub(r"[^a-z0-9_-]+", "-", str(sample_id).lower()).strip("-")
+    return f"eval-{index}-{slug}"[:60] or f"eval-{index}"
+
+
+def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
+                         instance) -> PreparedConversation:
+    """Import one conversation, load its observations as facts, and materialize the projections."""
+    import dagster as dg
+
+    from familiar_pipeline.defs import assets
+    from familiar_pipeline.storage.fts import FtsIndex
+    from familiar_pipeline.storage.paths import FamiliarPaths
+    from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
+    from familiar_pipeline.storage.snapshots import publish_snapshot
+    from familiar_pipeline.projectors.runtime import store_watermark
+    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+    from familiar_pipeline.storage.turns import TurnLog
+
+    sample_id = str(sample.get("sample_id") or f"conv-{index}")
+    familiar_id = _familiar_id(sample_id, index)
+    paths = FamiliarPaths.for_id(familiar_id, root)
+    if paths.dir.exists():
+        shutil.rmtree(paths.dir)
+    paths.dir.mkdir(parents=True)
+    paths.character_toml.write_text(familiar_toml(embedder, model_path))
+    timings: dict[str, float] = {}
+
+    started = time.perf_counter()
+    turns = list(locomo.turns_of(sample))
+    with TurnLog(paths.turns_db) as log:
+        for speaker in sorted({t.speaker for t in turns}):
+            first = min(t.timestamp for t in turns if t.speaker == speaker)
+            log.upsert_participant(locomo.speaker_key(speaker), global_name=speaker, seen_at=first)
+        written = log.append_turns([
+            {"channel_id": EVAL_CHANNEL, "role": "user", "content": t.text, "author_key": locomo.speaker_key(t.speaker),
+             "author_display": t.speaker, "created_at": t.timestamp}
+            for t in turns
+        ])
+    turn_of = {t.dia_id: w.id for t, w in zip(turns, written)}
+    session_of_turn = {w.id: t.session for t, w in zip(turns, written)}
+    timings["import_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    drafts = []
+    at_turn = {t.dia_id: t.timestamp for t in turns}
+    for speaker, text, ids in observations_of(sample):
+        sources = [turn_of[i] for i in ids if i in turn_of]
+        if not text.strip() or not sources:
+            continue
+        drafts.append(FactDraft(text=text, source_turn_ids=sources, channel_id=EVAL_CHANNEL,
+                                subjects=[Subject(locomo.speaker_key(speaker), speaker)],
+                                valid_from=min(at_turn[i] for i in ids if i in at_turn)))
+    with ProjectionStore(paths.memory_db) as store:
+        facts = [f for f, inserted in store.append_facts(drafts) if inserted]
+        with FtsIndex(paths.fts_facts, writable=True) as index:
+            index.upsert_many((f.id, f.text) for f in facts)
+            index.commit()
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store_watermark(store))
+    timings["facts_s"] = time.perf_counter() - started
+
+    selected = [assets.turns_fts]
+    if embedder != "off":
+        selected += [assets.fact_embeddings]
+        selected += [a for a in getattr(assets, "TURN_EMBEDDING_ASSETS", [])]
+    started = time.perf_counter()
+    instance.add_dynamic_partitions("familiars", [familiar_id])
+    result = dg.materialize(
+        [assets.turns, *selected], partition_key=familiar_id, instance=instance,
+        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource(),
+                   "embedder": EmbedderResource()},
+        selection=[a.key for a in selected],
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+    )
+    for asset in selected:
+        name = asset.key.path[-1]
+        meta = {k: v.value for m in result.asset_materializations_for_node(name) for k, v in m.metadata.items()}
+        status = str(meta.get("status", ""))
+        if status.startswith(("skipped", "disabled")):
+            raise RuntimeError(f"{name} did not run for {familiar_id}: {status}")
+        timings[f"{name}_s"] = float(meta.get("duration_s", 0.0))
+    timings["materialize_s"] = time.perf_counter() - started
+
+    questions, evidence_skipped, questions_skipped = [], 0, 0
+    for qa in sample.get("qa") or []:
+        category = qa.get("category")
+        if category not in CATEGORIES:
+            continue
+        ids, bad = parse_evidence(qa.get("evidence"))
+        known = tuple(i for i in ids if i in turn_of)
+        evidence_skipped += bad + (len(ids) - len(known))
+        if not known or not str(qa.get("question", "")).strip():
+            questions_skipped += 1
+            continue
+        questions.append(Question(sample_id, category, str(qa["question"]), known))
+    return PreparedConversation(sample_id, familiar_id, root, turn_of, session_of_turn, questions,
+                                facts_loaded=len(facts), evidence_skipped=evidence_skipped,
+                                questions_skipped=questions_skipped, timings=timings)
+
+
+# --------------------------------------------------------------------------- configuration under test
+
+
+def with_overrides(config, *, retrieval: Mapping[str, Any] | None = None, text_budget: Mapping[str, Any] | None = None):
+    """``config`` with some ``[memory.retrieval]`` knobs and text-tier budget caps replaced (for sweeps)."""
+    if retrieval:
+        unknown = set(retrieval) - {f.name for f in dataclasses.fields(config.memory.retrieval)}
+        if unknown:
+            raise ValueError(f"unknown [memory.retrieval] knob(s): {', '.join(sorted(unknown))}")
+        memory = dataclasses.replace(config.memory, retrieval=dataclasses.replace(config.memory.retrieval, **retrieval))
+        config = dataclasses.replace(config, memory=memory)
+    if text_budget:
+        budgets = dict(config.budgets)
+        budgets["text"] = dataclasses.replace(budgets["text"], **text_budget)
+        config = dataclasses.replace(config, budgets=type(config.budgets)(budgets))
+    return config
+
+
+def open_memory(prepared: PreparedConversation, *, retrieval=None, text_budget=None, embedder_cache: dict | None = None):
+    """A MemoryView of the prepared familiar under the (possibly overridden) config."""
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_pipeline.config import load_config
+    from familiar_pipeline.models.embedders import create_embedder
+    from familiar_pipeline.storage.paths import FamiliarPaths
+
+    config = load_config(prepared.familiar_id, root=prepared.root)
+    config = with_overrides(config, retrieval=retrieval, text_budget=text_budget)
+    cache = embedder_cache if embedder_cache is not None else {}
+    key = (config.embedding.backend, config.embedding.fastembed_model, config.embedding.dim)
+    if key not in cache:
+        cache[key] = create_embedder(config.embedding)  # one model load for every conversation
+    paths = FamiliarPaths.for_id(prepared.familiar_id, prepared.root)
+    return MemoryView(paths, config, embedder=cache[key])
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def ranked_units(debug: dict, fact_sources: Mapping[int, Iterable[int]]) -> list[frozenset[int]]:
+    """Turn hits and facts, alternating (best of each first), each as the set of turns it stands for."""
+    turns = [frozenset([t["turn_id"]]) for t in debug.get("turns", [])]
+    facts = [frozenset(fact_sources.get(f["fact_id"], ())) for f in debug.get("facts", [])]
+    units: list[frozenset[int]] = []
+    for i in range(max(len(turns), len(facts))):
+        if i < len(turns):
+            units.append(turns[i])
+        if i < len(facts):
+            units.append(facts[i])
+    return units
+
+
+def score_question(units: list[frozenset[int]], gold: set[int], gold_sessions: set[int],
+                   session_of_turn: Mapping[int, int], shown: set[int]) -> dict[str, float]:
+    """0/1 per metric for one question."""
+    out: dict[str, float] = {}
+    seen: set[int] = set()
+    for k in KS:
+        seen = set().union(*units[:k]) if units else set()
+        out[f"any@{k}"] = float(bool(seen & gold))
+        out[f"all@{k}"] = float(gold <= seen)
+    top5 = set().union(*units[:5]) if units else set()
+    out["session_any@5"] = float(bool({session_of_turn.get(t) for t in top5} & gold_sessions))
+    out["rendered_recall"] = float(bool(shown & gold))
+    out["rendered_all"] = float(gold <= shown)
+    return out
+
+
+def evaluate(prepared: list[PreparedConversation], *, retrieval=None, text_budget=None,
+             progress: Callable[[int], None] | None = None, embedder_cache: dict | None = None) -> list[dict]:
+    """One record per question: its category, 0/1 scores, rendered tokens and latency."""
+    from dataclasses import replace
+
+    from familiar_bot.prompt.assembly import AssemblyContext
+    from familiar_bot.prompt.retrieval import retrieve, retrieve_facts, retrieve_turns
+    from familiar_bot.prompt.tokens import estimate_tokens
+
+    records: list[dict] = []
+    cache = embedder_cache if embedder_cache is not None else {}
+    for conv in prepared:
+        memory = open_memory(conv, retrieval=retrieval, text_budget=text_budget, embedder_cache=cache)
+        try:
+            facts = memory.snapshot.table("facts").select(["id", "source_turn_ids"]).to_pylist()
+            fact_sources = {r["id"]: tuple(r["source_turn_ids"] or ()) for r in facts}
+            text_budget_now = memory.config.budget_for("text")
+            deep = replace(text_budget_now, max_rag_turns=RANK_DEPTH, max_rag_facts=RANK_DEPTH)
+            warm = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", "warm up")
+            retrieve(warm, memory, frozenset())  # the first call loads the model; keep it out of the latency
+            for q in conv.questions:
+                ctx = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", q.text)
+                started = time.perf_counter()
+                text, debug = retrieve(ctx, memory, frozenset())
+                latency_ms = (time.perf_counter() - started) * 1000
+                _, deep_debug = retrieve_facts(q.text, memory, deep)
+                _, deep_turns = retrieve_turns(q.text, memory, ctx, deep, frozenset())
+                deep_debug["turns"] = deep_turns
+                gold = {conv.turn_of[d] for d in q.evidence}
+                shown = set(debug.get("shown_turn_ids", []))
+                for fid in debug.get("shown_fact_ids", []):
+                    shown.update(fact_sources.get(fid, ()))
+                scores = score_question(ranked_units(deep_debug, fact_sources), gold,
+                                        {session_of(d) for d in q.evidence}, conv.session_of_turn, shown)
+                # Each source alone at depth 10, to see which side carries the recall.
+                turn_top = {t["turn_id"] for t in deep_turns[:10]}
+                fact_top = {t for f in deep_debug["facts"][:10] for t in fact_sources.get(f["fact_id"], ())}
+                scores["turns_any@10"] = float(bool(turn_top & gold))
+                scores["facts_any@10"] = float(bool(fact_top & gold))
+                records.append({"conversation": conv.sample_id, "category": q.category, **scores,
+                                "rendered_tokens": estimate_tokens(text), "latency_ms": latency_ms})
+                if progress is not None:
+                    progress(1)
+        finally:
+            memory.close()
+    return records
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+METRICS = (tuple(f"any@{k}" for k in KS) + tuple(f"all@{k}" for k in KS)
+           + ("session_any@5", "rendered_recall", "rendered_all", "turns_any@10", "facts_any@10"))
+
+
+def aggregate(records: list[dict]) -> dict[str, float]:
+    """Means as percentages (0-100), token mean, latency p50/p95."""
+    n = len(records)
+    out: dict[str, float] = {"n": n}
+    for metric in METRICS:
+        out[metric] = round(100 * sum(r[metric] for r in records) / n, 2) if n else 0.0
+    out["rendered_tokens_mean"] = round(statistics.fmean(r["rendered_tokens"] for r in records), 1) if n else 0.0
+    latencies = [r["latency_ms"] for r in records]
+    out["latency_ms_p50"] = round(_percentile(latencies, 0.50), 2)
+    out["latency_ms_p95"] = round(_percentile(latencies, 0.95), 2)
+    return out
+
+
+def summarize(records: list[dict]) -> dict[str, Any]:
+    by_category = {name: aggregate([r for r in records if r["category"] == c]) for c, name in CATEGORIES.items()}
+    return {"overall": aggregate(records), "by_category": {k: v for k, v in by_category.items() if v["n"]}}
+
+
+TABLE_COLUMNS = ("n", "any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "session_any@5",
+                 "rendered_recall", "rendered_tokens_mean", "latency_ms_p50", "latency_ms_p95")
+
+
+def markdown_table(results: Mapping[str, Any]) -> str:
+    header = "| scope | " + " | ".join(TABLE_COLUMNS) + " |"
+    rows = [header, "|" + "---|" * (len(TABLE_COLUMNS) + 1)]
+    scopes = [("overall", results["overall"])] + list(results["by_category"].items())
+    for name, values in scopes:
+        cells = [str(values[c]) if c == "n" else f"{values[c]:.1f}" for c in TABLE_COLUMNS]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def write_plot(results: Mapping[str, Any], path: Path) -> str | None:
+    """A recall@k PNG; returns why not when matplotlib is not installed (it is an optional extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed, so no recall@k plot was drawn (the tables and results.json are complete)"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    scopes = [("overall", results["overall"])] + list(results["by_category"].items())
+    for name, values in scopes:
+        ax.plot(KS, [values[f"any@{k}"] for k in KS], marker="o", label=name, linewidth=2.5 if name == "overall" else 1)
+    ax.set_xscale("log")
+    ax.set_xticks(KS, [str(k) for k in KS])
+    ax.set_xlabel("k (retrieved units)")
+    ax.set_ylabel("evidence recall any@k (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def write_outputs(results: Mapping[str, Any], out: Path) -> list[str]:
+    """results.json, results.md and recall_at_k.png into ``out``; returns notes (e.g. why no plot)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown_table(results) + "\n")
+    note = write_plot(results, out / "recall_at_k.png")
+    return [note] if note else []
+
+
+def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | None = None,
+                progress: Callable[[str], None] | None = None) -> list[PreparedConversation]:
+    """Every conversation of ``data`` as a throwaway familiar under ``workdir`` (which gets the shipped defaults)."""
+    from dagster import DagsterInstance
+
+    from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, default_dir
+
+    if embedder not in EMBEDDER_MODES:
+        raise ValueError(f"unknown embedder {embedder!r}; valid: {', '.join(EMBEDDER_MODES)}")
+    samples = locomo.load(data)
+    workdir.mkdir(parents=True, exist_ok=True)
+    # With no _default of its own, a data root falls back to the shipped defaults: what is measured.
+    if default_dir(workdir) != SHIPPED_DEFAULT_DIR:
+        raise ValueError(f"{workdir} has its own _default/character.toml; the evaluation measures the shipped defaults")
+    prepared = []
+    with DagsterInstance.ephemeral() as instance:
+        for index, sample in enumerate(samples):
+            if progress is not None:
+                progress(f"preparing {sample.get('sample_id', index)}")
+            prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder,
+                                                 model_path=model_path, instance=instance))
+    return prepared
+
+
+# --------------------------------------------------------------------------- tuning sweep
+
+SWEEP_TURN_WEIGHTS = (0.0, 0.5, 1.0, 1.5)
+SWEEP_FACT_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 3.0)
+SWEEP_COLUMNS = ("any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "turns_any@10", "facts_any@10",
+                 "rendered_recall", "rendered_tokens_mean", "latency_ms_p50")
+
+
+def sweep_variations() -> list[tuple[str, dict, dict]]:
+    """One-at-a-time changes tried around the best weights: ``(label, retrieval knobs, text budget caps)``."""
+    return [
+        ("turn_fusion=rrf", {"turn_fusion": "rrf"}, {}),
+        ("turn_candidates=20", {"turn_candidates": 20}, {}),
+        ("turn_candidates=100", {"turn_candidates": 100}, {}),
+        ("fact_overfetch=2", {"fact_overfetch": 2}, {}),
+        ("fact_overfetch=8", {"fact_overfetch": 8}, {}),
+        ("recency_weight=0.2", {"recency_weight": 0.2}, {}),
+        ("turn_neighbours=0", {"turn_neighbours": 0}, {}),
+        ("turn_neighbours=2", {"turn_neighbours": 2}, {}),
+        ("text facts/turns=6/20", {}, {"max_rag_facts": 6, "max_rag_turns": 20}),
+        ("text facts/turns=16/10", {}, {"max_rag_facts": 16, "max_rag_turns": 10}),
+        ("text facts/turns=20/8", {}, {"max_rag_facts": 20, "max_rag_turns": 8}),
+    ]
+
+
+def _sweep_key(row: Mapping[str, Any]) -> tuple:
+    # any@10 first (the headline figure); then what the prompt shows, then the rest of the curve.
+    return (row["any@10"], row["rendered_recall"], row["any@5"], row["all@10"], row["any@50"])
+
+
+def run_sweep(prepared: list[PreparedConversation], *, progress: Callable[[str], None] | None = None,
+              embedder_cache: dict | None = None) -> dict[str, Any]:
+    """Grid over the two embedding weights, then one-at-a-time variations around the best.
+
+    Every row is the overall figures of one configuration, measured on ``prepared``
+    (tune on the dev file only). Returns ``{"rows": [...], "best": row}``.
+    """
+    cache = embedder_cache if embedder_cache is not None else {}
+    rows: list[dict] = []
+
+    def measure(label: str, retrieval: dict, text_budget: dict) -> dict:
+        overall = summarize(evaluate(prepared, retrieval=retrieval, text_budget=text_budget or None,
+                                     embedder_cache=cache))["overall"]
+        row = {"label": label, "retrieval": retrieval, "text_budget": text_budget,
+               **{c: overall[c] for c in SWEEP_COLUMNS}}
+        rows.append(row)
+        if progress is not None:
+            progress(f"{label}: any@10 {row['any@10']:.1f}, rendered {row['rendered_recall']:.1f}")
+        return row
+
+    for tw in SWEEP_TURN_WEIGHTS:
+        for fw in SWEEP_FACT_WEIGHTS:
+            measure(f"turn_embedding_weight={tw} embedding_weight={fw}",
+                    {"turn_embedding_weight": tw, "embedding_weight": fw}, {})
+    best = max(rows, key=_sweep_key)
+    for label, retrieval, text_budget in sweep_variations():
+        measure(f"best + {label}", {**best["retrieval"], **retrieval}, text_budget)
+    return {"rows": rows, "best": max(rows, key=_sweep_key)}
+
+
+def sweep_table(sweep: Mapping[str, Any]) -> str:
+    lines = ["| configuration | " + " | ".join(SWEEP_COLUMNS) + " |", "|" + "---|" * (len(SWEEP_COLUMNS) + 1)]
+    for row in sweep["rows"]:
+        mark = " **(best)**" if row is sweep["best"] or row == sweep["best"] else ""
+        lines.append(f"| {row['label']}{mark} | " + " | ".join(f"{row[c]:.1f}" for c in SWEEP_COLUMNS) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,297 @@
+"""Prompt assembly: layers of memory composed into one system prompt plus chat history.
+
+Each layer renders one section from the serving snapshot, the full-text readers
+and the turn log (never ``memory.duckdb``, which a pipeline run may hold). A
+layer also says, cheaply, what its output depends on (``invalidation_key``); the
+assembler memoises builds by ``(layer name, key)`` in a bounded LRU, so a stable
+section (character card, summary, ...) is rendered once and reused until its
+inputs change. The default order runs most-stable first so a provider's prompt
+cache keeps the longest possible prefix; ``[channels.<id>].prompt_layers``
+reorders or disables layers for one channel.
+
+``recent_history`` is special: it becomes chat messages rather than system-prompt
+text, and is never cached. ``rag_context`` excludes the turns it already shows.
+
+A layer that raises is logged and contributes nothing (its error is in
+``debug["errors"]``): one broken section must never cost a reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from familiar_pipeline.config import BUDGET_TIERS, LAYER_NAMES, FamiliarConfig
+from familiar_pipeline.storage.paths import FamiliarPaths
+
+from familiar_bot.prompt.memory_view import MemoryView
+from familiar_bot.prompt.tokens import estimate_tokens, message_tokens
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AssembledPrompt",
+    "Assembler",
+    "AssemblyContext",
+    "HistoryLayer",
+    "Layer",
+    "MemoryView",
+    "Message",
+    "Section",
+    "build_assembler",
+    "render_sections",
+]
+
+
+@dataclass(frozen=True)
+class AssemblyContext:
+    """Who is being answered, where, and to what (``cue`` is the new message)."""
+
+    familiar_id: str
+    channel_id: int | None
+    guild_id: int | None = None
+    tier: str = "text"  # a budget tier: "text", "voice" or "background"
+    cue: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("channel_id", "guild_id"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"AssemblyContext.{name} must be an int or None, got {value!r}")
+        if self.tier not in BUDGET_TIERS:
+            raise ValueError(
+                f"unknown prompt tier {self.tier!r}; valid tiers: {', '.join(BUDGET_TIERS)}"
+            )
+        if not isinstance(self.cue, str):
+            raise TypeError(f"AssemblyContext.cue must be a str, got {type(self.cue).__name__}")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message for the LLM; ``name`` is an API-safe speaker id for user turns."""
+
+    role: str
+    content: str
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Section:
+    """One layer's contribution, as ``/context`` shows it."""
+
+    name: str
+    text: str
+    tokens: int
+    cached: bool
+
+
+@dataclass(frozen=True)
+class AssembledPrompt:
+    system_prompt: str
+    history: list[Message]
+    sections: list[Section]
+    debug: dict = field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(s.tokens for s in self.sections)
+
+
+@runtime_checkable
+class Layer(Protocol):
+    """A named section of the system prompt.
+
+    ``build`` returns the section text ("" to opt out); ``invalidation_key`` is
+    cheap and changes whenever ``build``'s output could. A layer may also offer
+    ``build_with_debug(ctx, memory) -> (text, dict)``; the dict is cached with
+    the text and lands in ``AssembledPrompt.debug[layer.name]``.
+    """
+
+    name: str
+
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str: ...
+
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str: ...
+
+
+@runtime_checkable
+class HistoryLayer(Layer, Protocol):
+    """A layer that contributes chat messages instead of system-prompt text."""
+
+    def messages(self, ctx: AssemblyContext, memory: MemoryView) -> list[Message]: ...
+
+
+def render_messages(messages: Sequence[Message]) -> str:
+    """History as ``/context`` shows it: one block per message."""
+    lines = []
+    for m in messages:
+        who = f"{m.role}({m.name})" if m.name else m.role
+        lines.append(f"{who}: {m.content}")
+    return "\n".join(lines)
+
+
+class Assembler:
+    """Composes layers into an :class:`AssembledPrompt`; safe to share between threads."""
+
+    def __init__(self, memory: MemoryView, layers: Sequence[Layer], *, cache_size: int = 256):
+        names = [layer.name for layer in layers]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"two layers share the name(s) {', '.join(duplicates)}")
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+        self.memory = memory
+        self.layers = list(layers)
+        self._by_name = {layer.name: layer for layer in self.layers}
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, str], tuple[str, dict | None]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.builds = 0  # layer builds run (cache misses), for tests and benchmarks
+
+    # -- order ---------------------------------------------------------------
+
+    def layer_order(self, ctx: AssemblyContext) -> list[Layer]:
+        """The channel's ``prompt_layers`` (names this assembler has), else construction order."""
+        if ctx.channel_id is None:
+            return list(self.layers)
+        wanted = self.memory.config.channel(ctx.channel_id).prompt_layers
+        if tuple(wanted) == LAYER_NAMES:
+            return list(self.layers)
+        seen: set[str] = set()
+        order = []
+        for name in wanted:
+            if name in self._by_name and name not in seen:
+                seen.add(name)
+                order.append(self._by_name[name])
+        return order
+
+    # -- cache ---------------------------------------------------------------
+
+    def _cached(self, key: tuple[str, str]) -> tuple[str, dict | None] | None:
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+            return hit
+
+    def _store(self, key: tuple[str, str], value: tuple[str, dict | None]) -> None:
+        if self.cache_size == 0:
+            return
+        with self._lock:
+            self._cache[key] = value
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    def cache_len(self) -> int:
+        with self._lock:
+            return len(self._cache)
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    # -- assembly ------------------------------------------------------------
+
+    def assemble(self, ctx: AssemblyContext) -> AssembledPrompt:
+        if ctx.familiar_id != self.memory.paths.familiar_id:
+            raise ValueError(
+                f"this assembler serves familiar {self.memory.paths.familiar_id!r}, "
+                f"not {ctx.familiar_id!r}"
+            )
+        started = time.perf_counter()
+        self.memory.refresh()
+        memory = self.memory.pinned()  # one snapshot for every layer of this prompt
+        texts: list[str] = []
+        sections: list[Section] = []
+        history: list[Message] = []
+        debug: dict[str, Any] = {"order": [], "keys": {}, "timings_ms": {}, "errors": {},
+                                 "snapshot_version": memory.snapshot.version}
+        for layer in self.layer_order(ctx):
+            debug["order"].append(layer.name)
+            t0 = time.perf_counter()
+            try:
+                as_messages = getattr(layer, "messages", None)
+                if as_messages is not None:
+                    history = list(as_messages(ctx, memory))
+                    sections.append(Section(layer.name, render_messages(history),
+                                            sum(message_tokens(m.content, m.name) for m in history), False))
+                    continue
+                text, cached, layer_debug = self._build(layer, ctx, memory, debug)
+            except Exception as exc:  # one broken layer must not cost the reply
+                log.exception("prompt layer %s failed for %s", layer.name, ctx)
+                debug["errors"][layer.name] = f"{type(exc).__name__}: {exc}"
+                sections.append(Section(layer.name, "", 0, False))
+                continue
+            finally:
+                debug["timings_ms"][layer.name] = round((time.perf_counter() - t0) * 1000, 3)
+            if layer_debug is not None:
+                debug["rag" if layer.name == "rag_context" else layer.name] = layer_debug
+            if text:
+                texts.append(text)
+            sections.append(Section(layer.name, text, estimate_tokens(text), cached))
+        debug["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        return AssembledPrompt("\n\n".join(texts), history, sections, debug)
+
+    def _build(self, layer: Layer, ctx: AssemblyContext, memory: MemoryView,
+               debug: dict) -> tuple[str, bool, dict | None]:
+        key = (layer.name, str(layer.invalidation_key(ctx, memory)))
+        debug["keys"][layer.name] = key[1]
+        hit = self._cached(key)
+        if hit is not None:
+            return hit[0], True, hit[1]
+        with_debug = getattr(layer, "build_with_debug", None)
+        if with_debug is not None:
+            text, layer_debug = with_debug(ctx, memory)
+        else:
+            text, layer_debug = layer.build(ctx, memory), None
+        self.builds += 1
+        self._store(key, (text, layer_debug))
+        return text, False, layer_debug
+
+
+def build_assembler(paths: FamiliarPaths, config: FamiliarConfig, *, embedder=None,
+                    cache_size: int = 256, memory: MemoryView | None = None) -> Assembler:
+    """The default layers in the default order over a fresh :class:`MemoryView`."""
+    from familiar_bot.prompt.layers import default_layers  # the layers import this module's types
+
+    memory = memory or MemoryView(paths, config, embedder=embedder)
+    return Assembler(memory, default_layers(), cache_size=cache_size)
+
+
+def render_sections(prompt: AssembledPrompt) -> str:
+    """The ``/context`` report: every section with its token count, then how facts ranked."""
+    out = []
+    total = 0
+    for s in prompt.sections:
+        total += s.tokens
+        flag = ", cached" if s.cached else ""
+        out.append(f"=== {s.name}: {s.tokens} tokens{flag} ===")
+        error = prompt.debug.get("errors", {}).get(s.name)
+        if error:
+            out.append(f"(failed: {error})")
+        out.append(s.text if s.text else "(empty)")
+        out.append("")
+    out.append(f"=== total: {total} tokens over {len(prompt.sections)} sections ===")
+    rag = prompt.debug.get("rag")
+    if rag and rag.get("facts"):
+        out.append("")
+        out.append("fact ranking (signals normalised within the batch; total = weighted sum):")
+        w = rag.get("weights", {})
+        out.append("weights: " + ", ".join(f"{k}={v:g}" for k, v in w.items()))
+        out.append(f"{'':2}{'id':>6} {'bm25':>5} {'rec':>5} {'imp':>5} {'emb':>5} {'total':>6}  text")
+        for c in rag["facts"]:
+            mark = "*" if c.get("selected") else " "
+            text = " ".join(c.get("text", "").split())
+            text = text if len(text) <= 60 else text[:59] + "…"
+            out.append(
+                f"{mark} {c['fact_id']:>6} {c['bm25']:5.2f} {c['recency']:5.2f} {c['importance']:5.2f} "
+                f"{c['embedding']:5.2f} {c['total']:6.3f}  {text}"
+            )
+        out.append("(* = in the prompt)")
+    return "\n".join(out)

@@ -1,0 +1,138 @@
+"""``people_dossier``: what the familiar knows about the people in this conversation.
+
+Order: the familiar's own dossier (``ego:<id>``) always first and outside the
+people cap, then the people of the channel's recent window, newest first: each
+turn's author, then the people it mentions. Mentions come from the turn log
+(pings the bot recorded) and from facts whose ``source_turn_ids`` include the
+turn (the extractor resolved who a turn was about; the pipeline never writes
+``turns.db``). Only people with a dossier count toward ``max_dossier_people``;
+``dossier_tokens`` caps the whole section.
+
+Dossier prose is LLM output derived from user text and names are user-chosen:
+header lines in the prose are escaped and names are collapsed to one line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from familiar_pipeline.storage.identity import ego_key, is_ego_key
+
+from familiar_bot.prompt.layers.common import neutralise_headers, one_line
+from familiar_bot.prompt.layers.recent_history import window_size
+from familiar_bot.prompt.tokens import cap_blocks
+
+HEADER = "## People in this conversation"
+BIO_CHARS = 240
+
+
+def source_index(snapshot) -> tuple[np.ndarray, np.ndarray]:
+    """``(turn ids, fact rows)`` sorted by turn id: every (source turn, fact) pair of the snapshot.
+
+    Built once per published snapshot, so each reply looks up its window with a
+    binary search instead of scanning every fact's sources.
+    """
+    facts = snapshot.table("facts")
+    if facts.num_rows == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    sources = facts["source_turn_ids"]
+    flat = pc.list_flatten(sources).to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = pc.list_parent_indices(sources).to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.argsort(flat, kind="stable")
+    return flat[order], rows[order]
+
+
+def fact_mentions(snapshot, turn_ids, index=None) -> dict[int, list[str]]:
+    """``{turn_id: subject keys}`` from facts citing those turns."""
+    turn_ids_sorted, rows = index if index is not None else source_index(snapshot)
+    wanted = np.asarray(sorted(set(turn_ids)), dtype=np.int64)
+    if wanted.size == 0 or turn_ids_sorted.size == 0:
+        return {}
+    lo = np.searchsorted(turn_ids_sorted, wanted, side="left")
+    hi = np.searchsorted(turn_ids_sorted, wanted, side="right")
+    pairs = [(int(t), int(r)) for t, a, b in zip(wanted, lo, hi) for r in rows[a:b]]
+    if not pairs:
+        return {}
+    subjects = snapshot.table("facts")["subjects"].take(pa.array([r for _, r in pairs], pa.int64())).to_pylist()
+    found: dict[int, list[str]] = {}
+    for (turn_id, _), subs in zip(pairs, subjects):
+        keys = found.setdefault(turn_id, [])
+        for s in subs or []:
+            if s["canonical_key"] not in keys:
+                keys.append(s["canonical_key"])
+    return found
+
+
+def candidate_keys(ctx, memory) -> list[str]:
+    """People of the channel window, most recent first (authors, then mentions), ego excluded."""
+    if ctx.channel_id is None:
+        return []
+    size = window_size(ctx, memory)
+    turns = memory.channel_window(ctx.channel_id, size)
+    ids = [t.id for t in turns]
+    token = memory.window_token(ctx.channel_id)
+    logged = memory.memo(("mentions", ctx.channel_id, size, token),
+                         lambda: memory.turn_log.mentions_for_turns(ids))
+    snapshot = memory.snapshot
+    index = memory.memo(("source-index", snapshot.version), lambda: source_index(snapshot))
+    derived = fact_mentions(snapshot, ids, index)
+    seen: dict[str, None] = {}
+    for t in reversed(turns):
+        keys = ([t.author_key] if t.author_key and t.role != "assistant" else [])
+        keys += logged.get(t.id, []) + sorted(derived.get(t.id, []))
+        for key in keys:
+            if key and not is_ego_key(key) and key not in seen:
+                seen[key] = None
+    return list(seen)
+
+
+def _profile_lines(memory, key: str) -> list[str]:
+    person = memory.turn_log.participant(key)
+    if person is None:
+        return []
+    lines = []
+    meta = " · ".join(p for p in (f"@{one_line(person.username)}" if person.username else "",
+                                  one_line(person.pronouns)) if p)
+    if meta:
+        lines.append(meta)
+    bio = one_line(person.bio)
+    if bio:
+        lines.append("Bio: " + (bio if len(bio) <= BIO_CHARS else bio[: BIO_CHARS - 1] + "…"))
+    return lines
+
+
+class PeopleDossierLayer:
+    name = "people_dossier"
+
+    def invalidation_key(self, ctx, memory) -> str:
+        budget = memory.config.budget_for(ctx.tier)
+        window = memory.window_token(ctx.channel_id) if ctx.channel_id is not None else None
+        return (f"ch{ctx.channel_id}|g{ctx.guild_id}|w{window}|s{memory.snapshot.version}"
+                f"|cap{budget.max_dossier_people},{budget.dossier_tokens},{window_size(ctx, memory)}")
+
+    def build(self, ctx, memory) -> str:
+        budget = memory.config.budget_for(ctx.tier)
+        ego = ego_key(memory.config.familiar_id)
+        people = candidate_keys(ctx, memory)
+        dossiers = memory.snapshot.dossiers([ego, *people])
+        labels = memory.labels(ctx.guild_id)
+        blocks = []
+        own = (dossiers.get(ego) or {}).get("dossier_text", "").strip()
+        if own:
+            blocks.append(f"### {labels.ego}\n\n{neutralise_headers(own)}")
+        shown = 0
+        for key in people:
+            if shown >= budget.max_dossier_people:
+                break
+            text = (dossiers.get(key) or {}).get("dossier_text", "").strip()
+            if not text:
+                continue
+            shown += 1
+            head = "\n".join([f"### {labels(key)}", *_profile_lines(memory, key)])
+            blocks.append(f"{head}\n\n{neutralise_headers(text)}")
+        kept = cap_blocks(blocks, budget.dossier_tokens)
+        if not kept:
+            return ""
+        return HEADER + "\n\n" + "\n\n".join(kept)

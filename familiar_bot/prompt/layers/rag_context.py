@@ -1,0 +1,40 @@
+"""``rag_context``: facts and earlier turns relevant to the new message (see :mod:`familiar_bot.prompt.retrieval`).
+
+Always the last system-prompt layer: it changes with every message, so it
+stays out of the stable prefix a provider's prompt cache can reuse.
+"""
+
+from __future__ import annotations
+
+from familiar_bot.prompt.layers.common import content_hash
+from familiar_bot.prompt.layers.recent_history import history_view
+from familiar_bot.prompt.retrieval import retrieve
+
+
+def excluded_turns(ctx, memory) -> frozenset[int]:
+    """What the prompt already shows: the history's turns, or at least the message being answered."""
+    if ctx.channel_id is None:
+        return frozenset()
+    if "recent_history" in memory.config.channel(ctx.channel_id).prompt_layers:
+        return history_view(ctx, memory).shown_ids
+    return frozenset(t.id for t in memory.channel_window(ctx.channel_id, 1))
+
+
+class RagContextLayer:
+    name = "rag_context"
+
+    def invalidation_key(self, ctx, memory) -> str:
+        cue = ctx.cue.strip()
+        if not cue:
+            return "no-cue"
+        window = memory.window_token(ctx.channel_id) if ctx.channel_id is not None else None
+        embedder = getattr(memory.embedder, "name", None)
+        return (f"{content_hash(cue)}|ch{ctx.channel_id}|g{ctx.guild_id}|{ctx.tier}|w{window}"
+                f"|s{memory.snapshot.version}|ft{memory.fts_turns.generation}"
+                f"|ff{memory.fts_facts.generation}|e{embedder}")
+
+    def build_with_debug(self, ctx, memory) -> tuple[str, dict]:
+        return retrieve(ctx, memory, excluded_turns(ctx, memory))
+
+    def build(self, ctx, memory) -> str:
+        return self.build_with_debug(ctx, memory)[0]

@@ -1,0 +1,178 @@
+"""``recent_history``: the channel's latest turns as chat messages.
+
+Per channel, not cross-channel: a reply in a guild channel must not carry a
+direct-message conversation into its prompt. The window is the channel's
+``history_window_size`` override, else the tier's ``[providers.history]`` window,
+never more than the tier's ``max_history_turns``; deleted turns are left out.
+
+User turns become ``user`` messages with an API-safe ``name`` (from the
+canonical key) and, in the default ``prefixed`` rendering, a ``[HH:MM Name]``
+prefix in ``display_tz``; ``name_only`` drops the prefix. Voice fragments from
+one speaker a few seconds apart are merged; the text tier can fold away
+everything before the last long silence. When over ``recent_history_tokens``
+the oldest messages go first and the newest is always kept. Tool results are
+replayed as user narration, never as ``tool``/``assistant`` messages (that would
+orphan a tool call and invite the model to mimic it).
+
+``history_view`` is shared with ``rag_context``: retrieval must exclude exactly
+the turns shown here, after merging, folding and trimming.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from familiar_bot.prompt.layers.common import Labels, clock_24h, one_line, sanitize_name
+from familiar_bot.prompt.tokens import message_tokens
+
+REPLY_SNIPPET_CHARS = 80
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One message-to-be: a turn, or several merged voice fragments."""
+
+    turn: object  # the first turn of the run (its time and author)
+    ids: tuple[int, ...]
+    content: str
+    last_at: object  # time of the latest fragment: a long monologue keeps merging
+
+
+@dataclass(frozen=True)
+class HistoryView:
+    messages: tuple  # tuple[Message, ...]
+    shown_ids: frozenset[int]  # turn ids behind the kept messages
+    window_ids: frozenset[int]  # every turn id the window read, before folding and trimming
+
+
+def window_size(ctx, memory) -> int:
+    cfg = memory.config
+    budget = cfg.budget_for(ctx.tier)
+    size = cfg.history.voice_window_size if ctx.tier == "voice" else cfg.history.text_window_size
+    if ctx.channel_id is not None:
+        override = cfg.channel(ctx.channel_id).history_window_size
+        if override:
+            size = override
+    return max(1, min(size, budget.max_history_turns))
+
+
+def _coalesce(turns, max_gap: float) -> list[_Run]:
+    runs: list[_Run] = []
+    for t in turns:
+        prev = runs[-1] if runs else None
+        if (
+            prev is not None
+            and max_gap > 0
+            and t.role == prev.turn.role
+            and t.author_key is not None
+            and t.author_key == prev.turn.author_key
+            and not (t.platform_message_id or t.reply_to_message_id)
+            and not (prev.turn.platform_message_id or prev.turn.reply_to_message_id)
+            and 0 <= (t.created_at - prev.last_at).total_seconds() <= max_gap
+        ):
+            runs[-1] = _Run(prev.turn, prev.ids + (t.id,), f"{prev.content} {t.content}", t.created_at)
+        else:
+            runs.append(_Run(t, (t.id,), t.content, t.created_at))
+    return runs
+
+
+def _fold_silence(runs: list[_Run], threshold: float) -> list[_Run]:
+    """Keep only what follows the last silence of at least ``threshold`` seconds."""
+    if threshold <= 0 or len(runs) < 2:
+        return runs
+    start = 0
+    for i in range(1, len(runs)):
+        if (runs[i].turn.created_at - runs[i - 1].turn.created_at).total_seconds() >= threshold:
+            start = i
+    return runs[start:]
+
+
+def _render(run: _Run, labels: Labels, tz, rendering: str, by_message_id: dict, Message):
+    t = run.turn
+    content = labels.rewrite_mentions(run.content)
+    if t.revision:
+        content += " (edited)"
+    if t.role == "assistant":
+        return Message("assistant", content)
+    if t.role == "tool":
+        return Message("user", f"[tool result] {content}")
+    if t.role == "system":
+        return Message("user", f"[system note] {content}")
+    prefix = ""
+    parent = by_message_id.get(t.reply_to_message_id) if t.reply_to_message_id else None
+    if parent is not None:
+        snippet = one_line(labels.rewrite_mentions(parent.content))
+        if len(snippet) > REPLY_SNIPPET_CHARS:
+            snippet = snippet[: REPLY_SNIPPET_CHARS - 1] + "…"
+        prefix = f"↩ {labels.for_turn(parent)}: {snippet} "
+    name = sanitize_name(t.author_key) if t.author_key else None
+    if rendering == "name_only" and name:
+        return Message("user", prefix + content, name)
+    return Message("user", f"[{clock_24h(t.created_at, tz)} {labels.for_turn(t)}] {prefix}{content}", name)
+
+
+def _compute(ctx, memory) -> HistoryView:
+    from familiar_bot.prompt.assembly import Message  # assembly imports layers lazily; no cycle at load
+
+    cfg = memory.config
+    turns = memory.channel_window(ctx.channel_id, window_size(ctx, memory))
+    window_ids = frozenset(t.id for t in turns)
+    runs = _coalesce(turns, cfg.history.coalesce_max_gap_seconds)
+    if ctx.tier == "text":
+        runs = _fold_silence(runs, cfg.history.text_silence_gap_fold_seconds)
+    labels = memory.labels(ctx.guild_id)
+    by_message_id = {t.platform_message_id: t for t in turns if t.platform_message_id}
+    rendering = cfg.channel(ctx.channel_id).message_rendering
+    tz = cfg.tz
+    rendered = []
+    for r in runs:
+        parent = by_message_id.get(r.turn.reply_to_message_id) if r.turn.reply_to_message_id else None
+        # Rendering 200 messages per reply adds up; a message is reused while nothing it shows changed.
+        key = None if "<@" in r.content or parent is not None else (
+            "msg", r.ids, r.content, r.turn.revision, labels.for_turn(r.turn), rendering, cfg.display_tz)
+        cached = memory.memo_get(key) if key else None
+        if cached is None:
+            message = _render(r, labels, tz, rendering, by_message_id, Message)
+            cached = (message, message_tokens(message.content, message.name))
+            if key:
+                memory.memo_put(key, cached, bulk=True)
+        rendered.append(cached)
+    messages = [m for m, _ in rendered]
+    costs = [c for _, c in rendered]
+    # Trim oldest-first to the budget; the newest message always stays.
+    cap = cfg.budget_for(ctx.tier).recent_history_tokens
+    total, start = sum(costs), 0
+    while total > cap and start < len(messages) - 1:
+        total -= costs[start]
+        start += 1
+    kept_runs = runs[start:]
+    return HistoryView(
+        messages=tuple(messages[start:]),
+        shown_ids=frozenset(i for r in kept_runs for i in r.ids),
+        window_ids=window_ids,
+    )
+
+
+def history_view(ctx, memory) -> HistoryView:
+    """The channel's rendered history (memoised per channel state and tier)."""
+    if ctx.channel_id is None:
+        return HistoryView((), frozenset(), frozenset())
+    token = memory.window_token(ctx.channel_id)
+    return memory.memo(("history", ctx.channel_id, ctx.guild_id, ctx.tier, token),
+                       lambda: _compute(ctx, memory))
+
+
+class RecentHistoryLayer:
+    name = "recent_history"
+
+    def invalidation_key(self, ctx, memory) -> str:
+        return "always-rebuild"
+
+    def build(self, ctx, memory) -> str:
+        return ""  # contributes messages, not system-prompt text
+
+    def messages(self, ctx, memory) -> list:
+        return list(history_view(ctx, memory).messages)
+
+
+__all__ = ["HistoryView", "RecentHistoryLayer", "history_view", "window_size"]

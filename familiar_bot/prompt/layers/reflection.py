@@ -1,0 +1,60 @@
+"""``reflection``: higher-order observations, each with its evidence breadcrumbs.
+
+A line reads ``- Crew morale dipped after Friday. [T#42, F#7]``; when any cited
+fact has since been retired it gains `` (stale)``, so the model weighs it less.
+The key includes the set of retired citations: the original keyed only on the
+newest reflection id, so a ``(stale)`` flag appeared only after the next
+reflection was written (reference §9.2).
+"""
+
+from __future__ import annotations
+
+from familiar_bot.prompt.layers.common import one_line
+from familiar_bot.prompt.tokens import cap_blocks
+
+HEADER = "## Recent reflections"
+
+
+def _rows(ctx, memory):
+    limit = memory.config.budget_for(ctx.tier).max_reflections
+    snapshot = memory.snapshot
+
+    def compute():
+        rows = snapshot.recent_reflections(ctx.channel_id, limit)
+        cited = {f for r in rows for f in (r["cited_fact_ids"] or [])}
+        return rows, (snapshot.superseded_fact_ids(cited) if cited else set())
+
+    # A published snapshot never changes, so its version names these rows.
+    return memory.memo(("reflections", snapshot.version, ctx.channel_id, limit), compute)
+
+
+def reflection_line(row: dict, stale: set[int]) -> str:
+    turns = row.get("cited_turn_ids") or []
+    facts = row.get("cited_fact_ids") or []
+    line = f"- {one_line(row['text'])}"
+    crumbs = [f"T#{t}" for t in turns] + [f"F#{f}" for f in facts]
+    if crumbs:
+        line += f" [{', '.join(crumbs)}]"
+    if any(f in stale for f in facts):
+        line += " (stale)"
+    return line
+
+
+class ReflectionLayer:
+    name = "reflection"
+
+    def invalidation_key(self, ctx, memory) -> str:
+        budget = memory.config.budget_for(ctx.tier)
+        rows, stale = _rows(ctx, memory)
+        newest = rows[0]["id"] if rows else 0
+        stale_part = ",".join(str(f) for f in sorted(stale))
+        return (f"ch{ctx.channel_id}|r{newest}|n{len(rows)}|stale{stale_part}"
+                f"|cap{budget.max_reflections},{budget.reflection_tokens}")
+
+    def build(self, ctx, memory) -> str:
+        rows, stale = _rows(ctx, memory)
+        lines = [reflection_line(r, stale) for r in rows if one_line(r["text"])]
+        kept = cap_blocks(lines, memory.config.budget_for(ctx.tier).reflection_tokens)
+        if not kept:
+            return ""
+        return HEADER + "\n\n" + "\n".join(kept)

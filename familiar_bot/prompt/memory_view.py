@@ -1,0 +1,243 @@
+"""Everything prompt layers read, behind one object that refreshes cheaply.
+
+The bot is a pure reader of memory (DESIGN §3): projections come from the
+Parquet serving snapshot, search from the tantivy folders, and the only live
+database it touches is its own turn log. ``refresh()`` runs before each
+assembly; it costs a read of the small manifest and two ``stat`` calls when
+nothing changed, and it never raises, so a pipeline run publishing, committing,
+or crashing half-way never fails a reply: the last good view stays in use.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any
+
+from familiar_pipeline.config import FamiliarConfig
+from familiar_pipeline.storage.fts import FtsIndex
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.snapshots import SnapshotReader
+from familiar_pipeline.storage.turns import Turn, TurnLog
+
+log = logging.getLogger(__name__)
+
+_MEMO_SIZE = 64
+_BULK_SIZE = 4096  # rendered history messages: a few windows' worth
+_SLIDE_BATCH = 256  # more new turns than this (across channels) since the last read: re-read the window
+
+
+class FtsReader:
+    """A read-only full-text index that may not exist yet.
+
+    The bot never creates an index folder (a pipeline run owns it); until the
+    first commit lands every search returns []. ``refresh()`` reloads only when
+    tantivy's ``meta.json`` changed, so an idle index costs one ``stat``.
+    ``generation`` is what cache keys use to notice a new commit.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.index: FtsIndex | None = None
+        self.generation: tuple = ("absent",)
+        self.last_error: str | None = None
+        self._lock = threading.Lock()
+        self.refresh()
+
+    def _meta_stamp(self) -> tuple | None:
+        try:
+            st = (self.path / "meta.json").stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def refresh(self) -> bool:
+        """Move to the newest commit if there is one; True when something changed. Never raises."""
+        with self._lock:
+            try:
+                stamp = self._meta_stamp()
+                if stamp is None or stamp == self.generation:
+                    return False
+                if self.index is None:
+                    self.index = FtsIndex(self.path)
+                else:
+                    self.index.reload()
+                self.generation = stamp
+                self.last_error = None
+                return True
+            except Exception as exc:  # keep serving the last commit we could load
+                message = f"{type(exc).__name__}: {exc}"
+                if message != self.last_error:
+                    log.warning("full-text reader %s: %s", self.path, message)
+                self.last_error = message
+                return False
+
+    def reload(self) -> None:
+        self.refresh()
+
+    def search(self, query: str, limit: int, *, max_id: int | None = None) -> list[tuple[int, float]]:
+        index = self.index
+        if index is None:
+            return []
+        return index.search(query, limit, max_id=max_id)
+
+    def doc_count(self) -> int:
+        index = self.index
+        return 0 if index is None else index.doc_count()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.index is not None:
+                self.index.close()
+                self.index = None
+
+
+class MemoryView:
+    """One familiar's memory as the bot reads it.
+
+    Attributes layers use: ``paths``, ``config``, ``embedder``, ``turn_log``,
+    ``snapshot`` (a :class:`SnapshotReader`; in a pinned view, one immutable
+    :class:`~familiar_pipeline.storage.snapshots.Snapshot` with the same query methods),
+    ``fts_turns`` and ``fts_facts`` (:class:`FtsReader`).
+
+    ``turn_log`` defaults to opening ``turns.db`` read-write (creating it), since
+    the bot process is its one writer; pass the responder's own to share it.
+    """
+
+    def __init__(self, paths: FamiliarPaths, config: FamiliarConfig, *, embedder=None,
+                 turn_log: TurnLog | None = None):
+        if config.familiar_id != paths.familiar_id:
+            raise ValueError(
+                f"config is for familiar {config.familiar_id!r} but paths are for {paths.familiar_id!r}"
+            )
+        self.paths = paths
+        self.config = config
+        self.embedder = embedder
+        self._owns_turn_log = turn_log is None
+        self.turn_log = turn_log if turn_log is not None else TurnLog(paths.turns_db)
+        self.snapshot: Any = SnapshotReader(paths.serving_dir)
+        self.fts_turns = FtsReader(paths.fts_turns)
+        self.fts_facts = FtsReader(paths.fts_facts)
+        # Shared by pinned copies: derived values keyed by everything they depend on.
+        self._memo: OrderedDict[Hashable, Any] = OrderedDict()
+        self._memo_lock = threading.Lock()
+        self._windows: OrderedDict[tuple[int, int], tuple[tuple[int, int], tuple[Turn, ...]]] = OrderedDict()
+        self._bulk: OrderedDict[Hashable, Any] = OrderedDict()
+        self._warned: set[str] = set()
+        self._pin: dict | None = None  # per-assembly values, only in pinned views
+
+    def refresh(self) -> None:
+        """Pick up a new snapshot or index commit; never raises."""
+        for part in (self.snapshot, self.fts_turns, self.fts_facts):
+            try:
+                part.refresh()
+            except Exception:  # the readers already swallow; this is belt and braces
+                log.exception("refreshing %r failed; keeping the previous view", part)
+
+    def pinned(self) -> "MemoryView":
+        """A shallow copy whose ``snapshot`` is the current immutable one, so every
+        layer of one assembly reads the same published state."""
+        view = copy.copy(self)
+        current = getattr(self.snapshot, "current", None)
+        if current is not None:
+            view.snapshot = current()
+        view._pin = {}
+        return view
+
+    def per_assembly(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per pinned view (one assembly); every call when not pinned."""
+        if self._pin is None:
+            return compute()
+        if key not in self._pin:
+            self._pin[key] = compute()
+        return self._pin[key]
+
+    def labels(self, guild_id: int | None):
+        """Speaker-name resolution shared by every layer of one assembly."""
+        from familiar_bot.prompt.layers.common import Labels
+
+        return self.per_assembly(("labels", guild_id), lambda: Labels(self, guild_id))
+
+    # -- memo shared across assemblies and threads ---------------------------
+
+    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per ``key`` (keys must name every input), bounded LRU."""
+        with self._memo_lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key]
+        value = compute()
+        with self._memo_lock:
+            self._memo[key] = value
+            while len(self._memo) > _MEMO_SIZE:
+                self._memo.popitem(last=False)
+        return value
+
+    def memo_get(self, key: Hashable) -> Any:
+        with self._memo_lock:
+            value = self._bulk.get(key)
+            if value is not None:
+                self._bulk.move_to_end(key)
+            return value
+
+    def memo_put(self, key: Hashable, value: Any, *, bulk: bool = True) -> None:
+        """Store in the large LRU meant for many small per-item values (rendered messages)."""
+        with self._memo_lock:
+            self._bulk[key] = value
+            self._bulk.move_to_end(key)
+            while len(self._bulk) > _BULK_SIZE:
+                self._bulk.popitem(last=False)
+
+    def warn_once(self, tag: str, message: str, *args: Any) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            log.warning(message, *args)
+
+    # -- the turn log --------------------------------------------------------
+
+    def window_token(self, channel_id: int) -> tuple[int, int]:
+        """Changes whenever the channel's recent window could: a new turn, an edit or a delete.
+
+        Read once per assembly, so every layer of one prompt sees the same window."""
+        return self.per_assembly(("token", channel_id), lambda: (
+            self.turn_log.latest_id(channel_id), self.turn_log.latest_change_seq()))
+
+    def channel_window(self, channel_id: int, size: int) -> tuple[Turn, ...]:
+        """The channel's last ``size`` live turns, oldest first.
+
+        Kept per channel and slid forward: when only new turns arrived since the
+        last read (no edit or delete: the change seq is unchanged), just those
+        are fetched instead of the whole window.
+        """
+        token = self.window_token(channel_id)
+        key = (channel_id, size)
+        with self._memo_lock:
+            prev = self._windows.get(key)
+        if prev is not None and prev[0] == token:
+            return prev[1]
+        turns = None
+        if prev is not None and prev[0][1] == token[1] and token[0] > prev[0][0]:
+            seen = max([prev[0][0]] + [t.id for t in prev[1][-1:]])
+            batch = _SLIDE_BATCH
+            newer = self.turn_log.turns_after(seen, limit=batch, include_deleted=False)
+            if len(newer) < batch:  # complete: everything after `seen` is in hand
+                fresh = tuple(t for t in newer if t.channel_id == channel_id and t.id <= token[0])
+                turns = (prev[1] + fresh)[-size:]
+        if turns is None:
+            turns = tuple(self.turn_log.recent(channel_id, size))
+        with self._memo_lock:
+            self._windows[key] = (token, turns)
+            self._windows.move_to_end(key)
+            while len(self._windows) > _MEMO_SIZE:
+                self._windows.popitem(last=False)
+        return turns
+
+    def close(self) -> None:
+        self.fts_turns.close()
+        self.fts_facts.close()
+        if self._owns_turn_log:
+            self.turn_log.close()

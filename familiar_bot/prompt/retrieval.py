@@ -1,0 +1,415 @@
+"""Retrieval for ``rag_context``: facts ranked by fused signals, plus earlier turns.
+
+Facts. Candidates come from ``fts/facts`` (the cue's analyzer tokens OR-ed, so
+any text is a valid query), over-fetched ``fact_overfetch x max_rag_facts`` and
+filtered to current facts through the snapshot (the index keeps retired facts;
+the snapshot knows which are retired or expired). Each signal is normalised
+within the candidate batch, then weighted by ``[memory.retrieval]``:
+
+* bm25: min-max over the batch; 1.0 for all when the scores are equal;
+* recency: rank of the fact id among the batch's ids, ``i/(n-1)`` (newest 1.0;
+  a lone candidate 1.0);
+* importance: ``importance/10``; 0.5 when the fact has none;
+* embedding: ``(cos+1)/2`` against the cue; 0.5 for a fact with no stored vector
+  under the active model (``embedder.name``). The cue is embedded only when the
+  weight is positive *and* some candidate has a vector, so a cold side-index
+  costs no model call.
+
+``total = sum(weight x signal)``; ties keep BM25 order. Every candidate's signals
+go into the debug structure so ``/context`` can explain a ranking.
+
+Turns. Candidates are the top ``turn_candidates`` hits from ``fts/turns`` and,
+when the opt-in ``turn_embedding`` projection is active with
+``turn_embedding_weight > 0``, the top ``turn_candidates`` turns by cosine to the
+cue (one matrix product over the snapshot's turn vectors). Over that union each
+signal is min-max normalised and the two are summed with ``bm25_weight`` and
+``turn_embedding_weight`` (``turn_fusion = "rrf"`` swaps in reciprocal rank
+fusion, which measured worse on LoCoMo: docs/benchmarks.md). The ranked turns
+are then filtered: minus the turns ``recent_history`` already shows
+(the ids actually in that window, not id arithmetic: ids are global across
+channels) and minus deleted turns; in a guild channel only that guild's turns
+(a direct message is never quoted into a server). Each hit brings its
+``turn_neighbours`` nearest neighbours before and after in the same channel,
+and the lot is grouped by date in ``display_tz``. The debug structure records
+which facts and turns survived the token cut (``shown_fact_ids``,
+``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from familiar_pipeline.models.embedders import cosine
+
+from familiar_bot.prompt.layers.common import Labels, clock_12h, content_hash, local_date, one_line
+from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
+
+FACTS_HEADER = "## Possibly relevant facts"
+TURNS_HEADER = "## Possibly relevant earlier turns"
+NEUTRAL = 0.5
+NEIGHBOUR_SPAN = 3  # how far (in ids) to look for a hit's same-channel neighbours
+MAX_REFETCH_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Weights:
+    bm25: float = 1.0
+    recency: float = 0.0
+    importance: float = 0.0
+    embedding: float = 0.0
+
+    @classmethod
+    def from_config(cls, retrieval) -> "Weights":
+        return cls(retrieval.bm25_weight, retrieval.recency_weight,
+                   retrieval.importance_weight, retrieval.embedding_weight)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"bm25": self.bm25, "recency": self.recency,
+                "importance": self.importance, "embedding": self.embedding}
+
+
+# --------------------------------------------------------------------------- fusion (pure)
+
+
+def fuse_facts(
+    candidates: list[tuple[int, float, int | None]],
+    similarities: dict[int, float],
+    weights: Weights,
+) -> list[dict[str, Any]]:
+    """Score ``(fact_id, bm25, importance)`` candidates given in BM25 order.
+
+    ``similarities`` holds the cosine of each fact that has a vector. Returns one
+    dict per candidate (signals, ``total``, ``candidate_index``), best first.
+    """
+    if not candidates:
+        return []
+    scores = [c[1] for c in candidates]
+    low, high = min(scores), max(scores)
+    ids_sorted = sorted({c[0] for c in candidates})
+    rank = {fid: (i / (len(ids_sorted) - 1) if len(ids_sorted) > 1 else 1.0) for i, fid in enumerate(ids_sorted)}
+    scored = []
+    for index, (fid, bm25_raw, importance) in enumerate(candidates):
+        bm25 = (bm25_raw - low) / (high - low) if high > low else 1.0
+        imp = NEUTRAL if importance is None else max(0.0, min(1.0, importance / 10))
+        emb = (similarities[fid] + 1) / 2 if fid in similarities else NEUTRAL
+        total = (weights.bm25 * bm25 + weights.recency * rank[fid]
+                 + weights.importance * imp + weights.embedding * emb)
+        scored.append({"fact_id": fid, "bm25_raw": bm25_raw, "bm25": bm25, "recency": rank[fid],
+                       "importance": imp, "embedding": emb, "has_vector": fid in similarities,
+                       "total": total, "candidate_index": index})
+    scored.sort(key=lambda s: (-s["total"], s["candidate_index"]))
+    return scored
+
+
+# --------------------------------------------------------------------------- facts
+
+
+def current_fact_rows(snapshot, ids, now: datetime) -> dict[int, dict]:
+    """``{id: {id, text, importance, subjects}}`` for the current facts among ``ids``.
+
+    Reads only the columns retrieval shows, with the validity test done in
+    Arrow: converting every column of every candidate to Python (timestamps
+    above all) was the largest cost of a reply's fact lookup.
+    """
+    if not ids:
+        return {}
+    facts = snapshot.table("facts")
+    wanted = pc.is_in(facts["id"], value_set=pa.array(sorted(set(ids)), pa.int64()))
+    at = pa.scalar(now, pa.timestamp("us", tz="UTC"))
+    valid_to = facts["valid_to"]
+    current = pc.and_kleene(pc.is_null(facts["superseded_at"]),
+                            pc.or_kleene(pc.is_null(valid_to), pc.greater(valid_to, at)))
+    mask = pc.fill_null(pc.and_kleene(wanted, current), False)
+    rows = facts.take(pc.indices_nonzero(mask)).select(["id", "text", "importance", "subjects"]).to_pylist()
+    return {r["id"]: r for r in rows}
+
+
+def _current_candidates(cue: str, memory, limit: int, wanted: int) -> tuple[list[tuple[dict, float]], int]:
+    """``[(fact, bm25)]`` of current facts in BM25 order, fetching more while retired ones crowd the top."""
+    now = datetime.now(timezone.utc)
+    fetch = limit
+    for _ in range(MAX_REFETCH_ROUNDS):
+        hits = memory.fts_facts.search(cue, fetch)
+        rows = current_fact_rows(memory.snapshot, [h[0] for h in hits], now)
+        found = [(rows[fid], score) for fid, score in hits if fid in rows]
+        if len(found) >= wanted or len(hits) < fetch:
+            return found[:limit], len(hits)
+        fetch *= 4
+    return found[:limit], len(hits)
+
+
+def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, float], bool]:
+    """Cosines for candidates with a stored vector; embeds the cue only if there is one."""
+    embedder = memory.embedder
+    vectors = memory.snapshot.embeddings_for(embedder.name, fact_ids)
+    if not vectors:
+        return {}, False
+    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)),
+                          lambda: embedder.embed([cue])[0])
+    return {fid: cosine(cue_vec, vec) for fid, vec in vectors.items()}, True
+
+
+def retrieve_facts(cue: str, memory, budget) -> tuple[list[dict], dict[str, Any]]:
+    """The top ``max_rag_facts`` current facts for ``cue`` and the scoring debug."""
+    retrieval = memory.config.memory.retrieval
+    weights = Weights.from_config(retrieval)
+    if weights.embedding > 0 and memory.embedder is None:
+        # The shipped weight is inert while fact embeddings are off; warn only when they are on.
+        if not memory.config.memory.is_active("fact_embedding"):
+            weights = Weights(weights.bm25, weights.recency, weights.importance, 0.0)
+    if weights.embedding > 0 and memory.embedder is None:
+        memory.warn_once(
+            "rag-no-embedder",
+            "[memory.retrieval].embedding_weight=%.2f but no embedder is configured "
+            "([providers.embedding].backend is off); ranking facts without the embedding signal",
+            weights.embedding,
+        )
+        weights = Weights(weights.bm25, weights.recency, weights.importance, 0.0)
+    max_facts = budget.max_rag_facts
+    found, fetched = _current_candidates(cue, memory, retrieval.fact_overfetch * max_facts, max_facts)
+    facts = {f["id"]: f for f, _ in found}
+    similarities, embedded = ({}, False)
+    if weights.embedding > 0 and found:
+        similarities, embedded = _similarities(cue, memory, list(facts))
+    scored = fuse_facts([(f["id"], s, f.get("importance")) for f, s in found], similarities, weights)
+    for position, s in enumerate(scored):
+        s["selected"] = position < max_facts
+        s["text"] = facts[s["fact_id"]]["text"]
+    debug = {"cue": cue, "weights": weights.as_dict(), "embedded_cue": embedded,
+             "fetched_facts": fetched, "facts": scored}
+    return [facts[s["fact_id"]] for s in scored[:max_facts]], debug
+
+
+def rename_note(fact: dict, labels: Labels) -> str:
+    """``" (Cass is now known as peeks)"`` for subjects whose name changed since the fact was written."""
+    notes = []
+    seen = set()
+    for subject in fact.get("subjects") or []:
+        key, then = subject["canonical_key"], one_line(subject.get("display_at_write"))
+        if key in seen or not then:
+            continue
+        seen.add(key)
+        now = labels(key)
+        if now in (key.partition(":")[2], then):
+            continue
+        notes.append(f"{then} is now known as {now}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+# --------------------------------------------------------------------------- turns
+
+
+def fuse_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: float,
+               embedding_weight: float, order: list[int]) -> list[dict[str, Any]]:
+    """Weighted sum of min-max normalised BM25 and cosine over the candidate union, best first.
+
+    ``order`` is the union in first-seen order (BM25 hits first), which breaks
+    ties. A turn outside the BM25 hits scores 0 on that signal (it ranked below
+    every hit); a turn with no vector gets the neutral 0.5 on the cosine one.
+    Measured on LoCoMo: this beat reciprocal rank fusion, see docs/benchmarks.md.
+    """
+    def normalised(values: dict[int, float]) -> dict[int, float]:
+        if not values:
+            return {}
+        low, high = min(values.values()), max(values.values())
+        return {k: ((v - low) / (high - low) if high > low else 1.0) for k, v in values.items()}
+
+    nb, nc = normalised(bm25), normalised(cosines)
+    scored = []
+    for index, tid in enumerate(order):
+        b = nb.get(tid, 0.0)
+        c = nc.get(tid, NEUTRAL) if cosines else NEUTRAL
+        total = bm25_weight * b + (embedding_weight * c if cosines else 0.0)
+        scored.append({"turn_id": tid, "bm25": bm25.get(tid), "cosine": cosines.get(tid),
+                       "total": total, "candidate_index": index})
+    scored.sort(key=lambda s: (-s["total"], s["candidate_index"]))
+    return scored
+
+
+RRF_K = 60
+
+
+def rrf_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: float,
+              embedding_weight: float, order: list[int]) -> list[dict[str, Any]]:
+    """Reciprocal rank fusion, ``sum(weight / (60 + rank))``: the alternative that measured worse."""
+    rank_b = {t: i for i, t in enumerate(sorted(bm25, key=lambda t: -bm25[t]), start=1)}
+    rank_c = {t: i for i, t in enumerate(sorted(cosines, key=lambda t: -cosines[t]), start=1)}
+    scored = []
+    for index, tid in enumerate(order):
+        total = ((bm25_weight / (RRF_K + rank_b[tid]) if tid in rank_b else 0.0)
+                 + (embedding_weight / (RRF_K + rank_c[tid]) if tid in rank_c else 0.0))
+        scored.append({"turn_id": tid, "bm25": bm25.get(tid), "cosine": cosines.get(tid),
+                       "total": total, "candidate_index": index})
+    scored.sort(key=lambda s: (-s["total"], s["candidate_index"]))
+    return scored
+
+
+def _dense_turns(cue: str, memory, limit: int) -> dict[int, float]:
+    """Cosines of the ``limit`` turns nearest to the cue, when turn vectors are on and present."""
+    retrieval = memory.config.memory.retrieval
+    embedder = memory.embedder
+    if (retrieval.turn_embedding_weight <= 0 or embedder is None
+            or not memory.config.memory.is_active("turn_embedding")):
+        return {}
+    turn_matrix = getattr(memory.snapshot, "turn_matrix", None)
+    if turn_matrix is None:
+        return {}
+    ids, matrix = turn_matrix(embedder.name)
+    if len(ids) == 0:
+        return {}
+    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)), lambda: embedder.embed([cue])[0])
+    cue_vec = np.asarray(cue_vec, dtype=np.float32)
+    if cue_vec.shape[0] != matrix.shape[1]:
+        memory.warn_once("turn-dim", "turn vectors under %s have dim %d but the cue has %d; ignoring them",
+                         embedder.name, matrix.shape[1], cue_vec.shape[0])
+        return {}
+    norm = float(np.linalg.norm(cue_vec))
+    sims = matrix @ (cue_vec / (norm or 1.0))
+    top = np.argpartition(-sims, min(limit, len(sims)) - 1)[:limit] if len(sims) > limit else np.arange(len(sims))
+    return {int(ids[i]): float(sims[i]) for i in top}
+
+
+def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int]) -> tuple[list, list[dict]]:
+    """Hit turns (not excluded, not deleted, visible here) with their neighbours, ascending by id.
+
+    Candidates are the union of the top ``turn_candidates`` BM25 hits and, when
+    turn embeddings are on, the top ``turn_candidates`` turns by cosine; they
+    are ranked by :func:`fuse_turns`. If exclusions and deletions leave fewer
+    than the budget's ``max_rag_turns``, the candidate depth grows and the
+    ranking is redone.
+    """
+    retrieval = memory.config.memory.retrieval
+    limit = budget.max_rag_turns
+    log = memory.turn_log
+    fetch = max(retrieval.turn_candidates, limit)
+    kept: list = []
+    ranked: list[dict] = []
+    for _ in range(MAX_REFETCH_ROUNDS + 1):
+        hits = memory.fts_turns.search(cue, fetch)
+        dense = _dense_turns(cue, memory, fetch)
+        bm25 = dict(hits)
+        order = [tid for tid, _ in hits] + [tid for tid in sorted(dense, key=lambda t: -dense[t]) if tid not in bm25]
+        fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
+        fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
+        fused = [f for f in fused if f["turn_id"] not in exclude]
+        rows = {t.id: t for t in log.turns_by_ids([f["turn_id"] for f in fused])}
+        kept, ranked = [], []
+        for f in fused:
+            turn = rows.get(f["turn_id"])
+            if turn is None or turn.deleted or not _visible(turn, ctx):
+                continue
+            kept.append(turn)
+            ranked.append(f)
+            if len(kept) == limit:
+                break
+        if len(kept) >= limit or (len(hits) < fetch and len(dense) < fetch):
+            break
+        fetch *= 4
+    if not kept:
+        return [], []
+    reach = retrieval.turn_neighbours
+    span = max(NEIGHBOUR_SPAN, 3 * reach)
+    around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0}
+    nearby = [t for t in log.turns_by_ids(around) if not t.deleted and t.id not in exclude] if reach else []
+    chosen = {t.id: t for t in kept}
+    for hit in kept:
+        same = [t for t in nearby if t.channel_id == hit.channel_id]
+        for t in [t for t in same if t.id < hit.id][-reach:] + [t for t in same if t.id > hit.id][:reach]:
+            chosen.setdefault(t.id, t)
+    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total")} for f in ranked]
+    return [chosen[i] for i in sorted(chosen)], debug
+
+
+def _visible(turn, ctx) -> bool:
+    return ctx.guild_id is None or turn.guild_id == ctx.guild_id
+
+
+def turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str]]:
+    """``(kind, line)`` pairs: date headers, quoted turn lines, and blank separators."""
+    return [(kind, line) for kind, line, _ in owned_turn_lines(turns, labels, tz)]
+
+
+def owned_turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str, int | None]]:
+    """``turn_lines`` with the id of the turn each line quotes (None for headers and blanks),
+    so the caller can tell which turns survived the token budget."""
+    lines: list[tuple[str, str, int | None]] = []
+    day = None
+    for t in sorted(turns, key=lambda t: (t.created_at, t.id)):
+        date = local_date(t.created_at, tz)
+        if date != day:
+            if day is not None:
+                lines.append(("blank", "", None))
+            lines.append(("date", f"{date}:", None))
+            day = date
+        body = labels.rewrite_mentions(t.content).splitlines() or [""]
+        lines.append(("turn", f"> [{clock_12h(t.created_at, tz)} {labels.for_turn(t)}]: {body[0]}", t.id))
+        lines.extend(("turn", f"> {line}" if line.strip() else ">", t.id) for line in body[1:])
+    return lines
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int) -> str:
+    """Facts first, then turns, within ``max_tokens`` (headers not counted).
+
+    A line that does not fit ends its part once something is kept; the first
+    kept line is truncated if it alone is too big. A date header left without
+    its turns is dropped.
+    """
+    return render_counted(fact_lines, turn_part, max_tokens)[0]
+
+
+def render_counted(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int) -> tuple[str, int, int]:
+    """``render`` plus how many fact lines and turn-part lines it kept (what the prompt really shows)."""
+    facts = cap_blocks(fact_lines, max_tokens)
+    remaining = max_tokens - sum(estimate_tokens(line) for line in facts)
+    turns: list[str] = []
+    kinds: list[str] = []
+    for kind, line in turn_part:
+        cost = estimate_tokens(line)
+        if cost > remaining and (facts or turns):
+            break
+        if kind != "blank":
+            line = truncate_to_tokens(line, remaining)
+            if not line:
+                break
+        turns.append(line)
+        kinds.append(kind)
+        remaining -= estimate_tokens(line)
+    while kinds and kinds[-1] in ("date", "blank"):
+        kinds.pop()
+        turns.pop()
+    parts = []
+    if facts:
+        parts.append(FACTS_HEADER + "\n\n" + "\n".join(facts))
+    if turns:
+        parts.append(TURNS_HEADER + "\n\n" + "\n".join(turns))
+    return "\n\n".join(parts), len(facts), len(turns)
+
+
+def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]:
+    """The rendered ``rag_context`` section for ``ctx.cue`` and its debug structure."""
+    cue = ctx.cue.strip()
+    if not cue:
+        return "", {"cue": "", "facts": [], "turns": []}
+    budget = memory.config.budget_for(ctx.tier)
+    labels = memory.labels(ctx.guild_id)
+    facts, debug = retrieve_facts(cue, memory, budget)
+    turns, turn_debug = retrieve_turns(cue, memory, ctx, budget, exclude)
+    debug["turns"] = turn_debug
+    debug["excluded_recent"] = len(exclude)
+    fact_lines = [f"- {one_line(f['text'])}{rename_note(f, labels)}" for f in facts]
+    owned = owned_turn_lines(turns, labels, memory.config.tz)
+    text, facts_kept, lines_kept = render_counted(fact_lines, [(k, line) for k, line, _ in owned],
+                                                  budget.rag_tokens)
+    # What the section really shows after the token cut: the evaluation's rendered recall reads these.
+    debug["shown_fact_ids"] = [f["id"] for f in facts[:facts_kept]]
+    debug["shown_turn_ids"] = sorted({tid for _, _, tid in owned[:lines_kept] if tid is not None})
+    return text, debug

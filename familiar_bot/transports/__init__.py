@@ -1,0 +1,1 @@
+"""Where messages come from: the console and Discord."""

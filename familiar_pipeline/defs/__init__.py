@@ -1,0 +1,1 @@
+"""Dagster only: assets, sensors, automation, checks, jobs, resources, partitions, backfill."""

@@ -1,0 +1,133 @@
+"""Rebuild or catch up one projection for one familiar, through Dagster so the run shows in the UI.
+
+With the webserver up (`familiar up` / `dagster dev`), the run is submitted over
+GraphQL and goes through the run queue, so it never overlaps another run of the
+same familiar. With no webserver, it runs in this process against the same
+instance (DAGSTER_HOME), after checking that no run of that familiar is in flight.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from familiar_pipeline.defs.jobs import PROJECTION_JOB
+from familiar_pipeline.storage.paths import REPO_ROOT, validate_familiar_id
+
+# Projector name (as in [providers.memory].projectors) or asset name -> asset name.
+ASSET_FOR = {
+    "turns_fts": "turns_fts",
+    "rolling_summary": "rolling_summary",
+    "rich_note": "facts",
+    "facts": "facts",
+    "fact_supersede": "fact_supersessions",
+    "fact_supersessions": "fact_supersessions",
+    "people_dossier": "people_dossiers",
+    "people_dossiers": "people_dossiers",
+    "reflection": "reflections",
+    "reflections": "reflections",
+    "fact_embedding": "fact_embeddings",
+    "fact_embeddings": "fact_embeddings",
+}
+
+
+class BackfillError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class BackfillOutcome:
+    mode: str  # "queued" | "in-process"
+    run_id: str
+    detail: str
+
+
+def resolve_asset(projection: str) -> str:
+    from familiar_pipeline.definitions import defs
+
+    names = {key.path[-1] for key in defs.resolve_asset_graph().get_all_asset_keys()} - {"turns"}
+    asset = ASSET_FOR.get(projection, projection)
+    if asset not in names:
+        raise BackfillError(f"unknown projection {projection!r}; valid: {', '.join(sorted(set(ASSET_FOR) | names))}")
+    return asset
+
+
+def ensure_dagster_home() -> str:
+    home = os.environ.setdefault("DAGSTER_HOME", str(REPO_ROOT / "dagster_home"))
+    os.makedirs(home, exist_ok=True)
+    return home
+
+
+def submit(familiar_id: str, asset: str, *, rebuild: bool, host: str, port: int) -> str:
+    from dagster_graphql import DagsterGraphQLClient
+
+    client = DagsterGraphQLClient(host, port_number=port, timeout=30)
+    return client.submit_job_execution(
+        PROJECTION_JOB,
+        run_config={"ops": {asset: {"config": {"rebuild": rebuild}}}},
+        tags={"dagster/partition": familiar_id, "familiar": familiar_id, "trigger": "familiar backfill"},
+        asset_selection=[asset],
+    )
+
+
+def run_in_process(familiar_id: str, asset: str, *, rebuild: bool):
+    import dagster as dg
+
+    from familiar_pipeline.definitions import defs
+    from familiar_pipeline.defs.sensors import IN_FLIGHT
+
+    ensure_dagster_home()
+    instance = dg.DagsterInstance.get()
+    busy = instance.get_run_records(filters=dg.RunsFilter(tags={"dagster/partition": familiar_id}, statuses=IN_FLIGHT), limit=1)
+    if busy:
+        raise BackfillError(f"a run of {familiar_id!r} is already queued or running ({busy[0].dagster_run.run_id}); try again when it ends")
+    instance.add_dynamic_partitions("familiars", [familiar_id])
+    job = defs.resolve_job_def(PROJECTION_JOB)
+    result = job.execute_in_process(
+        instance=instance,
+        partition_key=familiar_id,
+        run_config={"ops": {asset: {"config": {"rebuild": rebuild}}}},
+        asset_selection=[dg.AssetKey(asset)],
+        tags={"familiar": familiar_id, "trigger": "familiar backfill"},
+        raise_on_error=False,
+    )
+    return result
+
+
+def webserver_up(host: str, port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/server_info", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def backfill(
+    familiar_id: str,
+    projection: str,
+    *,
+    rebuild: bool = False,
+    host: str = "127.0.0.1",
+    port: int = 3000,
+    allow_local: bool = True,
+    force_local: bool = False,
+) -> BackfillOutcome:
+    validate_familiar_id(familiar_id)
+    asset = resolve_asset(projection)
+    if not force_local and webserver_up(host, port):
+        try:
+            run_id = submit(familiar_id, asset, rebuild=rebuild, host=host, port=port)
+        except Exception as exc:
+            raise BackfillError(f"the Dagster webserver at {host}:{port} refused the run: {exc}") from exc
+        return BackfillOutcome("queued", run_id, f"queued {asset} for {familiar_id}: http://{host}:{port}/runs/{run_id}")
+    if not allow_local:
+        raise BackfillError(f"no Dagster webserver answers at {host}:{port}")
+    result = run_in_process(familiar_id, asset, rebuild=rebuild)
+    if not result.success:
+        raise BackfillError(f"the {asset} run for {familiar_id} failed (run {result.run_id}); see the Dagster UI for its logs")
+    meta = {}
+    for event in result.get_asset_materialization_events():
+        meta = {k: v.value for k, v in event.materialization.metadata.items()}
+    return BackfillOutcome("in-process", result.run_id, f"{asset} for {familiar_id}: {meta.get('status', 'done')}, rows written {meta.get('rows_written', 0)}")

@@ -1,0 +1,62 @@
+"""Dagster resources: where familiars live, the LLM, and the embedder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+
+from familiar_pipeline.config import FamiliarConfig, load_config
+from familiar_pipeline.storage.paths import FamiliarPaths, data_root
+from familiar_pipeline.projectors.runtime import FamiliarRuntime
+
+
+class FamiliarData(dg.ConfigurableResource):
+    """The data root holding one folder per familiar ("" = FAMILIAR_DATA_ROOT or ./data/familiars)."""
+
+    data_root: str = ""
+
+    def root(self) -> Path:
+        return Path(self.data_root).expanduser().resolve() if self.data_root else data_root()
+
+    def paths(self, familiar_id: str) -> FamiliarPaths:
+        return FamiliarPaths.for_id(familiar_id, self.root())
+
+    def config(self, familiar_id: str) -> FamiliarConfig:
+        return load_config(familiar_id, root=self.root())
+
+
+class LlmResource(dg.ConfigurableResource):
+    """The background LLM slot of each familiar, with its response cache under the familiar's folder."""
+
+    slot: str = "background"
+
+    def client(self, config: FamiliarConfig, paths: FamiliarPaths, usage=None):
+        """An LlmClient, or None when the slot has no model configured."""
+        slot = config.llm.slots.get(self.slot)
+        if slot is None or not slot.configured:
+            return None
+        from familiar_pipeline.models.llm import client_for
+
+        paths.cache_dir.mkdir(parents=True, exist_ok=True)
+        return client_for(config.llm, self.slot, cache_path=paths.cache_dir / "llm_cache.sqlite", usage=usage)
+
+
+class EmbedderResource(dg.ConfigurableResource):
+    """The embedder named by [providers.embedding] (None when the backend is "off")."""
+
+    def embedder(self, config: FamiliarConfig):
+        from familiar_pipeline.models.embedders import create_embedder
+
+        return create_embedder(config.embedding)
+
+
+def build_runtime(data: FamiliarData, llm: LlmResource, familiar_id: str, *, usage=None, embedder: EmbedderResource | None = None) -> FamiliarRuntime:
+    config = data.config(familiar_id)
+    paths = data.paths(familiar_id)
+    return FamiliarRuntime(
+        paths=paths,
+        config=config,
+        llm_client=llm.client(config, paths, usage=usage),
+        embedder=embedder.embedder(config) if embedder is not None else None,
+    )

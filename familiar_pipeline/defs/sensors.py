@@ -1,0 +1,249 @@
+"""The turn-watermark sensor: notices new turns and requests runs of the turn-driven assets.
+
+Each tick scans data/familiars/*/turns.db, adds familiars it has not seen as
+dynamic partitions, and for each familiar compares the turn log (latest turn id,
+latest edit/delete seq) and the published snapshot's watermarks with what it
+dispatched last time. The cursor only records what was dispatched; what each
+projection has processed is its own watermark in memory.duckdb (read here,
+lock-free, from the serving manifest). Resetting the cursor therefore loses
+nothing: the next tick re-dispatches and each asset processes only what is new.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG
+from familiar_pipeline.config import ConfigError, PipelineConfig, load_config
+from familiar_pipeline.storage.paths import FamiliarPaths, data_root, list_familiars
+from familiar_pipeline.defs.partitions import familiars_partitions
+from familiar_pipeline.storage.turns import TurnLog
+
+log = logging.getLogger(__name__)
+
+# (projector, asset) of the assets that follow `facts`, in dependency order.
+FACT_FOLLOWERS = (
+    ("fact_supersede", "fact_supersessions"),
+    ("people_dossier", "people_dossiers"),
+    ("reflection", "reflections"),
+    ("fact_embedding", "fact_embeddings"),
+)
+
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+WAITING = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED}
+DISPATCHED_TURN_TAG = "familiar/turn_id"
+
+
+@dataclass(frozen=True)
+class FamiliarState:
+    """What the sensor can see of one familiar without opening memory.duckdb."""
+
+    latest_turn_id: int
+    latest_change_seq: int
+    latest_turn_age_s: float
+    snapshot_version: int
+    watermarks: dict  # projector -> {"turn_id", "fact_id", "change_seq"}
+
+    def turn_watermark(self, projector: str) -> int:
+        return int(self.watermarks.get(projector, {}).get("turn_id", 0))
+
+    def signature(self) -> list[int]:
+        return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version]
+
+
+@dataclass(frozen=True)
+class InFlightRun:
+    """The newest queued or running run of a familiar, as the sensor sees it."""
+
+    waiting: bool  # queued, not started: it will read the turn log when it starts
+    dispatched_turn_id: int | None  # newest turn id when it was requested (None: not ours)
+
+    def leaves_a_full_batch(self, config, state: FamiliarState) -> bool:
+        """A whole new fact batch arrived after this (running) run was requested.
+
+        Such a run may already have read the turn log, so the new batch would wait for
+        the tick after it ends; one follow-on run queued now starts the moment the
+        familiar's slot frees (the queue allows one run per familiar at a time).
+        """
+        if self.waiting or self.dispatched_turn_id is None or not config.memory.is_active("rich_note"):
+            return False
+        return state.latest_turn_id - self.dispatched_turn_id >= config.memory.rich_note.batch_size
+
+
+def read_state(paths: FamiliarPaths) -> FamiliarState:
+    with TurnLog(paths.turns_db, readonly=True) as turn_log:
+        latest, change = turn_log.latest_id(), turn_log.latest_change_seq()
+        newest = turn_log.turns_by_ids([latest]) if latest else []
+    age = (datetime.now(timezone.utc) - newest[0].created_at).total_seconds() if newest else float("inf")
+    manifest_path = paths.serving_dir / "manifest.json"
+    version, marks = 0, {}
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        version = int(manifest.get("version", 0))
+        marks = (manifest.get("store_watermark") or {}).get("projectors") or {}
+    except (OSError, ValueError):
+        pass
+    return FamiliarState(latest, change, age, version, marks)
+
+
+def due_assets(config, state: FamiliarState) -> list[str]:
+    """Asset names whose thresholds are met, per the familiar's effective config."""
+    due = []
+    active = set(config.memory.projectors)
+    pending_summary = state.latest_turn_id - state.turn_watermark("rolling_summary")
+    if "rolling_summary" in active and pending_summary >= config.memory.rolling_summary.turns_threshold:
+        due.append("rolling_summary")
+    pending_facts = state.latest_turn_id - state.turn_watermark("rich_note")
+    if "rich_note" in active and pending_facts >= config.memory.rich_note.batch_size:
+        due.append("facts")
+        # The fact-driven assets ride in the same run: one process start instead of a second
+        # queued run per batch. Automation still covers facts changed any other way.
+        due.extend(asset for projector, asset in FACT_FOLLOWERS if projector in active)
+    if index_behind(state) and (due or state.latest_turn_age_s >= config.pipeline.index_quiet_s):
+        due.insert(0, "turns_fts")
+        # Turn vectors follow the same turns as the full-text index, in the same run.
+        if "turn_embedding" in active:
+            due.insert(1, "turn_embeddings")
+    return due
+
+
+def index_behind(state: FamiliarState) -> bool:
+    mark = state.watermarks.get("turns_fts", {})
+    return state.latest_turn_id > int(mark.get("turn_id", 0)) or state.latest_change_seq > int(mark.get("change_seq", 0))
+
+
+def evaluate_tick(
+    cursor: dict,
+    familiars: list[str],
+    known_partitions: set[str],
+    *,
+    root: Path,
+    in_flight: dict[str, InFlightRun],
+    max_requests: int,
+) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
+    """Pure tick logic: (run requests, new partitions, new cursor, log lines)."""
+    requests: list[dg.RunRequest] = []
+    notes: list[str] = []
+    new_cursor = dict(cursor)
+    new_partitions = [f for f in familiars if f not in known_partitions]
+    for familiar_id in familiars:
+        paths = FamiliarPaths.for_id(familiar_id, root)
+        try:
+            config = load_config(familiar_id, root=root)
+            state = read_state(paths)
+        except (ConfigError, OSError, ValueError) as exc:
+            notes.append(f"{familiar_id}: skipped ({exc})")
+            continue
+        if cursor.get(familiar_id) == state.signature():
+            continue
+        running = in_flight.get(familiar_id)
+        if running is not None and not running.leaves_a_full_batch(config, state):
+            notes.append(f"{familiar_id}: a run is already queued or running; will look again")
+            continue
+        assets = due_assets(config, state)
+        if not assets:
+            if not index_behind(state):  # else the index waits for quiet: look again next tick
+                new_cursor[familiar_id] = state.signature()
+            continue
+        if len(requests) >= max_requests:
+            notes.append(f"{familiar_id}: deferred by the flood guard (max {max_requests} runs per tick)")
+            continue
+        knobs = {
+            "rich_note.batch_size": config.memory.rich_note.batch_size,
+            "rolling_summary.turns_threshold": config.memory.rolling_summary.turns_threshold,
+        }
+        notes.append(f"{familiar_id}: turns up to {state.latest_turn_id} -> {', '.join(assets)} ({knobs})")
+        requests.append(
+            dg.RunRequest(
+                run_key=f"{familiar_id}:t{state.latest_turn_id}:c{state.latest_change_seq}:v{state.snapshot_version}",
+                partition_key=familiar_id,
+                asset_selection=[dg.AssetKey(a) for a in assets],
+                tags={
+                    "familiar": familiar_id,
+                    "trigger": "turn_watermark_sensor",
+                    DISPATCHED_TURN_TAG: str(state.latest_turn_id),
+                    **(FOLLOWERS_INCLUDED_TAG if any(a in assets for _, a in FACT_FOLLOWERS) else {}),
+                },
+            )
+        )
+        new_cursor[familiar_id] = state.signature()
+    return requests, new_partitions, new_cursor, notes
+
+
+# The daemon's sensor loop wakes every 5 s (dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME) and
+# measures a sensor's elapsed time from the *end* of its previous tick, so an interval equal to a
+# multiple of the loop period misses every other wake-up now and then (measured: a 5 s interval
+# ticked after 10 s in 1 of 5 gaps). The minimum handed to Dagster is one loop-jitter less.
+TICK_JITTER_S = 1
+
+
+def _sensor_interval() -> int:
+    try:
+        return int(load_config(None).pipeline.sensor_interval_s)
+    except Exception:  # a broken config must not stop the code location from loading
+        return PipelineConfig.sensor_interval_s
+
+
+def minimum_interval(interval_s: int) -> int:
+    """The `minimum_interval_seconds` that makes the sensor tick every `interval_s` seconds."""
+    return max(1, interval_s - TICK_JITTER_S)
+
+
+def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
+    interval = _sensor_interval()
+
+    @dg.sensor(
+        name="turn_watermark_sensor",
+        minimum_interval_seconds=minimum_interval(interval),
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        target=targets,
+        description=(
+            f"Every {interval}s ([pipeline].sensor_interval_s): adds new familiars as partitions and requests "
+            "runs of turns_fts, rolling_summary and facts (with the active fact-driven assets in the same run) "
+            "for familiars whose thresholds are met."
+        ),
+    )
+    def turn_watermark_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        root = data_root()
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        familiars = list_familiars(root)
+        known = set(context.instance.get_dynamic_partitions(familiars_partitions.name))
+        in_flight = {}
+        for familiar_id in familiars:
+            records = context.instance.get_run_records(
+                filters=dg.RunsFilter(tags={"dagster/partition": familiar_id}, statuses=IN_FLIGHT), limit=1
+            )
+            if records:
+                run = records[0].dagster_run
+                dispatched = run.tags.get(DISPATCHED_TURN_TAG)
+                in_flight[familiar_id] = InFlightRun(
+                    waiting=run.status in WAITING, dispatched_turn_id=int(dispatched) if dispatched else None
+                )
+        try:
+            max_requests = load_config(None, root=root).pipeline.max_familiars_per_tick
+        except ConfigError:
+            max_requests = 20
+        requests, new_partitions, new_cursor, notes = evaluate_tick(
+            cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests
+        )
+        for note in notes:
+            context.log.info(note)
+        return dg.SensorResult(
+            run_requests=requests,
+            cursor=json.dumps(new_cursor, sort_keys=True),
+            dynamic_partitions_requests=[familiars_partitions.build_add_request(new_partitions)] if new_partitions else [],
+            skip_reason=None if requests or new_partitions else "no familiar has pending work",
+        )
+
+    return turn_watermark_sensor

@@ -1,0 +1,740 @@
+"""The one LLM client of the project: litellm behind per-slot config, retries, a
+process-wide concurrency cap, token and cost accounting, and a response cache.
+
+Why each piece exists:
+
+* **Slots** (``[llm.reply]`` for the bot, ``[llm.background]`` for projectors) let
+  an operator point chat and memory work at different models. A slot with no
+  model fails with ``LlmNotConfigured`` naming the exact setting, before any call.
+* **Retries** here, not in litellm: we own the policy (which errors are transient,
+  exponential backoff with jitter, ``max_retries`` from the slot) and can count
+  retries in the materialization metadata. litellm's and the OpenAI SDK's own
+  retries are switched off per call so the two never multiply.
+* **Concurrency cap**: projectors for many familiars run in threads of one process;
+  a shared ``BoundedSemaphore`` keeps them from flooding the provider. Async callers
+  (the bot) get an ``asyncio.Semaphore`` per event loop with the same cap. The two
+  are separate pools: a thread cannot wait on an asyncio semaphore.
+* **Response cache**: DESIGN §4 makes rebuilds free and reproducible by keying
+  replies on the exact request. Empty replies are never cached, because callers
+  treat "" as "try again later" and a cached "" would make that retry permanent.
+* **Secrets**: the API key is read from ``os.environ[slot.api_key_env]`` at call
+  time, never stored on the client, and scrubbed from every error message.
+
+litellm is imported lazily (it takes seconds) and only after
+``LITELLM_LOCAL_MODEL_COST_MAP=True`` is set, so importing it never touches the
+network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import sqlite3
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from familiar_pipeline.config import ConfigError, LlmConfig, LlmSlotConfig
+
+log = logging.getLogger(__name__)
+
+# Parameters the client sets itself; passing them to complete() is a mistake.
+_RESERVED_PARAMS = frozenset(
+    {"model", "messages", "api_key", "api_base", "timeout", "stream", "num_retries", "max_retries"}
+)
+
+# HTTP statuses that mean "try again" when litellm raises a generic APIError.
+_TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+
+_litellm_lock = threading.Lock()
+_litellm_module: Any = None
+
+
+def import_litellm() -> Any:
+    """Import litellm offline and quiet, once per process.
+
+    The cost map env var must be set before the first import or litellm fetches
+    pricing over the network. Debug banners and verbose logging are turned off so
+    a failing call produces our one scrubbed error instead of pages of noise.
+    """
+    global _litellm_module
+    if _litellm_module is not None:
+        return _litellm_module
+    with _litellm_lock:
+        if _litellm_module is None:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            import litellm
+
+            litellm.suppress_debug_info = True
+            litellm.set_verbose = False
+            litellm.turn_off_message_logging = True
+            for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            _litellm_module = litellm
+    return _litellm_module
+
+
+# --- errors ------------------------------------------------------------------
+
+
+class LlmNotConfigured(RuntimeError):
+    """A slot cannot be called: no model, or its API key variable is unset."""
+
+
+class LlmError(RuntimeError):
+    """A call failed for good: a non-transient error, or retries ran out.
+
+    The message is scrubbed of API keys. The original exception is deliberately
+    not chained (its text may carry a key); its class name and HTTP status are
+    kept as attributes for callers that want to tell failures apart.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        slot: str,
+        model: str,
+        attempts: int,
+        kind: str,
+        status_code: int | None,
+        transient: bool,
+    ) -> None:
+        super().__init__(message)
+        self.slot = slot
+        self.model = model
+        self.attempts = attempts
+        self.kind = kind
+        self.status_code = status_code
+        self.transient = transient
+
+
+# --- replies and usage -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlmReply:
+    """One answer. ``text`` is "" when the model returned no content.
+
+    On a cache hit ``cached`` is True, the token counts are those of the original
+    call (so prompt sizes stay visible) and ``cost_usd`` is 0.0: nothing was spent.
+    """
+
+    text: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    cached: bool
+    latency_s: float
+
+
+@dataclass
+class LlmUsage:
+    """Running totals for one run or one bot session (thread-safe).
+
+    ``calls`` counts provider calls that returned a reply; tokens and cost sum
+    over those only, so they show what was actually spent. ``cached_calls`` counts
+    replies served from the cache, ``errors`` calls that ended in ``LlmError``,
+    ``retries`` transient failures that were retried.
+    """
+
+    calls: int = 0
+    cached_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    errors: int = 0
+    retries: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def record_reply(self, reply: LlmReply) -> None:
+        with self._lock:
+            if reply.cached:
+                self.cached_calls += 1
+                return
+            self.calls += 1
+            self.prompt_tokens += reply.prompt_tokens
+            self.completion_tokens += reply.completion_tokens
+            self.cost_usd += reply.cost_usd
+
+    def record_error(self) -> None:
+        with self._lock:
+            self.errors += 1
+
+    def record_retry(self) -> None:
+        with self._lock:
+            self.retries += 1
+
+    def as_metadata(self) -> dict[str, int | float]:
+        """Plain values for Dagster materialization metadata."""
+        with self._lock:
+            return {
+                "llm_calls": self.calls,
+                "llm_cached_calls": self.cached_calls,
+                "llm_prompt_tokens": self.prompt_tokens,
+                "llm_completion_tokens": self.completion_tokens,
+                "llm_cost_usd": round(self.cost_usd, 6),
+                "llm_errors": self.errors,
+                "llm_retries": self.retries,
+            }
+
+
+# --- response cache ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CachedReply:
+    text: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+_CACHE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS llm_response_cache (
+    key TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    text TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost_usd REAL NOT NULL,
+    created_at REAL NOT NULL
+)
+"""
+
+
+class ResponseCache:
+    """Replies keyed by the exact request: SQLite at ``path``, or a dict if None.
+
+    The SQLite file is shared by the Dagster run processes of one host, so it uses
+    WAL and a busy timeout, and the last write of a key wins (both writers computed
+    a reply to the same request). A cache failure is logged and treated as a miss:
+    the cache saves money, it must never fail a projection.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.hits = 0
+        self.misses = 0
+        self._lock = threading.Lock()
+        self._memory: dict[str, CachedReply] = {}
+        self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        if self.path is not None:
+            self._conn = self._open()
+
+    def __repr__(self) -> str:
+        where = str(self.path) if self.path is not None else "memory"
+        return f"ResponseCache({where!r}, hits={self.hits}, misses={self.misses})"
+
+    @staticmethod
+    def key(
+        model: str,
+        messages: list[dict[str, Any]],
+        temperature: float | None,
+        max_tokens: int | None,
+        params: dict[str, Any] | None = None,
+    ) -> str:
+        """sha256 of the canonical JSON of everything that shapes the reply.
+
+        Transport settings (timeout, api_base, key) are left out: they change how
+        a request travels, not what the model is asked.
+        """
+        request = {
+            "model": model,
+            "messages": messages,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "params": params or {},
+        }
+        canonical = json.dumps(
+            request, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr
+        )
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def get(self, key: str) -> CachedReply | None:
+        found = self._get(key)
+        with self._lock:
+            if found is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+        return found
+
+    def put(self, key: str, reply: CachedReply) -> None:
+        if self.path is None:
+            with self._lock:
+                self._memory[key] = reply
+            return
+        try:
+            with self._lock:
+                self._connection().execute(
+                    "INSERT OR REPLACE INTO llm_response_cache VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        key,
+                        reply.model,
+                        reply.text,
+                        reply.prompt_tokens,
+                        reply.completion_tokens,
+                        reply.cost_usd,
+                        time.time(),
+                    ),
+                )
+        except sqlite3.Error as exc:
+            log.warning("LLM response cache %s: write failed (%s); reply not cached", self.path, exc)
+
+    def __len__(self) -> int:
+        if self.path is None:
+            return len(self._memory)
+        with self._lock:
+            return self._connection().execute("SELECT count(*) FROM llm_response_cache").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _get(self, key: str) -> CachedReply | None:
+        if self.path is None:
+            with self._lock:
+                return self._memory.get(key)
+        try:
+            with self._lock:
+                row = (
+                    self._connection()
+                    .execute(
+                        "SELECT text, model, prompt_tokens, completion_tokens, cost_usd"
+                        " FROM llm_response_cache WHERE key = ?",
+                        (key,),
+                    )
+                    .fetchone()
+                )
+        except sqlite3.Error as exc:
+            log.warning("LLM response cache %s: read failed (%s); treating as a miss", self.path, exc)
+            return None
+        return CachedReply(*row) if row else None
+
+    def _connection(self) -> sqlite3.Connection:
+        # A connection must not cross a fork; a child process opens its own.
+        if self._conn is None or self._pid != os.getpid():
+            self._conn = self._open()
+            self._pid = os.getpid()
+        return self._conn
+
+    def _open(self) -> sqlite3.Connection:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(_CACHE_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise ValueError(
+                f"LLM response cache {self.path} is not a usable SQLite database ({exc}); "
+                "move it aside or delete it to start a fresh cache"
+            ) from exc
+        return conn
+
+
+# --- concurrency cap -----------------------------------------------------------
+
+_semaphores_lock = threading.Lock()
+_sync_semaphores: dict[int, threading.BoundedSemaphore] = {}
+_async_semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _sync_semaphore(cap: int) -> threading.BoundedSemaphore:
+    """The process-wide semaphore for ``cap``: clients with the same cap share it."""
+    with _semaphores_lock:
+        semaphore = _sync_semaphores.get(cap)
+        if semaphore is None:
+            semaphore = _sync_semaphores[cap] = threading.BoundedSemaphore(cap)
+        return semaphore
+
+
+def _async_semaphore(cap: int) -> asyncio.Semaphore:
+    """One asyncio semaphore per (event loop, cap): they cannot cross loops."""
+    loop = asyncio.get_running_loop()
+    with _semaphores_lock:
+        per_loop = _async_semaphores.setdefault(loop, {})
+        semaphore = per_loop.get(cap)
+        if semaphore is None:
+            semaphore = per_loop[cap] = asyncio.Semaphore(cap)
+        return semaphore
+
+
+def _reset_semaphores_after_fork() -> None:
+    global _semaphores_lock
+    _semaphores_lock = threading.Lock()
+    _sync_semaphores.clear()
+    _async_semaphores.clear()
+
+
+os.register_at_fork(after_in_child=_reset_semaphores_after_fork)
+
+
+# --- secrets -------------------------------------------------------------------
+
+_SECRETISH_ENV = re.compile(r"(?i)(api_?key|token|secret|password)")
+_SECRETISH_TEXT = re.compile(r"(?i)\b(sk-[A-Za-z0-9_\-]{8,}|bearer\s+[A-Za-z0-9._\-]{8,})")
+
+
+def scrub_secrets(text: str, extra_secrets: tuple[str, ...] = ()) -> str:
+    """Remove API keys from ``text``: given values, secret-looking env values, key shapes.
+
+    litellm falls back to provider env vars (OPENAI_API_KEY, ...) when no key is
+    passed, so every env var whose name looks secret is scrubbed too, not only the
+    slot's own.
+    """
+    secrets = {s for s in extra_secrets if s and len(s) >= 4}
+    secrets.update(
+        value
+        for name, value in os.environ.items()
+        if _SECRETISH_ENV.search(name) and value and len(value) >= 8
+    )
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "[redacted]")
+    return _SECRETISH_TEXT.sub("[redacted]", text)
+
+
+# --- the client ----------------------------------------------------------------
+
+
+class LlmClient:
+    """Calls one slot's model. ``complete`` for threads, ``acomplete`` for asyncio.
+
+    ``params`` given to a call (``temperature``, ``max_tokens``, ``response_format``,
+    ...) override the slot's defaults and are part of the cache key.
+    """
+
+    def __init__(
+        self,
+        slot: LlmSlotConfig,
+        *,
+        cache: ResponseCache | None = None,
+        max_concurrency: int = 4,
+        usage: LlmUsage | None = None,
+        familiar_id: str | None = None,
+        retry_base_delay_s: float = 1.0,
+        retry_max_delay_s: float = 30.0,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
+        if slot.max_retries < 0:
+            raise ValueError(f"[llm.{slot.name}].max_retries must be 0 or more, not {slot.max_retries}")
+        self.slot = slot
+        self.cache = cache
+        self.max_concurrency = max_concurrency
+        self.usage = usage if usage is not None else LlmUsage()
+        self.familiar_id = familiar_id
+        self.retry_base_delay_s = retry_base_delay_s
+        self.retry_max_delay_s = retry_max_delay_s
+
+    def __repr__(self) -> str:
+        return (
+            f"LlmClient(slot={self.slot.name!r}, model={self.slot.model!r}, "
+            f"api_base={self.slot.api_base!r}, api_key_env={self.slot.api_key_env!r}, "
+            f"cache={'on' if self._caching else 'off'}, max_concurrency={self.max_concurrency})"
+        )
+
+    @property
+    def configured(self) -> bool:
+        return self.slot.configured
+
+    @property
+    def _caching(self) -> bool:
+        return self.slot.cache and self.cache is not None
+
+    # -- sync ---------------------------------------------------------------
+
+    def complete(self, messages: list[dict[str, Any]], **params: Any) -> LlmReply:
+        started = time.perf_counter()
+        request, cache_key = self._prepare(messages, params)
+        if cache_key is not None:
+            hit = self.cache.get(cache_key)  # type: ignore[union-attr]
+            if hit is not None:
+                return self._from_cache(hit, started)
+        api_key = self._api_key()
+        litellm = import_litellm()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with _sync_semaphore(self.max_concurrency):
+                    response = litellm.completion(**request, api_key=api_key)
+                break
+            except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
+                delay = self._retry_delay(exc, attempt)
+                if delay is None:
+                    raise self._failure(exc, attempt, api_key) from None
+                time.sleep(delay)
+        return self._finish(response, cache_key, started)
+
+    # -- async --------------------------------------------------------------
+
+    async def acomplete(self, messages: list[dict[str, Any]], **params: Any) -> LlmReply:
+        started = time.perf_counter()
+        request, cache_key = self._prepare(messages, params)
+        if cache_key is not None:
+            hit = await asyncio.to_thread(self.cache.get, cache_key)  # type: ignore[union-attr]
+            if hit is not None:
+                return self._from_cache(hit, started)
+        api_key = self._api_key()
+        litellm = import_litellm()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with _async_semaphore(self.max_concurrency):
+                    response = await litellm.acompletion(**request, api_key=api_key)
+                break
+            except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
+                delay = self._retry_delay(exc, attempt)
+                if delay is None:
+                    raise self._failure(exc, attempt, api_key) from None
+                await asyncio.sleep(delay)
+        reply = self._reply(response, started)
+        if cache_key is not None and reply.text:
+            await asyncio.to_thread(self._store, cache_key, reply)
+        self.usage.record_reply(reply)
+        return reply
+
+    # -- shared steps -------------------------------------------------------
+
+    def _prepare(
+        self, messages: list[dict[str, Any]], params: dict[str, Any]
+    ) -> tuple[dict[str, Any], str | None]:
+        """Validate the call and build the litellm request (without the key)."""
+        if not self.slot.configured:
+            raise LlmNotConfigured(self._not_configured_message())
+        reserved = sorted(_RESERVED_PARAMS.intersection(params))
+        if reserved:
+            raise TypeError(
+                f"{', '.join(reserved)} cannot be passed per call; they come from [llm.{self.slot.name}]"
+            )
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message:
+                raise ValueError(f"messages[{index}] must be a dict with a 'role', got {message!r:.80}")
+        extra = dict(params)
+        temperature = extra.pop("temperature", self.slot.temperature)
+        max_tokens = extra.pop("max_tokens", self.slot.max_tokens)
+        request = {
+            "model": self.slot.model,
+            "messages": messages,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            "timeout": self.slot.timeout_s,
+            "api_base": self.slot.api_base,
+            # Our retry loop is the only one: litellm's and the SDK's are off.
+            "num_retries": 0,
+            "max_retries": 0,
+            # A provider that rejects e.g. temperature should still answer.
+            "drop_params": True,
+            **extra,
+        }
+        cache_key = None
+        if self._caching:
+            cache_key = ResponseCache.key(self.slot.model, messages, temperature, max_tokens, extra)
+        return request, cache_key
+
+    def _api_key(self) -> str | None:
+        name = self.slot.api_key_env
+        if not name:
+            return None
+        value = os.environ.get(name)
+        if not value:
+            raise LlmNotConfigured(
+                f"LLM slot {self.slot.name!r} reads its API key from the environment variable "
+                f"{name}, which is not set: export {name}=... before starting, or change "
+                f"[llm.{self.slot.name}].api_key_env in {self._character_toml()}"
+            )
+        return value
+
+    def _not_configured_message(self) -> str:
+        name = self.slot.name
+        return (
+            f"LLM slot {name!r} has no model: set [llm.{name}].model in {self._character_toml()} "
+            f"or FAMILIAR__LLM__{name.upper()}__MODEL (a litellm model string such as "
+            "'openrouter/z-ai/glm-4.6')"
+        )
+
+    def _character_toml(self) -> str:
+        return f"data/familiars/{self.familiar_id or '<id>'}/character.toml"
+
+    def _retry_delay(self, exc: Exception, attempt: int) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up."""
+        if not _is_transient(exc) or attempt > self.slot.max_retries:
+            return None
+        self.usage.record_retry()
+        ceiling = min(self.retry_max_delay_s, self.retry_base_delay_s * 2 ** (attempt - 1))
+        delay = ceiling / 2 + random.uniform(0, ceiling / 2)
+        log.warning(
+            "LLM slot %s: %s on attempt %d/%d; retrying in %.2fs",
+            self.slot.name,
+            type(exc).__name__,
+            attempt,
+            self.slot.max_retries + 1,
+            delay,
+        )
+        return delay
+
+    def _failure(self, exc: Exception, attempts: int, api_key: str | None) -> LlmError:
+        self.usage.record_error()
+        transient = _is_transient(exc)
+        detail = str(exc).split("\nTraceback", 1)[0].strip()
+        detail = scrub_secrets(detail, (api_key,) if api_key else ())
+        if len(detail) > 600:
+            detail = detail[:600] + "..."
+        why = "retries exhausted" if transient else "not retryable"
+        status = getattr(exc, "status_code", None)
+        return LlmError(
+            f"LLM slot {self.slot.name!r} (model {self.slot.model}) failed after {attempts} "
+            f"attempt(s), {why}: {type(exc).__name__}"
+            + (f" [HTTP {status}]" if isinstance(status, int) else "")
+            + f": {detail}",
+            slot=self.slot.name,
+            model=self.slot.model,
+            attempts=attempts,
+            kind=type(exc).__name__,
+            status_code=status if isinstance(status, int) else None,
+            transient=transient,
+        )
+
+    def _from_cache(self, hit: CachedReply, started: float) -> LlmReply:
+        reply = LlmReply(
+            text=hit.text,
+            model=hit.model,
+            prompt_tokens=hit.prompt_tokens,
+            completion_tokens=hit.completion_tokens,
+            cost_usd=0.0,
+            cached=True,
+            latency_s=time.perf_counter() - started,
+        )
+        self.usage.record_reply(reply)
+        return reply
+
+    def _finish(self, response: Any, cache_key: str | None, started: float) -> LlmReply:
+        reply = self._reply(response, started)
+        if cache_key is not None and reply.text:
+            self._store(cache_key, reply)
+        self.usage.record_reply(reply)
+        return reply
+
+    def _store(self, cache_key: str, reply: LlmReply) -> None:
+        self.cache.put(  # type: ignore[union-attr]
+            cache_key,
+            CachedReply(
+                text=reply.text,
+                model=reply.model,
+                prompt_tokens=reply.prompt_tokens,
+                completion_tokens=reply.completion_tokens,
+                cost_usd=reply.cost_usd,
+            ),
+        )
+
+    def _reply(self, response: Any, started: float) -> LlmReply:
+        usage = getattr(response, "usage", None)
+        return LlmReply(
+            text=_content_text(response),
+            model=getattr(response, "model", None) or self.slot.model,
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            cost_usd=self._cost(response),
+            cached=False,
+            latency_s=time.perf_counter() - started,
+        )
+
+    def _cost(self, response: Any) -> float:
+        """litellm's price for the call, or 0.0 when the model has no known pricing."""
+        hidden = getattr(response, "_hidden_params", None) or {}
+        cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
+        if cost is None:
+            try:
+                cost = import_litellm().completion_cost(completion_response=response, model=self.slot.model)
+            except Exception:  # noqa: BLE001 - unknown pricing is normal (local models, fakes)
+                cost = 0.0
+        try:
+            return max(0.0, float(cost or 0.0))
+        except (TypeError, ValueError):
+            return 0.0
+
+
+def _content_text(response: Any) -> str:
+    """The first choice's text; "" for no choices or None content."""
+    choices = getattr(response, "choices", None) or []
+    if not choices:
+        return ""
+    message = getattr(choices[0], "message", None)
+    content = getattr(message, "content", None)
+    return content if isinstance(content, str) else ""
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Rate limits, timeouts, connection drops and 5xx are worth another try."""
+    litellm = import_litellm()
+    transient_types = (
+        litellm.RateLimitError,
+        litellm.Timeout,
+        litellm.APIConnectionError,
+        litellm.InternalServerError,
+        litellm.ServiceUnavailableError,
+        litellm.BadGatewayError,
+    )
+    if isinstance(exc, transient_types):
+        return True
+    if isinstance(exc, litellm.APIError):
+        status = getattr(exc, "status_code", None)
+        return isinstance(status, int) and (status in _TRANSIENT_STATUS or status >= 500)
+    return False
+
+
+def client_for(
+    config: LlmConfig,
+    slot_name: str,
+    *,
+    cache_path: str | os.PathLike[str] | None = None,
+    usage: LlmUsage | None = None,
+    familiar_id: str | None = None,
+) -> LlmClient:
+    """The client for one slot of a familiar's config.
+
+    A slot missing from the config gives an unconfigured client, whose first call
+    raises ``LlmNotConfigured`` naming the setting. A caching slot uses the SQLite
+    cache at ``cache_path``, or an in-memory one when no path is given. A ``fake/``
+    model installs the in-process fake provider, scripted from ``FAMILIAR_FAKE_LLM``
+    when set, so a Dagster run subprocess can use the fake through config alone.
+    """
+    if not isinstance(slot_name, str) or not slot_name:
+        raise ConfigError(f"LLM slot name must be a non-empty string, not {slot_name!r}")
+    slot = config.slots.get(slot_name) or LlmSlotConfig(name=slot_name)
+    if slot.model.startswith("fake/"):
+        from familiar_pipeline.testing.fake_llm import install_from_env
+
+        install_from_env()
+    cache = ResponseCache(cache_path) if slot.cache else None
+    return LlmClient(
+        slot,
+        cache=cache,
+        max_concurrency=config.max_concurrency,
+        usage=usage,
+        familiar_id=familiar_id,
+    )

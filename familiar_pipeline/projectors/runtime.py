@@ -1,0 +1,123 @@
+"""Everything a projection needs for one familiar, opened lazily and closed once.
+
+A run holds the DuckDB write connection only while it writes: `store()` opens
+the file, yields, and closes it, so a notebook can open `memory.duckdb`
+read-only between batches and the bot never touches it (it reads the Parquet
+snapshot that `publish()` writes after each write).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from familiar_pipeline.config import FamiliarConfig
+from familiar_pipeline.storage.fts import FtsIndex
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.snapshots import publish_snapshot
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.turns import TurnLog
+
+log = logging.getLogger(__name__)
+
+# Batches of a long catch-up commit one after another; publishing the snapshot
+# after every one of them would cost more than the batches. Writes publish at
+# most this often, and close() publishes whatever is still unpublished.
+PUBLISH_INTERVAL_S = 1.0
+
+
+class NoModelConfigured(RuntimeError):
+    """An LLM projector ran with no model set for the background slot."""
+
+
+@dataclass
+class FamiliarRuntime:
+    paths: FamiliarPaths
+    config: FamiliarConfig
+    llm_client: object | None = None  # LlmClient for the background slot, None when not configured
+    embedder: object | None = None
+    _turn_log: TurnLog | None = field(default=None, init=False, repr=False)
+    _indexes: dict[str, FtsIndex] = field(default_factory=dict, init=False, repr=False)
+    _unpublished: bool = field(default=False, init=False, repr=False)
+    _last_publish: float = field(default=0.0, init=False, repr=False)
+    published_version: int = field(default=0, init=False)
+
+    @property
+    def llm(self):
+        if self.llm_client is None:
+            raise NoModelConfigured(
+                "no model configured for [llm.background]: set `model` under [llm.background] in "
+                f"{self.paths.character_toml} (or FAMILIAR__LLM__BACKGROUND__MODEL), e.g. "
+                '"openrouter/openai/gpt-4o-mini" or "ollama/llama3.1"'
+            )
+        return self.llm_client
+
+    def turn_log(self) -> TurnLog:
+        if self._turn_log is None:
+            self._turn_log = TurnLog(self.paths.turns_db, readonly=True)
+        return self._turn_log
+
+    @contextmanager
+    def store(self) -> Iterator[ProjectionStore]:
+        self.paths.dir.mkdir(parents=True, exist_ok=True)
+        store = ProjectionStore(self.paths.memory_db)
+        try:
+            yield store
+        finally:
+            store.close()
+
+    def publish(self, store: ProjectionStore, *, force: bool = False) -> None:
+        """Publish the serving snapshot after a committed write (at most every PUBLISH_INTERVAL_S)."""
+        if not force and time.monotonic() - self._last_publish < PUBLISH_INTERVAL_S:
+            self._unpublished = True
+            return
+        manifest = publish_snapshot(store.conn, self.paths.serving_dir, store_watermark=store_watermark(store))
+        self.published_version = manifest.version
+        self._last_publish = time.monotonic()
+        self._unpublished = False
+
+    def flush(self) -> None:
+        """Publish what earlier writes left unpublished."""
+        if self._unpublished:
+            with self.store() as store:
+                self.publish(store, force=True)
+
+    def fts_turns(self) -> FtsIndex:
+        return self._index("turns")
+
+    def fts_facts(self) -> FtsIndex:
+        return self._index("facts")
+
+    def _index(self, name: str) -> FtsIndex:
+        if name not in self._indexes:
+            path = self.paths.fts_turns if name == "turns" else self.paths.fts_facts
+            self._indexes[name] = FtsIndex(path, writable=True)
+        return self._indexes[name]
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._close_handles()
+
+    def _close_handles(self) -> None:
+        for index in self._indexes.values():
+            index.close()
+        self._indexes.clear()
+        if self._turn_log is not None:
+            self._turn_log.close()
+            self._turn_log = None
+
+
+def store_watermark(store: ProjectionStore) -> dict:
+    """What the snapshot is in step with: every projector's watermark and the newest fact id."""
+    marks = {
+        row[0]: {"turn_id": int(row[1] or 0), "fact_id": int(row[2] or 0), "change_seq": int(row[3] or 0)}
+        for row in store.conn.execute(
+            "SELECT projector, turn_id, fact_id, change_seq FROM watermarks ORDER BY projector"
+        ).fetchall()
+    }
+    return {"projectors": marks, "latest_fact_id": store.latest_fact_id()}

@@ -1,0 +1,119 @@
+"""Where a familiar's files live.
+
+One folder per familiar under the data root (``data/familiars/<id>/``). The data
+root comes from ``FAMILIAR_DATA_ROOT`` so tests and benchmarks can point at a
+temporary folder; the shipped defaults (``_default/``) are always found next to
+the package even when the data root is elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_DEFAULT_DIR = REPO_ROOT / "data" / "familiars" / "_default"
+DEFAULT_FAMILIAR_DIRNAME = "_default"
+
+_FAMILIAR_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+class InvalidFamiliarId(ValueError):
+    pass
+
+
+def validate_familiar_id(familiar_id: str) -> str:
+    """Familiar ids name folders, Dagster partitions and ``ego:<id>`` keys."""
+    if not isinstance(familiar_id, str) or not _FAMILIAR_ID.match(familiar_id):
+        raise InvalidFamiliarId(
+            f"invalid familiar id {familiar_id!r}: use 1-63 characters of a-z, 0-9, '_' "
+            "or '-', starting with a letter or digit"
+        )
+    return familiar_id
+
+
+def data_root() -> Path:
+    """The folder holding one sub-folder per familiar (absolute)."""
+    configured = os.environ.get("FAMILIAR_DATA_ROOT")
+    root = Path(configured) if configured else REPO_ROOT / "data" / "familiars"
+    return root.expanduser().resolve()
+
+
+def default_dir(root: Path | None = None) -> Path:
+    """The `_default` folder: the data root's own if present, else the shipped one."""
+    candidate = (root or data_root()) / DEFAULT_FAMILIAR_DIRNAME
+    if (candidate / "character.toml").is_file():
+        return candidate
+    return SHIPPED_DEFAULT_DIR
+
+
+@dataclass(frozen=True)
+class FamiliarPaths:
+    """Every path of one familiar. Pure: nothing is created on construction."""
+
+    familiar_id: str
+    root: Path
+
+    @classmethod
+    def for_id(cls, familiar_id: str, root: Path | None = None) -> "FamiliarPaths":
+        validate_familiar_id(familiar_id)
+        return cls(familiar_id=familiar_id, root=(root or data_root()))
+
+    @property
+    def dir(self) -> Path:
+        return self.root / self.familiar_id
+
+    @property
+    def turns_db(self) -> Path:
+        return self.dir / "turns.db"
+
+    @property
+    def memory_db(self) -> Path:
+        return self.dir / "memory.duckdb"
+
+    @property
+    def serving_dir(self) -> Path:
+        return self.dir / "serving"
+
+    @property
+    def fts_dir(self) -> Path:
+        return self.dir / "fts"
+
+    @property
+    def fts_turns(self) -> Path:
+        return self.fts_dir / "turns"
+
+    @property
+    def fts_facts(self) -> Path:
+        return self.fts_dir / "facts"
+
+    @property
+    def character_toml(self) -> Path:
+        return self.dir / "character.toml"
+
+    @property
+    def character_md(self) -> Path:
+        return self.dir / "character.md"
+
+    @property
+    def lorebook_toml(self) -> Path:
+        return self.dir / "lorebook.toml"
+
+    @property
+    def cache_dir(self) -> Path:
+        """LLM response cache and other rebuildable scratch."""
+        return self.dir / "cache"
+
+
+def list_familiars(root: Path | None = None) -> list[str]:
+    """Familiar ids that have a folder with a turn log, sorted."""
+    base = root or data_root()
+    if not base.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in base.iterdir()
+        if p.is_dir() and _FAMILIAR_ID.match(p.name) and (p / "turns.db").exists()
+    )

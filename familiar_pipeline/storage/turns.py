@@ -1,0 +1,958 @@
+"""The turn log: one SQLite file per familiar, the source of truth for all memory.
+
+``data/familiars/<id>/turns.db`` is written only by the bot (one writer process) and
+read by pipeline runs in other processes. Every projection (summaries, facts, indexes,
+...) is rebuilt from it, so this module keeps it boring and hard to corrupt:
+
+* WAL mode with ``synchronous=NORMAL``: readers never block the writer and vice versa;
+  a commit costs no fsync (a power cut can lose the last few turns, never the file).
+* Turns are append-only. Edits and deletions are recorded *as such*: the turn row gets
+  a new ``revision`` / ``deleted_at`` tombstone (content kept for audit) and a row in
+  ``turn_changes``, whose ``seq`` is a monotone cursor projections follow to converge.
+* Every value is validated before any SQL runs, so a rejected write leaves nothing
+  half-written. Timestamps are stored as fixed-width UTC ISO-8601 text, so string
+  order is time order in SQL.
+* ``PRAGMA user_version`` is the schema version; forward migrations run on a read-write
+  open, all in one transaction, each idempotent. Read-only opens never migrate.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from familiar_pipeline.storage.identity import is_ego_key
+
+SCHEMA_VERSION = 2
+ROLES = ("user", "assistant", "system", "tool")
+MAX_CONTENT_BYTES = 1024 * 1024
+BUSY_TIMEOUT_MS = 5000
+_SQLITE_INT_MIN, _SQLITE_INT_MAX = -(2**63), 2**63 - 1
+
+
+class TurnLogError(ValueError):
+    """A turn-log problem, worded for the operator or the caller that caused it."""
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Turn:
+    id: int
+    channel_id: int
+    guild_id: int | None
+    role: str
+    author_key: str | None
+    author_display: str | None
+    content: str
+    mode: str | None
+    platform_message_id: str | None
+    reply_to_message_id: str | None
+    created_at: datetime
+    revision: int
+    edited_at: datetime | None
+    deleted_at: datetime | None
+
+    @property
+    def deleted(self) -> bool:
+        return self.deleted_at is not None
+
+    @property
+    def label(self) -> str:
+        """The name to show for the speaker when no better resolution is at hand."""
+        return self.author_display or self.author_key or self.role
+
+
+@dataclass(frozen=True)
+class TurnChange:
+    seq: int
+    turn_id: int
+    kind: str  # "edit" | "delete"
+    revision: int  # edit: the new revision; delete: the revision that was deleted
+    at: datetime
+    prior_content: str | None = None  # edit only: the text before the edit
+
+
+@dataclass(frozen=True)
+class Participant:
+    canonical_key: str
+    platform: str
+    user_id: str
+    username: str | None
+    global_name: str | None
+    pronouns: str | None
+    bio: str | None
+    first_seen_at: datetime
+    last_seen_at: datetime
+
+
+# --------------------------------------------------------------------------- schema
+
+_V1 = """
+CREATE TABLE IF NOT EXISTS turns (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel_id INTEGER NOT NULL,
+    guild_id INTEGER,
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system', 'tool')),
+    author_key TEXT,
+    author_display TEXT,
+    content TEXT NOT NULL,
+    mode TEXT,
+    platform_message_id TEXT,
+    reply_to_message_id TEXT,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS turns_channel_tail ON turns (channel_id, id);
+CREATE INDEX IF NOT EXISTS turns_platform_message
+    ON turns (platform_message_id) WHERE platform_message_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS turns_author ON turns (author_key, id) WHERE author_key IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS participants (
+    canonical_key TEXT PRIMARY KEY,
+    platform TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    username TEXT,
+    global_name TEXT,
+    pronouns TEXT,
+    bio TEXT,
+    first_seen_at TEXT NOT NULL,
+    last_seen_at TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS guild_nicks (
+    canonical_key TEXT NOT NULL,
+    guild_id INTEGER NOT NULL,
+    nick TEXT,
+    last_seen_at TEXT NOT NULL,
+    PRIMARY KEY (canonical_key, guild_id)
+);
+
+CREATE TABLE IF NOT EXISTS turn_mentions (
+    turn_id INTEGER NOT NULL REFERENCES turns (id),
+    canonical_key TEXT NOT NULL,
+    PRIMARY KEY (turn_id, canonical_key)
+);
+CREATE INDEX IF NOT EXISTS turn_mentions_by_key ON turn_mentions (canonical_key, turn_id);
+"""
+
+_V2_TABLES = """
+CREATE TABLE IF NOT EXISTS turn_changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    turn_id INTEGER NOT NULL REFERENCES turns (id),
+    kind TEXT NOT NULL CHECK (kind IN ('edit', 'delete')),
+    revision INTEGER NOT NULL,
+    prior_content TEXT,
+    at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS turn_changes_by_turn ON turn_changes (turn_id, seq);
+"""
+
+
+def _run_script(conn: sqlite3.Connection, script: str) -> None:
+    # executescript() would COMMIT the migration transaction; run statements one by one.
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def _migrate_to_v1(conn: sqlite3.Connection) -> None:
+    """Turns, participants, guild nicknames and mentions."""
+    _run_script(conn, _V1)
+
+
+def _migrate_to_v2(conn: sqlite3.Connection) -> None:
+    """Edits and deletions as first-class records: revision, tombstone, change log."""
+    existing = _columns(conn, "turns")
+    for column, ddl in (
+        ("revision", "ALTER TABLE turns ADD COLUMN revision INTEGER NOT NULL DEFAULT 0"),
+        ("edited_at", "ALTER TABLE turns ADD COLUMN edited_at TEXT"),
+        ("deleted_at", "ALTER TABLE turns ADD COLUMN deleted_at TEXT"),
+    ):
+        if column not in existing:  # idempotent: a half-migrated file may have some already
+            conn.execute(ddl)
+    _run_script(conn, _V2_TABLES)
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _migrate_to_v1,
+    2: _migrate_to_v2,
+}
+assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_int(value: Any, field: str, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    # bool is an int subclass; True as a channel id is always a caller bug.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TurnLogError(f"{field} must be an integer, got {type(value).__name__} {value!r}")
+    if not _SQLITE_INT_MIN <= value <= _SQLITE_INT_MAX:
+        raise TurnLogError(f"{field} {value} does not fit in a signed 64-bit integer")
+    return value
+
+
+def _check_text(
+    value: Any, field: str, *, optional: bool = True, max_bytes: int | None = None
+) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise TurnLogError(f"{field} must be a string, got {type(value).__name__}")
+    try:
+        encoded_len = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise TurnLogError(
+            f"{field} contains a lone UTF-16 surrogate ({value[exc.start]!r} at position "
+            f"{exc.start}) and cannot be stored as UTF-8; nothing was written"
+        ) from None
+    if max_bytes is not None and encoded_len > max_bytes:
+        raise TurnLogError(
+            f"{field} is {encoded_len} bytes of UTF-8; the limit is {max_bytes} bytes (1 MiB)"
+        )
+    return value
+
+
+def _check_message_id(value: Any, field: str) -> str | None:
+    """Platform message ids are snowflakes on Discord; stored as text so any platform fits."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    text = _check_text(value, field)
+    if not text:
+        raise TurnLogError(f"{field} must not be empty (use None when there is none)")
+    return text
+
+
+def _check_key(key: Any, field: str = "canonical key") -> str:
+    if not isinstance(key, str):
+        raise TurnLogError(f"{field} must be a string like 'discord:1234', got {type(key).__name__}")
+    platform, sep, user = key.partition(":")
+    if not sep or not platform or not user or any(c.isspace() for c in key):
+        raise TurnLogError(f"malformed {field} {key!r}; expected 'platform:user_id'")
+    _check_text(key, field)
+    return key
+
+
+def _check_ids(ids: Iterable[Any], field: str) -> list[int]:
+    return sorted({_check_int(i, field) for i in ids})  # type: ignore[misc]
+
+
+def _utc_text(value: Any, field: str) -> str:
+    """Any accepted timestamp -> fixed-width UTC text, so string order is time order."""
+    if value is None:
+        moment = datetime.now(timezone.utc)
+    elif isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise TurnLogError(f"{field} {value!r} is not an ISO-8601 timestamp") from None
+    else:
+        raise TurnLogError(f"{field} must be a datetime, got {type(value).__name__}")
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)  # naive means UTC, by convention
+    else:
+        moment = moment.astimezone(timezone.utc)
+    return moment.isoformat(timespec="microseconds")
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+# --------------------------------------------------------------------------- rows
+
+_TURN_COLUMNS = (
+    "id, channel_id, guild_id, role, author_key, author_display, content, mode, "
+    "platform_message_id, reply_to_message_id, created_at, revision, edited_at, deleted_at"
+)
+_PARTICIPANT_COLUMNS = (
+    "canonical_key, platform, user_id, username, global_name, pronouns, bio, "
+    "first_seen_at, last_seen_at"
+)
+_APPEND_FIELDS = frozenset(
+    {
+        "channel_id", "role", "content", "author_key", "author_display", "guild_id", "mode",
+        "platform_message_id", "reply_to_message_id", "created_at", "mentions",
+    }
+)
+_INSERT_TURN = (
+    "INSERT INTO turns (channel_id, guild_id, role, author_key, author_display, content, mode, "
+    "platform_message_id, reply_to_message_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _turn_from_row(row: tuple) -> Turn:
+    return Turn(
+        id=row[0],
+        channel_id=row[1],
+        guild_id=row[2],
+        role=row[3],
+        author_key=row[4],
+        author_display=row[5],
+        content=row[6],
+        mode=row[7],
+        platform_message_id=row[8],
+        reply_to_message_id=row[9],
+        created_at=datetime.fromisoformat(row[10]),
+        revision=row[11],
+        edited_at=_parse_time(row[12]),
+        deleted_at=_parse_time(row[13]),
+    )
+
+
+def _participant_from_row(row: tuple) -> Participant:
+    return Participant(*row[:7], first_seen_at=_parse_time(row[7]), last_seen_at=_parse_time(row[8]))
+
+
+@dataclass(frozen=True)
+class _PendingTurn:
+    """A validated append, ready to insert: the SQL parameters plus its mentions."""
+
+    params: tuple
+    mentions: tuple[str, ...]
+
+
+def _validate_append(
+    *,
+    channel_id: Any,
+    role: Any,
+    content: Any,
+    author_key: Any = None,
+    author_display: Any = None,
+    guild_id: Any = None,
+    mode: Any = None,
+    platform_message_id: Any = None,
+    reply_to_message_id: Any = None,
+    created_at: Any = None,
+    mentions: Iterable[str] = (),
+) -> _PendingTurn:
+    _check_int(channel_id, "channel_id")
+    if role not in ROLES:
+        raise TurnLogError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
+    _check_text(content, "content", optional=False, max_bytes=MAX_CONTENT_BYTES)
+    if author_key is not None:
+        _check_key(author_key, "author_key")
+    return _PendingTurn(
+        params=(
+            channel_id,
+            _check_int(guild_id, "guild_id", optional=True),
+            role,
+            author_key,
+            _check_text(author_display, "author_display"),
+            content,
+            _check_text(mode, "mode"),
+            _check_message_id(platform_message_id, "platform_message_id"),
+            _check_message_id(reply_to_message_id, "reply_to_message_id"),
+            _utc_text(created_at, "created_at"),
+        ),
+        mentions=_mentionable(mentions),
+    )
+
+
+def _mentionable(keys: Iterable[Any] | None) -> tuple[str, ...]:
+    """Validated, deduplicated, sorted mention keys.
+
+    The familiar's own ego key is dropped: mentions link turns to participant accounts,
+    and the familiar being addressed is not one.
+    """
+    if keys is None:
+        return ()
+    if isinstance(keys, str):
+        raise TurnLogError("mentions must be a collection of canonical keys, not a single string")
+    valid = {_check_key(k, "mention key") for k in keys}
+    return tuple(sorted(k for k in valid if not is_ego_key(k)))
+
+
+# --------------------------------------------------------------------------- the log
+
+
+class TurnLog:
+    """One familiar's turn log. One instance per process; safe to share between threads."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False):
+        self.path = path if str(path) == ":memory:" else Path(path)
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        self._in_snapshot = False
+        self._conn: sqlite3.Connection | None = None
+        self._conn = self._open_readonly() if readonly else self._open_writer()
+
+    # -- opening
+
+    def _connect(self, target: str, *, uri: bool) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                target,
+                uri=uri,
+                isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                check_same_thread=False,  # guarded by self._lock instead
+                timeout=BUSY_TIMEOUT_MS / 1000,
+                cached_statements=256,
+            )
+        except sqlite3.Error as exc:
+            raise TurnLogError(f"cannot open turn log {self.path}: {exc}") from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise TurnLogError(f"{self.path} is not a usable SQLite turn log: {exc}") from exc
+        if version > SCHEMA_VERSION:
+            conn.close()
+            raise TurnLogError(
+                f"{self.path} has turn-log schema version {version}, newer than this code "
+                f"knows ({SCHEMA_VERSION}); upgrade familiar before opening it"
+            )
+        return conn
+
+    def _open_writer(self) -> sqlite3.Connection:
+        if isinstance(self.path, Path):
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise TurnLogError(f"cannot create the folder for {self.path}: {exc}") from exc
+        conn = self._connect(str(self.path), uri=False)
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal" and isinstance(self.path, Path):
+                raise TurnLogError(f"could not switch {self.path} to WAL mode (got {mode!r})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise TurnLogError(f"cannot prepare turn log {self.path}: {exc}") from exc
+        except TurnLogError:
+            conn.close()
+            raise
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-read under the write lock: another opener may have migrated meanwhile.
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                MIGRATIONS[target](conn)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _open_readonly(self) -> sqlite3.Connection:
+        if not isinstance(self.path, Path):
+            raise TurnLogError("a read-only turn log needs a file path, not ':memory:'")
+        if not self.path.is_file():
+            raise TurnLogError(f"turn log {self.path} does not exist (the bot creates it)")
+        conn = self._connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version < SCHEMA_VERSION:
+            conn.close()
+            raise TurnLogError(
+                f"{self.path} has turn-log schema version {version}, older than this code "
+                f"({SCHEMA_VERSION}); open it read-write once (starting the bot does) to migrate"
+            )
+        conn.execute("PRAGMA query_only = ON")
+        return conn
+
+    # -- plumbing
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> "TurnLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._conn is None else ("read-only" if self.readonly else "read-write")
+        return f"TurnLog({str(self.path)!r}, {state})"
+
+    def _live(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise TurnLogError(f"turn log {self.path} is closed")
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; anything raised rolls it back whole."""
+        with self._lock:
+            conn = self._live()
+            if self.readonly:
+                raise TurnLogError(f"turn log {self.path} was opened read-only")
+            if self._in_snapshot:
+                raise TurnLogError("cannot write inside a read snapshot")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
+                raise TurnLogError(f"write to {self.path} failed and was rolled back: {exc}") from exc
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def _query(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._live().execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise TurnLogError(f"read from {self.path} failed: {exc}") from exc
+
+    def _turns(self, where: str, params: tuple | list = (), tail: str = "ORDER BY id") -> list[Turn]:
+        rows = self._query(f"SELECT {_TURN_COLUMNS} FROM turns WHERE {where} {tail}", params)
+        return [_turn_from_row(r) for r in rows]
+
+    @contextmanager
+    def snapshot(self) -> Iterator["TurnLog"]:
+        """Read several things from one consistent state (a single read transaction).
+
+        A projection that reads ``turns_after(w)`` and ``latest_change_seq()`` inside one
+        snapshot sees no append or edit that lands between the two calls.
+        """
+        with self._lock:
+            conn = self._live()
+            if self._in_snapshot:
+                yield self
+                return
+            conn.execute("BEGIN DEFERRED")
+            self._in_snapshot = True
+            try:
+                yield self
+            finally:
+                self._in_snapshot = False
+                conn.execute("COMMIT")
+
+    # -- appending
+
+    def append_turn(
+        self,
+        *,
+        channel_id: int,
+        role: str,
+        content: str,
+        author_key: str | None = None,
+        author_display: str | None = None,
+        guild_id: int | None = None,
+        mode: str | None = None,
+        platform_message_id: str | int | None = None,
+        reply_to_message_id: str | int | None = None,
+        created_at: datetime | None = None,
+        mentions: Iterable[str] = (),
+    ) -> Turn:
+        pending = _validate_append(
+            channel_id=channel_id, role=role, content=content, author_key=author_key,
+            author_display=author_display, guild_id=guild_id, mode=mode,
+            platform_message_id=platform_message_id, reply_to_message_id=reply_to_message_id,
+            created_at=created_at, mentions=mentions,
+        )
+        with self._write() as conn:
+            turn_id = self._insert(conn, pending)
+        return self._pending_to_turn(turn_id, pending)
+
+    def append_turns(self, rows: Iterable[dict]) -> list[Turn]:
+        """Bulk import: every row is validated first, then all are written in one transaction."""
+        pending: list[_PendingTurn] = []
+        for index, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise TurnLogError(f"row {index}: expected a dict, got {type(row).__name__}")
+            unknown = set(row) - _APPEND_FIELDS
+            if unknown:
+                raise TurnLogError(f"row {index}: unknown field(s) {', '.join(sorted(unknown))}")
+            try:
+                pending.append(_validate_append(**row))
+            except TypeError as exc:  # a required field is missing
+                raise TurnLogError(f"row {index}: {exc}") from None
+            except TurnLogError as exc:
+                raise TurnLogError(f"row {index}: {exc}") from None
+        if not pending:
+            return []
+        with self._write() as conn:
+            ids = [self._insert(conn, p) for p in pending]
+        return [self._pending_to_turn(i, p) for i, p in zip(ids, pending)]
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, pending: _PendingTurn) -> int:
+        turn_id = conn.execute(_INSERT_TURN, pending.params).lastrowid
+        if pending.mentions:
+            conn.executemany(
+                "INSERT OR IGNORE INTO turn_mentions (turn_id, canonical_key) VALUES (?, ?)",
+                [(turn_id, key) for key in pending.mentions],
+            )
+        return turn_id
+
+    @staticmethod
+    def _pending_to_turn(turn_id: int, pending: _PendingTurn) -> Turn:
+        # Built from the exact values written, which saves a read-back per append.
+        p = pending.params
+        return Turn(
+            id=turn_id, channel_id=p[0], guild_id=p[1], role=p[2], author_key=p[3],
+            author_display=p[4], content=p[5], mode=p[6], platform_message_id=p[7],
+            reply_to_message_id=p[8], created_at=datetime.fromisoformat(p[9]),
+            revision=0, edited_at=None, deleted_at=None,
+        )
+
+    # -- edits and deletions
+
+    def _locate(self, conn: sqlite3.Connection, turn_id: Any, platform_message_id: Any) -> tuple | None:
+        if (turn_id is None) == (platform_message_id is None):
+            raise TurnLogError("give exactly one of turn_id or platform_message_id")
+        if turn_id is not None:
+            _check_int(turn_id, "turn_id")
+            sql, param = f"SELECT {_TURN_COLUMNS} FROM turns WHERE id = ?", turn_id
+        else:
+            # Message ids are unique per platform; should a message have been logged twice,
+            # the latest copy is the one the edit or deletion applies to.
+            param = _check_message_id(platform_message_id, "platform_message_id")
+            sql = (
+                f"SELECT {_TURN_COLUMNS} FROM turns WHERE platform_message_id = ? "
+                "ORDER BY id DESC LIMIT 1"
+            )
+        return conn.execute(sql, (param,)).fetchone()
+
+    def record_edit(
+        self,
+        *,
+        turn_id: int | None = None,
+        platform_message_id: str | int | None = None,
+        new_content: str,
+        edited_at: datetime | None = None,
+    ) -> Turn | None:
+        """Replace a turn's text, keeping the prior text in ``turn_changes``.
+
+        Returns None when no such turn exists. An edit that does not change the text
+        (Discord sends those when embeds unfurl) and an edit of a deleted turn change
+        nothing and return the turn as it stands.
+        """
+        _check_text(new_content, "new_content", optional=False, max_bytes=MAX_CONTENT_BYTES)
+        at = _utc_text(edited_at, "edited_at")
+        with self._write() as conn:
+            row = self._locate(conn, turn_id, platform_message_id)
+            if row is None:
+                return None
+            current = _turn_from_row(row)
+            if current.deleted or current.content == new_content:
+                return current
+            revision = current.revision + 1
+            conn.execute(
+                "UPDATE turns SET content = ?, revision = ?, edited_at = ? WHERE id = ?",
+                (new_content, revision, at, current.id),
+            )
+            conn.execute(
+                "INSERT INTO turn_changes (turn_id, kind, revision, prior_content, at) "
+                "VALUES (?, 'edit', ?, ?, ?)",
+                (current.id, revision, current.content, at),
+            )
+        return replace(current, content=new_content, revision=revision, edited_at=datetime.fromisoformat(at))
+
+    def record_deletion(
+        self,
+        *,
+        turn_id: int | None = None,
+        platform_message_id: str | int | None = None,
+        deleted_at: datetime | None = None,
+    ) -> Turn | None:
+        """Tombstone a turn: its content stays for audit, but it counts as deleted.
+
+        Returns None when no such turn exists; deleting twice keeps the first tombstone.
+        """
+        at = _utc_text(deleted_at, "deleted_at")
+        with self._write() as conn:
+            row = self._locate(conn, turn_id, platform_message_id)
+            if row is None:
+                return None
+            current = _turn_from_row(row)
+            if current.deleted:
+                return current
+            conn.execute("UPDATE turns SET deleted_at = ? WHERE id = ?", (at, current.id))
+            conn.execute(
+                "INSERT INTO turn_changes (turn_id, kind, revision, prior_content, at) "
+                "VALUES (?, 'delete', ?, NULL, ?)",
+                (current.id, current.revision, at),
+            )
+        return replace(current, deleted_at=datetime.fromisoformat(at))
+
+    def changes_after(self, seq: int, limit: int | None = None) -> list[TurnChange]:
+        _check_int(seq, "seq")
+        rows = self._query(
+            "SELECT seq, turn_id, kind, revision, at, prior_content FROM turn_changes "
+            "WHERE seq > ? ORDER BY seq LIMIT ?",
+            (seq, _sql_limit(limit)),
+        )
+        return [
+            TurnChange(
+                seq=r[0], turn_id=r[1], kind=r[2], revision=r[3],
+                at=datetime.fromisoformat(r[4]), prior_content=r[5],
+            )
+            for r in rows
+        ]
+
+    def latest_change_seq(self) -> int:
+        return self._query("SELECT coalesce(max(seq), 0) FROM turn_changes")[0][0]
+
+    # -- participants
+
+    def upsert_participant(
+        self,
+        canonical_key: str,
+        *,
+        username: str | None = None,
+        global_name: str | None = None,
+        pronouns: str | None = None,
+        bio: str | None = None,
+        seen_at: datetime | None = None,
+    ) -> Participant:
+        """Record what we know about an account; None never erases a known value.
+
+        ``first_seen_at``/``last_seen_at`` widen to include ``seen_at``, so importing old
+        history after live traffic does not move ``last_seen_at`` backwards.
+        """
+        _check_key(canonical_key)
+        if is_ego_key(canonical_key):
+            raise TurnLogError(f"{canonical_key!r} is the familiar itself, not a participant account")
+        platform, _, user_id = canonical_key.partition(":")
+        profile = {"username": username, "global_name": global_name, "pronouns": pronouns, "bio": bio}
+        values = {name: _check_text(value, name) for name, value in profile.items()}
+        at = _utc_text(seen_at, "seen_at")
+        with self._write() as conn:
+            row = conn.execute(
+                "INSERT INTO participants (canonical_key, platform, user_id, username, global_name, "
+                "pronouns, bio, first_seen_at, last_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (canonical_key) DO UPDATE SET "
+                "username = coalesce(excluded.username, username), "
+                "global_name = coalesce(excluded.global_name, global_name), "
+                "pronouns = coalesce(excluded.pronouns, pronouns), "
+                "bio = coalesce(excluded.bio, bio), "
+                "first_seen_at = min(first_seen_at, excluded.first_seen_at), "
+                "last_seen_at = max(last_seen_at, excluded.last_seen_at) "
+                f"RETURNING {_PARTICIPANT_COLUMNS}",
+                (canonical_key, platform, user_id, values["username"], values["global_name"],
+                 values["pronouns"], values["bio"], at, at),
+            ).fetchall()[0]
+        return _participant_from_row(row)
+
+    def participant(self, key: str) -> Participant | None:
+        rows = self._query(f"SELECT {_PARTICIPANT_COLUMNS} FROM participants WHERE canonical_key = ?", (key,))
+        return _participant_from_row(rows[0]) if rows else None
+
+    def participants(self) -> list[Participant]:
+        """Every known account, ordered by canonical key."""
+        rows = self._query(f"SELECT {_PARTICIPANT_COLUMNS} FROM participants ORDER BY canonical_key")
+        return [_participant_from_row(r) for r in rows]
+
+    def upsert_guild_nick(
+        self, canonical_key: str, guild_id: int, nick: str | None, seen_at: datetime | None = None
+    ) -> None:
+        """Record the account's nickname in a guild; None (or "") means it has none now."""
+        _check_key(canonical_key)
+        _check_int(guild_id, "guild_id")
+        nick = _check_text(nick, "nick") or None
+        at = _utc_text(seen_at, "seen_at")
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO guild_nicks (canonical_key, guild_id, nick, last_seen_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (canonical_key, guild_id) DO UPDATE SET "
+                "nick = excluded.nick, last_seen_at = excluded.last_seen_at",
+                (canonical_key, guild_id, nick, at),
+            )
+
+    def guild_nick(self, canonical_key: str, guild_id: int) -> str | None:
+        rows = self._query(
+            "SELECT nick FROM guild_nicks WHERE canonical_key = ? AND guild_id = ?", (canonical_key, guild_id)
+        )
+        return rows[0][0] if rows else None
+
+    def resolve_label(
+        self, key: str, guild_id: int | None = None, *, ego_label: str | None = None
+    ) -> str:
+        """The best current name for a key; never empty.
+
+        Guild nick (only when ``guild_id`` is given) → global name → username → the
+        display snapshot of the key's latest turn → the user-id part of the key. The ego
+        key has no account: it reads ``ego_label`` (the familiar's display name) if given.
+        """
+        if not isinstance(key, str):
+            raise TurnLogError(f"key must be a string, got {type(key).__name__}")
+        if is_ego_key(key):
+            return ego_label or key.partition(":")[2]
+        if guild_id is not None:
+            nick = self.guild_nick(key, guild_id)
+            if nick:
+                return nick
+        known = self.participant(key)
+        if known is not None and (known.global_name or known.username):
+            return known.global_name or known.username  # type: ignore[return-value]
+        latest = self._query(
+            "SELECT author_display FROM turns WHERE author_key = ? AND author_display IS NOT NULL "
+            "AND author_display != '' ORDER BY id DESC LIMIT 1",
+            (key,),
+        )
+        if latest:
+            return latest[0][0]
+        platform, sep, user = key.partition(":")
+        return (user if sep and user else key) or "?"
+
+    # -- mentions
+
+    def record_mentions(self, turn_id: int, keys: Iterable[str]) -> None:
+        """Link a turn to the participants it mentions (deduplicated; ego keys skipped)."""
+        _check_int(turn_id, "turn_id")
+        mentions = _mentionable(keys)
+        if not mentions:
+            return
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM turns WHERE id = ?", (turn_id,)).fetchone() is None:
+                raise TurnLogError(f"cannot record mentions: turn {turn_id} does not exist")
+            conn.executemany(
+                "INSERT OR IGNORE INTO turn_mentions (turn_id, canonical_key) VALUES (?, ?)",
+                [(turn_id, key) for key in mentions],
+            )
+
+    def mentions_for_turn(self, turn_id: int) -> list[str]:
+        rows = self._query(
+            "SELECT canonical_key FROM turn_mentions WHERE turn_id = ? ORDER BY canonical_key", (turn_id,)
+        )
+        return [r[0] for r in rows]
+
+    def mentions_for_turns(self, ids: Iterable[int]) -> dict[int, list[str]]:
+        """Mentions per requested turn id; ids without mentions map to []."""
+        wanted = _check_ids(ids, "turn id")
+        result: dict[int, list[str]] = {i: [] for i in wanted}
+        if wanted:
+            for turn_id, key in self._query(
+                "SELECT turn_id, canonical_key FROM turn_mentions "
+                "WHERE turn_id IN (SELECT value FROM json_each(?)) ORDER BY turn_id, canonical_key",
+                (json.dumps(wanted),),
+            ):
+                result[turn_id].append(key)
+        return result
+
+    # -- reading turns
+
+    def recent(
+        self, channel_id: int, limit: int, *, before_id: int | None = None, include_deleted: bool = False
+    ) -> list[Turn]:
+        """The channel's last ``limit`` turns (below ``before_id`` if given), oldest first."""
+        _check_int(channel_id, "channel_id")
+        if _check_int(limit, "limit") <= 0:  # type: ignore[operator]
+            return []
+        where, params = "channel_id = ?", [channel_id]
+        if before_id is not None:
+            where += " AND id < ?"
+            params.append(_check_int(before_id, "before_id"))
+        if not include_deleted:
+            where += " AND deleted_at IS NULL"
+        turns = self._turns(where, params + [limit], "ORDER BY id DESC LIMIT ?")
+        turns.reverse()
+        return turns
+
+    def recent_cross_channel(self, limit: int, *, include_deleted: bool = False) -> list[Turn]:
+        """The last ``limit`` turns over every channel, oldest first."""
+        if _check_int(limit, "limit") <= 0:  # type: ignore[operator]
+            return []
+        where = "1" if include_deleted else "deleted_at IS NULL"
+        turns = self._turns(where, [limit], "ORDER BY id DESC LIMIT ?")
+        turns.reverse()
+        return turns
+
+    def turns_after(
+        self, after_id: int, limit: int | None = None, *, include_deleted: bool = True
+    ) -> list[Turn]:
+        """Turns with id > ``after_id``, ascending: the projections' incremental read.
+
+        Tombstoned turns are included by default so that positions in the log (and so
+        batch boundaries) do not shift when a message is deleted.
+        """
+        _check_int(after_id, "after_id")
+        where = "id > ?" + ("" if include_deleted else " AND deleted_at IS NULL")
+        return self._turns(where, [after_id, _sql_limit(limit)], "ORDER BY id LIMIT ?")
+
+    def turns_in_range(self, after_id: int, upto_id: int, *, include_deleted: bool = True) -> list[Turn]:
+        """Turns with ``after_id < id <= upto_id``, ascending (tombstones included by default)."""
+        _check_int(after_id, "after_id")
+        _check_int(upto_id, "upto_id")
+        where = "id > ? AND id <= ?" + ("" if include_deleted else " AND deleted_at IS NULL")
+        return self._turns(where, [after_id, upto_id])
+
+    def turns_by_ids(self, ids: Iterable[int]) -> list[Turn]:
+        """The turns that exist among ``ids`` (tombstones included), ascending by id."""
+        wanted = _check_ids(ids, "turn id")
+        if not wanted:
+            return []
+        return self._turns("id IN (SELECT value FROM json_each(?))", [json.dumps(wanted)])
+
+    def latest_id(self, channel_id: int | None = None) -> int:
+        """The highest turn id (in the channel, if given), tombstones included; 0 when empty."""
+        if channel_id is None:
+            return self._query("SELECT coalesce(max(id), 0) FROM turns")[0][0]
+        _check_int(channel_id, "channel_id")
+        return self._query("SELECT coalesce(max(id), 0) FROM turns WHERE channel_id = ?", (channel_id,))[0][0]
+
+    def count(self, *, include_deleted: bool = True) -> int:
+        where = "" if include_deleted else " WHERE deleted_at IS NULL"
+        return self._query(f"SELECT count(*) FROM turns{where}")[0][0]
+
+    def recent_distinct_authors(self, channel_id: int, limit: int) -> list[str]:
+        """Who spoke in the channel lately: distinct author keys, most recent first.
+
+        Walks the channel tail newest-first in pages and stops once ``limit`` authors are
+        found, so a busy channel costs a page or two rather than a scan of its history.
+        Assistant turns and deleted turns do not count.
+        """
+        _check_int(channel_id, "channel_id")
+        if _check_int(limit, "limit") <= 0:  # type: ignore[operator]
+            return []
+        found: list[str] = []
+        seen: set[str] = set()
+        before = _SQLITE_INT_MAX
+        while len(found) < limit:
+            page = self._query(
+                "SELECT id, author_key FROM turns WHERE channel_id = ? AND id < ? AND author_key IS NOT NULL "
+                "AND role != 'assistant' AND deleted_at IS NULL ORDER BY id DESC LIMIT 256",
+                (channel_id, before),
+            )
+            for _, key in page:
+                if key not in seen:
+                    seen.add(key)
+                    found.append(key)
+                    if len(found) == limit:
+                        break
+            if len(page) < 256:
+                break
+            before = page[-1][0]
+        return found
+
+
+def _sql_limit(limit: Any) -> int:
+    """None means no limit (SQLite's LIMIT -1); a negative limit is a caller bug."""
+    if limit is None:
+        return -1
+    if _check_int(limit, "limit") < 0:  # type: ignore[operator]
+        raise TurnLogError(f"limit must be >= 0 or None, got {limit}")
+    return limit
