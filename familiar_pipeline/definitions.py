@@ -8,12 +8,16 @@ from familiar_pipeline.defs.jobs import plugin_assets, projection_job
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
 
+PLUGIN_ASSETS = plugin_assets()
+# A plugin asset that follows facts carries the same automation condition as the built-in followers.
+PLUGIN_FOLLOWERS = [a for a in PLUGIN_ASSETS if any(a.automation_conditions_by_key.values())]
+
 # The fact-driven assets carry automation conditions (they follow `facts`, per
 # partition); this sensor evaluates them. RUNNING by default so nothing needs
 # enabling by hand in the UI.
 fact_automation_sensor = dg.AutomationConditionSensorDefinition(
     "fact_automation_sensor",
-    target=dg.AssetSelection.assets(*FACT_DRIVEN_ASSETS),
+    target=dg.AssetSelection.assets(*FACT_DRIVEN_ASSETS, *PLUGIN_FOLLOWERS),
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=30,
     description=(
@@ -22,11 +26,13 @@ fact_automation_sensor = dg.AutomationConditionSensorDefinition(
     ),
 )
 
+PROJECTION_ASSETS = [*TURN_DRIVEN_ASSETS, *TURN_EMBEDDING_ASSETS, *FACT_DRIVEN_ASSETS, *PLUGIN_ASSETS]
+
 defs = dg.Definitions(
-    assets=[turns, *TURN_DRIVEN_ASSETS, *TURN_EMBEDDING_ASSETS, *FACT_DRIVEN_ASSETS, *plugin_assets()],
+    assets=[turns, *PROJECTION_ASSETS],
     asset_checks=ALL_CHECKS,
     jobs=[projection_job],
-    sensors=[build_turn_watermark_sensor([*TURN_DRIVEN_ASSETS, *TURN_EMBEDDING_ASSETS, *FACT_DRIVEN_ASSETS]), fact_automation_sensor],
+    sensors=[build_turn_watermark_sensor(PROJECTION_ASSETS), fact_automation_sensor],
     resources={"familiar_data": FamiliarData(), "llm": LlmResource(), "embedder": EmbedderResource()},
     # One process per run: every step of a run shares the familiar's DuckDB file, which allows one writer.
     executor=dg.in_process_executor,

@@ -11,8 +11,9 @@ import duckdb
 import pytest
 
 from familiar_pipeline.storage import store_schema
+from familiar_pipeline.projectors.registry import BUILTIN_PROJECTORS as PROJECTIONS
+from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.storage.store import (
-    PROJECTIONS,
     SYSTEM_TIME_COLUMNS,
     Fact,
     FactDraft,
@@ -333,7 +334,7 @@ def test_supersede_and_upserts_twice_on_the_same_keys_in_one_transaction(tmp_pat
             store.set_fact_embedding(c.id, "m", [3.0])
             for i in range(3):
                 store.set_watermark("fact_supersede", fact_id=i)
-            store.drop_projection("fact_supersede")
+            drop_projection(store, "fact_supersede")
             assert store.supersede([a.id], c.id).superseded == (a.id,)
             store.put_dossier("discord:1", "v2", 2)
             store.put_dossier("discord:1", "v3", 3)
@@ -592,7 +593,7 @@ def remaining_watermarks(store):
 
 def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
     a, b, c = populated(store)
-    store.drop_projection("rich_note")
+    drop_projection(store, "rich_note")
     assert row_counts(store) == {
         "facts": 0, "fact_subjects": 0, "summaries": 1, "people_dossiers": 0, "reflections": 0,
         "fact_embeddings": 0, "turn_embeddings": 1, "watermarks": 3, "supersede_decisions": 0,
@@ -605,7 +606,7 @@ def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
 
 def test_drop_fact_supersede_unretires_and_drops_affected_dossiers(store):
     a, b, c = populated(store)
-    store.drop_projection("fact_supersede")
+    drop_projection(store, "fact_supersede")
     assert {f.id for f in store.current_facts()} == {a.id, b.id, c.id}
     assert store.table_rows("supersede_decisions") == []
     assert [d.canonical_key for d in store.dossiers()] == ["discord:2"]
@@ -620,7 +621,7 @@ def test_drop_fact_supersede_unretires_and_drops_affected_dossiers(store):
 def test_drop_single_table_projections(store, name, table):
     populated(store)
     before = row_counts(store)
-    store.drop_projection(name)
+    drop_projection(store, name)
     after = row_counts(store)
     assert after[table] == 0
     assert {k: v for k, v in after.items() if k not in (table, "watermarks")} == {
@@ -631,7 +632,7 @@ def test_drop_single_table_projections(store, name, table):
 
 def test_drop_unknown_projection_lists_the_known_ones(store):
     with pytest.raises(ValueError, match="rich_note"):
-        store.drop_projection("facts")
+        drop_projection(store, "facts")
 
 
 def test_table_rows_are_ordered_and_can_leave_out_system_time(store):
@@ -660,7 +661,7 @@ def test_file_store_persists_and_read_only_open_reads_but_never_writes(tmp_path)
         with pytest.raises(ReadOnlyStoreError):
             reader.append_fact(FactDraft("x"))
         with pytest.raises(ReadOnlyStoreError):
-            reader.drop_projection("rich_note")
+            drop_projection(reader, "rich_note")
     with pytest.raises(FileNotFoundError):
         ProjectionStore(tmp_path / "missing.duckdb", read_only=True)
     with pytest.raises(ValueError):

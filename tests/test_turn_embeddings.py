@@ -14,6 +14,7 @@ from familiar_pipeline.storage import store_schema
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.models.embedders import HashEmbedder
 from familiar_pipeline.projectors import turn_embeddings
+from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.defs.resources import FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.defs.sensors import FamiliarState, due_assets
@@ -130,7 +131,7 @@ def test_drop_projection_removes_every_turn_vector(tmp_path):
     with ProjectionStore(tmp_path / "m.duckdb") as store:
         store.set_turn_embeddings("a", [(1, [1.0]), (2, [2.0])])
         store.set_watermark("turn_embedding", turn_id=2)
-        store.drop_projection("turn_embedding")
+        drop_projection(store, "turn_embedding")
         assert store.turn_embedding_count("a") == 0 and store.get_watermark("turn_embedding").turn_id == 0
 
 

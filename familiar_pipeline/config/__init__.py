@@ -41,6 +41,7 @@ from typing import Any, Mapping, get_type_hints
 from familiar_pipeline.storage import paths
 
 from familiar_pipeline.projectors import registry
+from familiar_pipeline.projectors.spec import knob  # noqa: F401  (re-exported: config's own sections use it too)
 
 
 class ConfigError(ValueError):
@@ -87,22 +88,6 @@ class FrozenDict(dict):
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(frozenset(self.items()))
-
-
-def knob(default: Any, *, minimum: float | None = None, maximum: float | None = None,
-         above: float | None = None, choices: Any = None, nonempty: bool = False,
-         pattern: re.Pattern[str] | None = None, pattern_hint: str = "",
-         hide_bad_value: bool = False) -> Any:
-    """A dataclass field whose metadata says what values are valid.
-
-    `above` is an exclusive lower bound; `choices` is a tuple or a zero-argument
-    callable (for registries that grow at import time); `hide_bad_value` keeps a
-    rejected value out of error messages (it may be a pasted secret).
-    """
-    meta = {"minimum": minimum, "maximum": maximum, "above": above, "choices": choices,
-            "nonempty": nonempty, "pattern": pattern, "pattern_hint": pattern_hint,
-            "hide_bad_value": hide_bad_value}
-    return field(default=default, metadata=meta)
 
 
 # --------------------------------------------------------------------------- sections
@@ -169,46 +154,6 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
-class RollingSummaryConfig:
-    turns_threshold: int = knob(10, minimum=1)
-    backfill_cap: int = knob(200, minimum=1)
-
-
-@dataclass(frozen=True)
-class RichNoteConfig:
-    batch_size: int = knob(10, minimum=1)
-    participants_max: int = knob(30, minimum=1)
-
-
-@dataclass(frozen=True)
-class PeopleDossierConfig:
-    max_facts_per_prompt: int = knob(50, minimum=1)
-
-
-@dataclass(frozen=True)
-class ReflectionConfig:
-    turns_threshold: int = knob(20, minimum=1)
-    max_reflections_per_tick: int = knob(3, minimum=1)
-    max_turns_per_tick: int = knob(50, minimum=1)
-    recent_facts_limit: int = knob(20, minimum=0)  # 0 leaves facts out of the prompt
-
-
-@dataclass(frozen=True)
-class FactSupersedeConfig:
-    priors_max: int = knob(20, minimum=1)
-
-
-@dataclass(frozen=True)
-class FactEmbeddingConfig:
-    batch_size: int = knob(32, minimum=1)
-
-
-@dataclass(frozen=True)
-class TurnEmbeddingConfig:
-    batch_size: int = knob(64, minimum=1)
-
-
-@dataclass(frozen=True)
 class RetrievalConfig:
     bm25_weight: float = knob(1.0, minimum=0.0)
     recency_weight: float = knob(0.0, minimum=0.0)
@@ -228,41 +173,28 @@ class RetrievalConfig:
     turn_fusion: str = knob("weighted", choices=("weighted", "rrf"))
 
 
-# The built-in knob tables under [providers.memory.<name>], by projector name.
-KNOB_TABLES: Mapping[str, type] = FrozenDict({
-    "rolling_summary": RollingSummaryConfig,
-    "rich_note": RichNoteConfig,
-    "fact_supersede": FactSupersedeConfig,
-    "people_dossier": PeopleDossierConfig,
-    "reflection": ReflectionConfig,
-    "fact_embedding": FactEmbeddingConfig,
-    "turn_embedding": TurnEmbeddingConfig,
-})
-
-
 @dataclass(frozen=True)
 class MemoryConfig:
     projectors: tuple[str, ...] = registry.DEFAULT_PROJECTORS
-    rolling_summary: RollingSummaryConfig = field(default_factory=RollingSummaryConfig)
-    rich_note: RichNoteConfig = field(default_factory=RichNoteConfig)
-    people_dossier: PeopleDossierConfig = field(default_factory=PeopleDossierConfig)
-    reflection: ReflectionConfig = field(default_factory=ReflectionConfig)
-    fact_supersede: FactSupersedeConfig = field(default_factory=FactSupersedeConfig)
-    fact_embedding: FactEmbeddingConfig = field(default_factory=FactEmbeddingConfig)
-    turn_embedding: TurnEmbeddingConfig = field(default_factory=TurnEmbeddingConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    # [providers.memory.<name>] tables of registered third-party projectors, untyped.
-    extra_knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: FrozenDict({}))
+    # [providers.memory.<name>] by projector name: the knob dataclass its registered spec declares,
+    # or, for a projector registered without knobs, its table as written (untyped).
+    tables: Mapping[str, Any] = field(default_factory=lambda: FrozenDict(registry.default_knobs()))
+
+    def __getattr__(self, name: str) -> Any:
+        """`memory.rich_note` is the knobs of the projector named rich_note."""
+        tables = self.__dict__.get("tables")
+        if tables is not None and name in tables:
+            return tables[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def is_active(self, projector: str) -> bool:
         return projector in self.projectors
 
     def knobs(self, projector: str) -> Any:
-        """The knob dataclass (built-in) or mapping (third-party) of a projector."""
-        if projector in KNOB_TABLES:
-            return getattr(self, projector)
-        if projector in self.extra_knobs:
-            return self.extra_knobs[projector]
+        """The knob dataclass (or untyped mapping) of a projector."""
+        if projector in self.tables:
+            return self.tables[projector]
         registry.get_projector(projector)  # raises with the valid names if unknown
         return FrozenDict({})
 
@@ -755,7 +687,7 @@ def _memory(v: _Validator, value: Any, retrieval: RetrievalConfig) -> MemoryConf
     path = ("providers", "memory")
     table = v.table(value, path)
     known = registry.known_projectors()
-    v.unknown(table, ("projectors",) + tuple(sorted(set(KNOB_TABLES) | set(known))), path)
+    v.unknown(table, ("projectors",) + known, path)
 
     raw = table.get("projectors", list(registry.DEFAULT_PROJECTORS))
     ppath = path + ("projectors",)
@@ -776,18 +708,17 @@ def _memory(v: _Validator, value: Any, retrieval: RetrievalConfig) -> MemoryConf
         )
 
     # Knob tables are validated even for inactive projectors, so toggling one keeps its tuning.
-    knobs = {name: v.section(cls, table.get(name, {}), path + (name,)) for name, cls in KNOB_TABLES.items()}
-    extra = {
-        name: FrozenDict(copy.deepcopy(v.table(knob_table, path + (name,))))
-        for name, knob_table in table.items()
-        if name != "projectors" and name not in KNOB_TABLES
-    }
-    return MemoryConfig(projectors=tuple(raw), retrieval=retrieval,
-                        extra_knobs=FrozenDict(extra), **knobs)
+    tables: dict[str, Any] = {}
+    for spec in registry.specs():
+        if spec.has_knobs:
+            tables[spec.name] = v.section(spec.knobs, table.get(spec.name, {}), path + (spec.name,))
+        elif spec.name in table and spec.name in known:
+            tables[spec.name] = FrozenDict(copy.deepcopy(v.table(table[spec.name], path + (spec.name,))))
+    return MemoryConfig(projectors=tuple(raw), retrieval=retrieval, tables=FrozenDict(tables))
 
 
 def _embedding_backends() -> tuple[str, ...]:
-    # Imported late: embedders imports this module (and numpy) at import time.
+    # Imported late: embedders loads numpy, which loading a config does not need.
     from familiar_pipeline.models.embedders import known_embedders
 
     return known_embedders()
@@ -807,7 +738,7 @@ def _check_embedding_switches(tree: _Tree, memory: MemoryConfig, embedding: Embe
     if embedding.backend != "off":
         return
     backend_src = tree.source_of(("providers", "embedding", "backend"))
-    for projector in ("fact_embedding", "turn_embedding"):
+    for projector in (s.name for s in registry.specs() if s.needs_embedder):
         if projector in memory.projectors:
             ppath = ("providers", "memory", "projectors")
             raise ConfigError(
@@ -1048,11 +979,12 @@ def render_config(cfg: FamiliarConfig) -> str:
     _render_section(lines, "pipeline", cfg.pipeline)
 
     lines += ["", "[providers.memory]", f"projectors = {toml_value(list(cfg.memory.projectors))}"]
-    for name in KNOB_TABLES:
-        _render_section(lines, f"providers.memory.{name}", getattr(cfg.memory, name))
-    for name, knobs in cfg.memory.extra_knobs.items():
-        lines += ["", f"[providers.memory.{_key(name)}]"]
-        lines += [f"{_key(k)} = {toml_value(v)}" for k, v in knobs.items()]
+    for name, knobs in cfg.memory.tables.items():
+        if isinstance(knobs, Mapping):
+            lines += ["", f"[providers.memory.{_key(name)}]"]
+            lines += [f"{_key(k)} = {toml_value(v)}" for k, v in knobs.items()]
+        else:
+            _render_section(lines, f"providers.memory.{name}", knobs)
     _render_section(lines, "providers.embedding", cfg.embedding)
     _render_section(lines, "providers.history", cfg.history)
     _render_section(lines, "memory.retrieval", cfg.memory.retrieval)

@@ -9,23 +9,16 @@ prompts costs no tokens and yields the same rows.
 
 
 import dataclasses
-from typing import Callable
 
 import dagster as dg
 from pydantic import Field
 
 from familiar_pipeline.defs.partitions import familiars_partitions
-from familiar_pipeline.projectors import dossiers as dossier_projection
-from familiar_pipeline.projectors import embeddings as embedding_projection
-from familiar_pipeline.projectors import facts as fact_projection
-from familiar_pipeline.projectors import reflections as reflection_projection
-from familiar_pipeline.projectors import summary as summary_projection
-from familiar_pipeline.projectors import supersede as supersede_projection
-from familiar_pipeline.projectors import turn_embeddings as turn_embedding_projection
-from familiar_pipeline.projectors import turns_index
-from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
+from familiar_pipeline.projectors import registry
+from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.projectors.runtime import NoModelConfigured
+from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec
 
 PREVIEW_ROWS = 20
 
@@ -86,97 +79,43 @@ def report_metadata(report: ProjectionReport, usage, knobs: dict) -> dict:
 
 def materialize_projection(
     context: dg.AssetExecutionContext,
-    projector: str,
-    run: Callable,
+    spec: ProjectorSpec,
     config: ProjectionConfig,
     familiar_data: FamiliarData,
     llm: LlmResource,
-    *,
-    needs_llm: bool,
-    always_on: bool = False,
     embedder: EmbedderResource | None = None,
 ) -> dg.MaterializeResult:
+    """Open the familiar, drop the projection first on `rebuild`, run the projector, report."""
     familiar_id = context.partition_key
     cfg = familiar_data.config(familiar_id)
-    knobs_obj = getattr(cfg.memory, projector, None)
+    knobs_obj = cfg.memory.knobs(spec.name) if not spec.always_on else None
     knobs = dataclasses.asdict(knobs_obj) if dataclasses.is_dataclass(knobs_obj) else {}
     knobs["max_batches_per_run"] = cfg.pipeline.max_batches_per_run
-    report = ProjectionReport(projector)
-    usage = _llm_usage() if needs_llm else None
-    if not always_on and projector not in cfg.memory.projectors:
+    report = ProjectionReport(spec.name)
+    usage = _llm_usage() if spec.needs_llm else None
+    if not spec.always_on and spec.name not in cfg.memory.projectors:
         report.status = "disabled"
-        report.reason = f"'{projector}' is not listed in [providers.memory].projectors"
+        report.reason = f"'{spec.name}' is not listed in [providers.memory].projectors"
     else:
         runtime = build_runtime(familiar_data, llm, familiar_id, usage=usage, embedder=embedder)
         try:
-            if needs_llm and runtime.llm_client is None:
+            if spec.needs_llm and runtime.llm_client is None:
                 report.status = "skipped"
                 try:
                     runtime.llm
                 except NoModelConfigured as exc:
                     report.reason = str(exc)
             else:
-                run(runtime, report, rebuild=config.rebuild)
+                if config.rebuild and not (spec.needs_embedder and runtime.embedder is None):
+                    with runtime.store() as store:
+                        registry.drop_projection(store, spec.name)
+                        runtime.publish(store)
+                spec.run(runtime, report, rebuild=config.rebuild)
         finally:
             runtime.close()
     context.log.info(report.summary_line())
     return dg.MaterializeResult(metadata=report_metadata(report, usage, knobs))
 
-
-@dg.asset(
-    name="turns_fts",
-    partitions_def=familiars_partitions,
-    group_name="turns",
-    kinds={"tantivy"},
-    deps=[turns],
-    tags={"projector": "turns_fts"},
-)
-def turns_fts(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_data: FamiliarData, llm: LlmResource) -> dg.MaterializeResult:
-    """Full-text index of the turn log (fts/turns): new turns added, edited ones re-indexed, deleted ones removed.
-
-    The bot's retrieval searches it for earlier turns related to the new message. Needs no model.
-    """
-    return materialize_projection(context, turns_index.PROJECTOR, turns_index.run, config, familiar_data, llm, needs_llm=False, always_on=True)
-
-
-@dg.asset(
-    name="rolling_summary",
-    partitions_def=familiars_partitions,
-    group_name="synthesis",
-    kinds={"duckdb", "llm"},
-    deps=[turns],
-    tags={"projector": "rolling_summary"},
-)
-def rolling_summary(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_data: FamiliarData, llm: LlmResource) -> dg.MaterializeResult:
-    """The compounding summary of the conversation: the prior summary with each window of `turns_threshold` new turns folded in.
-
-    Shown to the model as "Conversation so far". An empty model reply keeps the old summary and watermark.
-    """
-    return materialize_projection(context, summary_projection.PROJECTOR, summary_projection.run, config, familiar_data, llm, needs_llm=True)
-
-
-@dg.asset(
-    name="facts",
-    partitions_def=familiars_partitions,
-    group_name="facts",
-    kinds={"duckdb", "tantivy", "llm"},
-    deps=[turns],
-    tags={"projector": "rich_note"},
-)
-def facts(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_data: FamiliarData, llm: LlmResource) -> dg.MaterializeResult:
-    """Atomic, attributed facts extracted from fixed batches of `batch_size` turns (projector `rich_note`).
-
-    Claims stay attributed, roleplay is recorded as bits, identity is the participant's canonical key;
-    near-duplicates are suppressed at insert; fts/facts is updated. The watermark always advances past
-    a processed batch, even when the model's reply was unusable (what was dropped is in the metadata).
-    """
-    return materialize_projection(context, fact_projection.PROJECTOR, fact_projection.run, config, familiar_data, llm, needs_llm=True)
-
-
-TURN_DRIVEN_ASSETS = [turns_fts, rolling_summary, facts]
-
-
-# ----------------------------------------------------------------------------- fact-driven assets
 
 # Run after `facts` (or supersession) changed, for that familiar's partition only:
 # a dependency newly updated (or requested in the same tick), none missing or in
@@ -199,122 +138,39 @@ FOLLOWS_FACTS = (
 ).with_label("after facts change")
 
 
-@dg.asset(
-    name="fact_supersessions",
-    partitions_def=familiars_partitions,
-    group_name="facts",
-    kinds={"duckdb", "llm"},
-    deps=[facts],
-    tags={"projector": "fact_supersede"},
-    automation_condition=FOLLOWS_FACTS,
-)
-def fact_supersessions(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_data: FamiliarData, llm: LlmResource) -> dg.MaterializeResult:
-    """Retires facts that a newer fact about the same person contradicts or replaces (projector `fact_supersede`).
+def projection_asset(spec: ProjectorSpec) -> dg.AssetsDefinition:
+    """The Dagster asset of one projector, everything about it read from its spec."""
+    resources = {"familiar_data", "llm"} | ({"embedder"} if spec.needs_embedder else set())
 
-    Every new fact is evaluated oldest first against the newest `priors_max` current facts about each of its
-    subjects with a smaller id. Only ids shown to the model can be retired; nothing is deleted (facts get
-    `superseded_at`/`superseded_by`); each model call is logged in `supersede_decisions`; the affected
-    subjects' dossiers are dropped so they rebuild clean. The watermark (a fact id) advances even on bad output.
-    """
-    return materialize_projection(context, supersede_projection.PROJECTOR, supersede_projection.run, config, familiar_data, llm, needs_llm=True)
+    def materialize(context: dg.AssetExecutionContext, config: ProjectionConfig) -> dg.MaterializeResult:
+        res = context.resources
+        embedder = res.embedder if spec.needs_embedder else None
+        return materialize_projection(context, spec, config, res.familiar_data, res.llm, embedder)
 
-
-@dg.asset(
-    name="people_dossiers",
-    partitions_def=familiars_partitions,
-    group_name="people",
-    kinds={"duckdb", "llm"},
-    deps=[facts, fact_supersessions],
-    tags={"projector": "people_dossier"},
-    automation_condition=FOLLOWS_FACTS,
-)
-def people_dossiers(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_data: FamiliarData, llm: LlmResource) -> dg.MaterializeResult:
-    """One compounding dossier per person, and the familiar's own self-record (projector `people_dossier`).
-
-    Advances one extraction batch at a time, folding each touched subject's new facts into its prior text;
-    a subject with a retired fact is rebuilt from its current facts. The self-record (`ego:<id>`) keeps facts
-    of importance >= 5 (or unknown), weighted by importance. An empty model reply never overwrites a dossier.
-    """
-    return materialize_projection(context, dossier_projection.PROJECTOR, dossier_projection.run, config, familiar_data, llm, needs_llm=True)
+    materialize.__doc__ = spec.doc or spec.description or None  # Dagster formats it like a docstring
+    return dg.asset(
+        name=spec.asset,
+        partitions_def=familiars_partitions,
+        group_name=spec.group,
+        kinds=set(spec.kinds),
+        deps=list(spec.inputs),
+        tags={"projector": spec.name},
+        automation_condition=FOLLOWS_FACTS if spec.trigger == FACTS else None,
+        required_resource_keys=resources,
+    )(materialize)
 
 
-@dg.asset(
-    name="reflections",
-    partitions_def=familiars_partitions,
-    group_name="synthesis",
-    kinds={"duckdb", "llm"},
-    # Supersession is a dependency too: a window shows the facts current at its end,
-    # so it waits until supersession has judged them.
-    deps=[turns, facts, fact_supersessions],
-    tags={"projector": "reflection"},
-    automation_condition=FOLLOWS_FACTS,
-)
-def reflections(context: dg.AssetExecutionContext, config: ProjectionConfig, familiar_data: FamiliarData, llm: LlmResource) -> dg.MaterializeResult:
-    """Cited reflections over each window of `turns_threshold` turns and the newest facts (projector `reflection`).
+ASSETS: dict[str, dg.AssetsDefinition] = {spec.asset: projection_asset(spec) for spec in registry.BUILTIN_SPECS}
 
-    Keeps only citations of turns in the window or facts that exist; drops uncited items; at most
-    `max_reflections_per_tick` per window; cross-channel windows give channel-agnostic rows. The watermark
-    always advances past a window, whatever the model replied.
-    """
-    return materialize_projection(context, reflection_projection.PROJECTOR, reflection_projection.run, config, familiar_data, llm, needs_llm=True)
+TURN_DRIVEN_ASSETS = [ASSETS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger != FACTS and not s.needs_embedder]
+FACT_DRIVEN_ASSETS = [ASSETS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger == FACTS]
+# Turn-driven too, but kept out of TURN_DRIVEN_ASSETS so selections without an embedder resource stay valid.
+TURN_EMBEDDING_ASSETS = [ASSETS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger != FACTS and s.needs_embedder]
 
 
-@dg.asset(
-    name="fact_embeddings",
-    partitions_def=familiars_partitions,
-    group_name="facts",
-    kinds={"duckdb"},
-    deps=[facts],
-    tags={"projector": "fact_embedding"},
-    automation_condition=FOLLOWS_FACTS,
-)
-def fact_embeddings(
-    context: dg.AssetExecutionContext,
-    config: ProjectionConfig,
-    familiar_data: FamiliarData,
-    llm: LlmResource,
-    embedder: EmbedderResource,
-) -> dg.MaterializeResult:
-    """Opt-in: a vector per current fact for the active embedding model (projector `fact_embedding`).
-
-    Embeds, in batches of `batch_size`, every current fact lacking a vector under the active model's name;
-    a model swap adds rows beside the old ones. Needs [providers.embedding].backend other than "off".
-    """
-    return materialize_projection(
-        context, embedding_projection.PROJECTOR, embedding_projection.run, config, familiar_data, llm,
-        needs_llm=False, embedder=embedder,
-    )
-
-
-FACT_DRIVEN_ASSETS = [fact_supersessions, people_dossiers, reflections, fact_embeddings]
-
-
-@dg.asset(
-    name="turn_embeddings",
-    partitions_def=familiars_partitions,
-    group_name="turns",
-    kinds={"duckdb"},
-    deps=[turns],
-    tags={"projector": "turn_embedding"},
-)
-def turn_embeddings(
-    context: dg.AssetExecutionContext,
-    config: ProjectionConfig,
-    familiar_data: FamiliarData,
-    llm: LlmResource,
-    embedder: EmbedderResource,
-) -> dg.MaterializeResult:
-    """Opt-in: a vector per live turn for the active embedding model (projector `turn_embedding`).
-
-    New turns are embedded in batches of `batch_size`, edited turns re-embedded, deleted turns' vectors
-    removed; `rag_context` fuses the cosine with BM25 (`[memory.retrieval].turn_embedding_weight`).
-    Needs [providers.embedding].backend other than "off".
-    """
-    return materialize_projection(
-        context, turn_embedding_projection.PROJECTOR, turn_embedding_projection.run, config, familiar_data, llm,
-        needs_llm=False, embedder=embedder,
-    )
-
-
-# Turn-driven too, but kept out of TURN_DRIVEN_ASSETS' list order so existing selections stay as they were.
-TURN_EMBEDDING_ASSETS = [turn_embeddings]
+def __getattr__(name: str) -> dg.AssetsDefinition:
+    """Each built-in asset by its name, e.g. `from familiar_pipeline.defs.assets import facts`."""
+    try:
+        return ASSETS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

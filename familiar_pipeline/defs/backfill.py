@@ -12,24 +12,8 @@ import os
 from dataclasses import dataclass
 
 from familiar_pipeline.defs.jobs import PROJECTION_JOB
+from familiar_pipeline.projectors import registry
 from familiar_pipeline.storage.paths import REPO_ROOT, validate_familiar_id
-
-# Projector name (as in [providers.memory].projectors) or asset name -> asset name.
-ASSET_FOR = {
-    "turns_fts": "turns_fts",
-    "rolling_summary": "rolling_summary",
-    "rich_note": "facts",
-    "facts": "facts",
-    "fact_supersede": "fact_supersessions",
-    "fact_supersessions": "fact_supersessions",
-    "people_dossier": "people_dossiers",
-    "people_dossiers": "people_dossiers",
-    "reflection": "reflections",
-    "reflections": "reflections",
-    "fact_embedding": "fact_embeddings",
-    "fact_embeddings": "fact_embeddings",
-}
-
 
 class BackfillError(RuntimeError):
     pass
@@ -43,12 +27,16 @@ class BackfillOutcome:
 
 
 def resolve_asset(projection: str) -> str:
-    from familiar_pipeline.definitions import defs
+    """The asset of a projector, named by its projector name (`rich_note`) or its asset name (`facts`)."""
+    from familiar_pipeline.definitions import defs  # loads plugins (FAMILIAR_PLUGINS) too
 
-    names = {key.path[-1] for key in defs.resolve_asset_graph().get_all_asset_keys()} - {"turns"}
-    asset = ASSET_FOR.get(projection, projection)
+    try:
+        asset = registry.resolve(projection).asset
+    except registry.UnknownProjectorError as exc:
+        raise BackfillError(str(exc)) from None
+    names = {key.path[-1] for key in defs.resolve_asset_graph().get_all_asset_keys()}
     if asset not in names:
-        raise BackfillError(f"unknown projection {projection!r}; valid: {', '.join(sorted(set(ASSET_FOR) | names))}")
+        raise BackfillError(f"projection {projection!r} has no asset {asset!r} in the code location")
     return asset
 
 

@@ -7,6 +7,7 @@ import os
 
 import dagster as dg
 
+from familiar_pipeline.defs.assets import projection_asset
 from familiar_pipeline.projectors import registry
 
 PROJECTION_JOB = "project_memory"
@@ -27,13 +28,15 @@ def import_plugins(env: dict | None = None) -> list[str]:
 
 
 def plugin_assets() -> list:
-    """Assets contributed by registered third-party projectors (those with an asset factory)."""
+    """Assets of registered third-party projectors: the spec's own factory, else the same shell as a built-in."""
     import_plugins()
     assets = []
-    for name in registry.known_projectors():
-        spec = registry.get_projector(name)
-        if name in registry.BUILTIN_PROJECTORS or spec.factory is None:
+    for spec in registry.specs():
+        if spec.name in registry.BUILTIN_PROJECTORS:
             continue
-        made = spec.factory()
-        assets.extend(made if isinstance(made, (list, tuple)) else [made])
+        if spec.factory is not None:
+            made = spec.factory()
+            assets.extend(made if isinstance(made, (list, tuple)) else [made])
+        elif spec.run is not None:
+            assets.append(projection_asset(spec))
     return assets

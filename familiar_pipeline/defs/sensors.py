@@ -23,17 +23,16 @@ from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG
 from familiar_pipeline.config import ConfigError, PipelineConfig, load_config
 from familiar_pipeline.storage.paths import FamiliarPaths, data_root, list_familiars
 from familiar_pipeline.defs.partitions import familiars_partitions
+from familiar_pipeline.projectors import registry
+from familiar_pipeline.projectors.spec import FACTS, TURN_INDEX, TURNS
 from familiar_pipeline.storage.turns import TurnLog
 
 log = logging.getLogger(__name__)
 
-# (projector, asset) of the assets that follow `facts`, in dependency order.
-FACT_FOLLOWERS = (
-    ("fact_supersede", "fact_supersessions"),
-    ("people_dossier", "people_dossiers"),
-    ("reflection", "reflections"),
-    ("fact_embedding", "fact_embeddings"),
-)
+
+def _triggered(trigger: str) -> list:
+    """Registered specs the sensor requests on `trigger`, in registration (dependency) order."""
+    return [spec for spec in registry.specs() if spec.trigger == trigger]
 
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
@@ -101,20 +100,17 @@ def due_assets(config, state: FamiliarState) -> list[str]:
     """Asset names whose thresholds are met, per the familiar's effective config."""
     due = []
     active = set(config.memory.projectors)
-    pending_summary = state.latest_turn_id - state.turn_watermark("rolling_summary")
-    if "rolling_summary" in active and pending_summary >= config.memory.rolling_summary.turns_threshold:
-        due.append("rolling_summary")
-    pending_facts = state.latest_turn_id - state.turn_watermark("rich_note")
-    if "rich_note" in active and pending_facts >= config.memory.rich_note.batch_size:
-        due.append("facts")
+    for spec in _triggered(TURNS):
+        pending = state.latest_turn_id - state.turn_watermark(spec.name)
+        if spec.name in active and pending >= getattr(config.memory.knobs(spec.name), spec.batch_knob):
+            due.append(spec.asset)
+    if "facts" in due:
         # The fact-driven assets ride in the same run: one process start instead of a second
         # queued run per batch. Automation still covers facts changed any other way.
-        due.extend(asset for projector, asset in FACT_FOLLOWERS if projector in active)
+        due.extend(spec.asset for spec in _triggered(FACTS) if spec.name in active)
     if index_behind(state) and (due or state.latest_turn_age_s >= config.pipeline.index_quiet_s):
-        due.insert(0, "turns_fts")
         # Turn vectors follow the same turns as the full-text index, in the same run.
-        if "turn_embedding" in active:
-            due.insert(1, "turn_embeddings")
+        due[:0] = [spec.asset for spec in _triggered(TURN_INDEX) if spec.always_on or spec.name in active]
     return due
 
 
@@ -159,10 +155,7 @@ def evaluate_tick(
         if len(requests) >= max_requests:
             notes.append(f"{familiar_id}: deferred by the flood guard (max {max_requests} runs per tick)")
             continue
-        knobs = {
-            "rich_note.batch_size": config.memory.rich_note.batch_size,
-            "rolling_summary.turns_threshold": config.memory.rolling_summary.turns_threshold,
-        }
+        knobs = {f"{s.name}.{s.batch_knob}": getattr(config.memory.knobs(s.name), s.batch_knob) for s in _triggered(TURNS)}
         notes.append(f"{familiar_id}: turns up to {state.latest_turn_id} -> {', '.join(assets)} ({knobs})")
         requests.append(
             dg.RunRequest(
@@ -173,7 +166,7 @@ def evaluate_tick(
                     "familiar": familiar_id,
                     "trigger": "turn_watermark_sensor",
                     DISPATCHED_TURN_TAG: str(state.latest_turn_id),
-                    **(FOLLOWERS_INCLUDED_TAG if any(a in assets for _, a in FACT_FOLLOWERS) else {}),
+                    **(FOLLOWERS_INCLUDED_TAG if any(s.asset in assets for s in _triggered(FACTS)) else {}),
                 },
             )
         )

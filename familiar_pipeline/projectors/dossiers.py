@@ -32,12 +32,20 @@ from dataclasses import dataclass
 from familiar_pipeline.storage.identity import is_ego_key
 from familiar_pipeline.prompts import dossier as prompt
 from familiar_pipeline.prompts.common import MAX_PROSE_CHARS
+from familiar_pipeline.projectors.spec import FACTS, DropRule, ProjectorSpec, knob
 from familiar_pipeline.storage.store import Fact
 
 from .horizon import current_at, fact_horizon, facts_in_range, retired_between, subject_fact_ids
 
 PROJECTOR = "people_dossier"
 EGO_MIN_IMPORTANCE = 5
+
+
+@dataclass(frozen=True)
+class PeopleDossierConfig:
+    """[providers.memory.people_dossier]"""
+
+    max_facts_per_prompt: int = knob(50, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -139,9 +147,6 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     cfg = rt.config
     ego_label = cfg.display_name
     with rt.store() as store:
-        if rebuild:
-            store.drop_projection(PROJECTOR)
-            rt.publish(store)
         mark = store.get_watermark(PROJECTOR)
         steps = steps_pending(rt, store, mark.turn_id, mark.fact_id)
     report.watermark_before = {"turn_id": mark.turn_id, "fact_id": mark.fact_id}
@@ -181,3 +186,23 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         report.status = "no-op"
         report.reason = "no new extraction batch (or supersession has not caught up)"
 
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="people_dossiers",
+    run=run,
+    description="one incrementally rebuilt dossier per person (and the familiar itself)",
+    doc="""One compounding dossier per person, and the familiar's own self-record (projector `people_dossier`).
+
+    Advances one extraction batch at a time, folding each touched subject's new facts into its prior text;
+    a subject with a retired fact is rebuilt from its current facts. The self-record (`ego:<id>`) keeps facts
+    of importance >= 5 (or unknown), weighted by importance. An empty model reply never overwrites a dossier.
+    """,
+    group="people",
+    kinds={"duckdb", "llm"},
+    inputs=("facts", "fact_supersessions"),
+    trigger=FACTS,
+    knobs=PeopleDossierConfig,
+    drop=DropRule(tables=("people_dossiers",)),
+)

@@ -11,7 +11,18 @@ run stops. The watermark row records the highest fact id embedded, for display.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from familiar_pipeline.projectors.spec import FACTS, DropRule, ProjectorSpec, knob
+
 PROJECTOR = "fact_embedding"
+
+
+@dataclass(frozen=True)
+class FactEmbeddingConfig:
+    """[providers.memory.fact_embedding]"""
+
+    batch_size: int = knob(32, minimum=1)
 
 
 def embedder_or_skip(rt, report, projector: str):
@@ -31,9 +42,6 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         return
     batch_size = rt.config.memory.fact_embedding.batch_size
     with rt.store() as store:
-        if rebuild:
-            store.drop_projection(PROJECTOR)
-            rt.publish(store)
         before = store.get_watermark(PROJECTOR).fact_id
     report.watermark_before = {"fact_id": before}
     report.extra["model"] = embedder.name
@@ -64,3 +72,24 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     if report.batches == 0 and not report.dropped:
         report.status = "no-op"
         report.reason = f"every current fact has a vector for {embedder.name}"
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="fact_embeddings",
+    run=run,
+    description="opt-in: a vector per current fact for the active embedding model",
+    doc="""Opt-in: a vector per current fact for the active embedding model (projector `fact_embedding`).
+
+    Embeds, in batches of `batch_size`, every current fact lacking a vector under the active model's name;
+    a model swap adds rows beside the old ones. Needs [providers.embedding].backend other than "off".
+    """,
+    group="facts",
+    kinds={"duckdb"},
+    inputs=("facts",),
+    trigger=FACTS,
+    needs_llm=False,
+    needs_embedder=True,
+    knobs=FactEmbeddingConfig,
+    drop=DropRule(tables=("fact_embeddings",)),  # every vector, all models
+)

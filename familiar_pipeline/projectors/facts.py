@@ -21,6 +21,7 @@ from familiar_pipeline.models.jsonparse import as_int
 from familiar_pipeline.prompts import facts as prompt
 from familiar_pipeline.prompts.common import MAX_FACT_CHARS
 from familiar_pipeline.prompts.facts import ManifestEntry, RawFact
+from familiar_pipeline.projectors.spec import TURNS, DropRule, ProjectorSpec, knob
 from familiar_pipeline.storage.store import FactDraft, Subject
 
 PROJECTOR = "rich_note"
@@ -33,6 +34,14 @@ WRITE_GROUP_BATCHES = 20
 WRITE_GROUP_SECONDS = 2.0
 # How far back a channel is scanned when widening the participants list.
 WIDENING_SCAN_TURNS = 300
+
+
+@dataclass(frozen=True)
+class RichNoteConfig:
+    """[providers.memory.rich_note]"""
+
+    batch_size: int = knob(10, minimum=1)
+    participants_max: int = knob(30, minimum=1)
 
 _INABILITY = r"(?:cannot|can't|can\s+not|am\s+not\s+able|am\s+unable|is\s+unable|is\s+not\s+able|" \
     r"do\s+not\s+have|don't\s+have|does\s+not\s+have|doesn't\s+have|has\s+no|have\s+no|lacks?)\b"
@@ -239,7 +248,6 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     turn_log = rt.turn_log()
     with rt.store() as store:
         if rebuild:
-            store.drop_projection(PROJECTOR)
             rt.fts_facts().clear()
             rt.fts_facts().commit()
         watermark = store.get_watermark(PROJECTOR).turn_id
@@ -284,3 +292,25 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     if report.batches == 0:
         report.status = "no-op"
         report.reason = f"fewer than batch_size={knobs.batch_size} new turns"
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="facts",
+    run=run,
+    description="atomic, attributed facts extracted from fixed-size batches of turns",
+    doc="""Atomic, attributed facts extracted from fixed batches of `batch_size` turns (projector `rich_note`).
+
+    Claims stay attributed, roleplay is recorded as bits, identity is the participant's canonical key;
+    near-duplicates are suppressed at insert; fts/facts is updated. The watermark always advances past
+    a processed batch, even when the model's reply was unusable (what was dropped is in the metadata).
+    """,
+    group="facts",
+    kinds={"duckdb", "tantivy", "llm"},
+    trigger=TURNS,
+    batch_knob="batch_size",
+    knobs=RichNoteConfig,
+    # Everything built on facts goes with them, so nothing citing a fact id survives and the id
+    # sequence restarts: a rebuild gives every fact the id the incremental build gave it.
+    drop=DropRule(tables=("fact_subjects", "facts"), sequences=("facts_id_seq",), cascade=True),
+)

@@ -21,11 +21,24 @@ never re-sent, so prompts cannot grow (reference §9.1.1).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from familiar_pipeline.projectors.spec import FACTS, DropRule, ProjectorSpec, knob
 from familiar_pipeline.prompts import reflection as prompt
 
 from .horizon import current_at, fact_horizon
 
 PROJECTOR = "reflection"
+
+
+@dataclass(frozen=True)
+class ReflectionConfig:
+    """[providers.memory.reflection]"""
+
+    turns_threshold: int = knob(20, minimum=1)
+    max_reflections_per_tick: int = knob(3, minimum=1)
+    max_turns_per_tick: int = knob(50, minimum=1)
+    recent_facts_limit: int = knob(20, minimum=0)  # 0 leaves facts out of the prompt
 
 
 def window_channel(turns) -> int | None:
@@ -70,9 +83,6 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     knobs = cfg.memory.reflection
     turn_log = rt.turn_log()
     with rt.store() as store:
-        if rebuild:
-            store.drop_projection(PROJECTOR)
-            rt.publish(store)
         mark = store.get_watermark(PROJECTOR)
         rich = store.get_watermark("rich_note").turn_id if cfg.memory.is_active("rich_note") else None
         supersede = store.get_watermark("fact_supersede").fact_id if cfg.memory.is_active("fact_supersede") else None
@@ -135,3 +145,25 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     if report.batches == 0:
         report.status = "no-op"
         report.reason = waiting or f"fewer than turns_threshold={knobs.turns_threshold} new turns"
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="reflections",
+    run=run,
+    description="higher-order syntheses over recent turns and facts, with citations",
+    doc="""Cited reflections over each window of `turns_threshold` turns and the newest facts (projector `reflection`).
+
+    Keeps only citations of turns in the window or facts that exist; drops uncited items; at most
+    `max_reflections_per_tick` per window; cross-channel windows give channel-agnostic rows. The watermark
+    always advances past a window, whatever the model replied.
+    """,
+    group="synthesis",
+    kinds={"duckdb", "llm"},
+    # Supersession is an input too: a window shows the facts current at its end,
+    # so it waits until supersession has judged them.
+    inputs=("turns", "facts", "fact_supersessions"),
+    trigger=FACTS,
+    knobs=ReflectionConfig,
+    drop=DropRule(tables=("reflections",), sequences=("reflections_id_seq",)),
+)

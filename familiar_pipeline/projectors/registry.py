@@ -1,37 +1,47 @@
-"""The projector registry: which memory projections exist, by name.
+"""The projector registry: every projector's `ProjectorSpec`, by name.
 
+Built-ins and plugins register the same way, with `register_projector(SPEC)`.
 `[providers.memory].projectors` in character.toml names projectors; config
-loading checks those names against this registry so a typo fails at load time
-with the valid names listed, instead of silently projecting nothing. A
-projector's `factory` is the Dagster asset (or asset factory) it contributes to
-the Definitions; it is wired in later, so here it is any callable or None.
+loading checks those names against this registry, so a typo fails at load time
+with the valid names listed, and validates each `[providers.memory.<name>]`
+table against the spec's knob dataclass. The asset factory
+(`familiar_pipeline.defs.assets`), the turn sensor, backfill and
+`drop_projection` all read the specs registered here.
 
-A third-party projector calls `register_projector` at import time. Its name then
-becomes valid in `projectors`, and a `[providers.memory.<name>]` table of its own
-knobs is accepted (passed through untyped, see `MemoryConfig.extra_knobs`).
+A plugin module (named in FAMILIAR_PLUGINS) calls `register_projector` at import
+time. A spec with a `run` function gets the same asset shell as a built-in; a
+plugin that brings its own Dagster asset passes `factory` instead (the older
+`register_projector(name, factory)` form still works, its knob table then passes
+through untyped, see `MemoryConfig.knobs`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+from familiar_pipeline.projectors import (
+    dossiers,
+    embeddings,
+    facts,
+    reflections,
+    summary,
+    supersede,
+    turn_embeddings,
+    turns_index,
+)
+from familiar_pipeline.projectors.spec import ProjectorSpec
+
+if TYPE_CHECKING:
+    from familiar_pipeline.storage.store import ProjectionStore
 
 # Names become TOML table names, Dagster asset names and log labels, so keep
 # them to one lowercase identifier.
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
-class UnknownProjectorError(LookupError):
-    """Raised for a projector name that nobody registered."""
-
-
-@dataclass(frozen=True)
-class ProjectorSpec:
-    name: str
-    factory: Callable[..., Any] | None = None
-    description: str = ""
-    needs_llm: bool = True
+class UnknownProjectorError(LookupError, ValueError):
+    """Raised for a projector (or asset) name that nobody registered."""
 
 
 _PROJECTORS: dict[str, ProjectorSpec] = {}
@@ -47,26 +57,42 @@ def _check_name(name: str) -> str:
 
 
 def register_projector(
-    name: str,
+    spec: ProjectorSpec | str,
     factory: Callable[..., Any] | None = None,
     *,
     description: str = "",
     needs_llm: bool = True,
 ) -> ProjectorSpec:
-    """Register (or replace) a projector under `name`; returns its spec."""
-    _check_name(name)
-    if factory is not None and not callable(factory):
-        raise TypeError(f"projector {name!r}: factory must be callable or None")
-    spec = ProjectorSpec(name=name, factory=factory, description=description, needs_llm=needs_llm)
-    _PROJECTORS[name] = spec
+    """Register (or replace) a projector; returns its spec.
+
+    Pass a `ProjectorSpec`, or (the older plugin form) a name and an asset
+    `factory`, which registers a spec with no knobs, run or trigger of its own.
+    """
+    if not isinstance(spec, ProjectorSpec):
+        _check_name(spec)
+        spec = ProjectorSpec(name=spec, factory=factory, description=description, needs_llm=needs_llm)
+    _check_name(spec.name)
+    _check_name(spec.asset)
+    clash = [s.name for s in _PROJECTORS.values() if s.name != spec.name and spec.asset in (s.name, s.asset)]
+    clash += [s.name for s in _PROJECTORS.values() if s.name != spec.name and spec.name == s.asset]
+    if clash:
+        raise ValueError(f"projector {spec.name!r}: its name or asset {spec.asset!r} is taken by {clash[0]!r}")
+    _PROJECTORS[spec.name] = spec
     return spec
 
 
 def known_projectors() -> tuple[str, ...]:
-    return tuple(sorted(_PROJECTORS))
+    """The names valid in `[providers.memory].projectors` (every projector but the always-on ones)."""
+    return tuple(sorted(name for name, spec in _PROJECTORS.items() if not spec.always_on))
+
+
+def specs() -> tuple[ProjectorSpec, ...]:
+    """Every registered spec, always-on ones included, in registration order."""
+    return tuple(_PROJECTORS.values())
 
 
 def get_projector(name: str) -> ProjectorSpec:
+    """The spec registered under a projector name."""
     try:
         return _PROJECTORS[name]
     except (KeyError, TypeError):
@@ -75,7 +101,70 @@ def get_projector(name: str) -> ProjectorSpec:
         ) from None
 
 
-# The default active set, in the order the reference ran them.
+def resolve(name: str) -> ProjectorSpec:
+    """The spec for a projector name or an asset name (`rich_note` and `facts` are the same projector)."""
+    if name in _PROJECTORS:
+        return _PROJECTORS[name]
+    for spec in _PROJECTORS.values():
+        if spec.asset == name:
+            return spec
+    names = sorted({n for s in _PROJECTORS.values() for n in (s.name, s.asset)})
+    raise UnknownProjectorError(f"unknown projection {name!r}; valid: {', '.join(names)}")
+
+
+def dependants(name: str) -> list[ProjectorSpec]:
+    """Projectors that read `name`'s asset, directly or through another; each before what it reads."""
+    order: list[ProjectorSpec] = []
+    seen = {name}
+
+    def visit(asset: str) -> None:
+        for spec in _PROJECTORS.values():
+            if asset in spec.inputs and spec.name not in seen:
+                seen.add(spec.name)
+                visit(spec.asset)
+                order.append(spec)
+
+    visit(get_projector(name).asset)
+    return order
+
+
+def drop_projection(store: ProjectionStore, name: str) -> None:
+    """Delete one projection's rows and watermark so it rebuilds from turns, as its spec's `drop` says.
+
+    A cascading rule (the facts) takes every projection built on it along, in one transaction.
+    """
+    spec = get_projector(name)
+    chain = [*dependants(name), spec] if spec.drop.cascade else [spec]
+    store.drop_rows(
+        watermarks=[s.name for s in chain],
+        tables=[t for s in chain for t in s.drop.tables],
+        sequences=[q for s in chain for q in s.drop.sequences],
+        before=[s.drop.before for s in chain if s.drop.before is not None],
+    )
+
+
+def default_knobs() -> dict[str, Any]:
+    """Each projector's knob dataclass with its defaults, for projectors that have knobs."""
+    return {spec.name: spec.knobs() for spec in _PROJECTORS.values() if spec.has_knobs}
+
+
+# The built-in projectors, in the order their assets are listed. A new built-in is one line here.
+BUILTIN_SPECS: tuple[ProjectorSpec, ...] = (
+    turns_index.SPEC,
+    summary.SPEC,
+    facts.SPEC,
+    supersede.SPEC,
+    dossiers.SPEC,
+    reflections.SPEC,
+    embeddings.SPEC,
+    turn_embeddings.SPEC,
+)
+for _spec in BUILTIN_SPECS:
+    register_projector(_spec)
+
+BUILTIN_PROJECTORS: tuple[str, ...] = tuple(spec.name for spec in BUILTIN_SPECS)
+
+# The default active set (the shipped character.toml lists the same).
 DEFAULT_PROJECTORS: tuple[str, ...] = (
     "rolling_summary",
     "rich_note",
@@ -83,37 +172,3 @@ DEFAULT_PROJECTORS: tuple[str, ...] = (
     "people_dossier",
     "reflection",
 )
-
-register_projector(
-    "rolling_summary",
-    description="one compounding summary of the turns the familiar attended to",
-)
-register_projector(
-    "rich_note",
-    description="atomic, attributed facts extracted from fixed-size batches of turns",
-)
-register_projector(
-    "fact_supersede",
-    description="retires facts that newer facts about the same subject make outdated",
-)
-register_projector(
-    "people_dossier",
-    description="one incrementally rebuilt dossier per person (and the familiar itself)",
-)
-register_projector(
-    "reflection",
-    description="higher-order syntheses over recent turns and facts, with citations",
-)
-register_projector(
-    "fact_embedding",
-    description="opt-in: a vector per current fact for the active embedding model",
-    needs_llm=False,
-)
-
-register_projector(
-    "turn_embedding",
-    description="opt-in: a vector per live turn for the active embedding model (hybrid turn retrieval)",
-    needs_llm=False,
-)
-
-BUILTIN_PROJECTORS: tuple[str, ...] = DEFAULT_PROJECTORS + ("fact_embedding", "turn_embedding")

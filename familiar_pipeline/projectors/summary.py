@@ -10,13 +10,23 @@ than replaced by an empty summary.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from familiar_pipeline.prompts import summary as prompt
 from familiar_pipeline.prompts.common import MAX_PROSE_CHARS
+from familiar_pipeline.projectors.spec import TURNS, DropRule, ProjectorSpec, knob
 
 PROJECTOR = "rolling_summary"
 WRITE_GROUP_BATCHES = 20  # see projections.facts: short grouped writes, never across a model call
 WRITE_GROUP_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class RollingSummaryConfig:
+    """[providers.memory.rolling_summary]"""
+
+    turns_threshold: int = knob(10, minimum=1)
+    backfill_cap: int = knob(200, minimum=1)
 
 
 def write_windows(rt, pending: list[tuple[int, str]]) -> None:
@@ -38,8 +48,6 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     max_windows = max(1, min(rt.config.pipeline.max_batches_per_run, knobs.backfill_cap // window_size))
     turn_log = rt.turn_log()
     with rt.store() as store:
-        if rebuild:
-            store.drop_projection(PROJECTOR)
         watermark = store.get_watermark(PROJECTOR).turn_id
         prior = store.get_summary()
     prior_text = prior.summary_text if prior else None
@@ -80,3 +88,20 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     if report.batches == 0 and not report.dropped:
         report.status = "no-op"
         report.reason = f"fewer than turns_threshold={window_size} new turns"
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    run=run,
+    description="one compounding summary of the turns the familiar attended to",
+    doc="""The compounding summary of the conversation: the prior summary with each window of `turns_threshold` new turns folded in.
+
+    Shown to the model as "Conversation so far". An empty model reply keeps the old summary and watermark.
+    """,
+    group="synthesis",
+    kinds={"duckdb", "llm"},
+    trigger=TURNS,
+    batch_knob="turns_threshold",
+    knobs=RollingSummaryConfig,
+    drop=DropRule(tables=("summaries",)),
+)

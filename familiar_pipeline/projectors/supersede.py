@@ -24,13 +24,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from familiar_pipeline.prompts import supersede as prompt
-from familiar_pipeline.storage.store import Fact
+from familiar_pipeline.projectors.spec import FACTS, DropRule, ProjectorSpec, knob
+from familiar_pipeline.storage.store import Fact, ProjectionStore
 
 from .horizon import facts_in_range, subject_fact_ids
 
 PROJECTOR = "fact_supersede"
 # Facts evaluated between two writes: each write is one short transaction plus a snapshot publish.
 FACTS_PER_WRITE = 50
+
+
+@dataclass(frozen=True)
+class FactSupersedeConfig:
+    """[providers.memory.fact_supersede]"""
+
+    priors_max: int = knob(20, minimum=1)
 
 
 @dataclass
@@ -71,9 +79,6 @@ def accepted_ids(named: list[int], shown: list[Fact], new_id: int) -> tuple[list
 def run(rt, report, *, rebuild: bool = False) -> None:
     knobs = rt.config.memory.fact_supersede
     with rt.store() as store:
-        if rebuild:
-            store.drop_projection(PROJECTOR)
-            rt.publish(store)
         watermark = store.get_watermark(PROJECTOR).fact_id
         latest = store.latest_fact_id()
     report.watermark_before = {"fact_id": watermark}
@@ -166,3 +171,27 @@ def apply(rt, report, decisions: list[Decision], watermark: int) -> None:
             store.set_watermark(PROJECTOR, fact_id=watermark)
         rt.publish(store)
     report.extra["decisions"] = report.extra.get("decisions", 0) + len(decisions)
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="fact_supersessions",
+    run=run,
+    description="retires facts that newer facts about the same subject make outdated",
+    doc="""Retires facts that a newer fact about the same person contradicts or replaces (projector `fact_supersede`).
+
+    Every new fact is evaluated oldest first against the newest `priors_max` current facts about each of its
+    subjects with a smaller id. Only ids shown to the model can be retired; nothing is deleted (facts get
+    `superseded_at`/`superseded_by`); each model call is logged in `supersede_decisions`; the affected
+    subjects' dossiers are dropped so they rebuild clean. The watermark (a fact id) advances even on bad output.
+    """,
+    group="facts",
+    kinds={"duckdb", "llm"},
+    inputs=("facts",),
+    trigger=FACTS,
+    knobs=FactSupersedeConfig,
+    # Every retirement becomes current again; that changes what is current for those facts'
+    # subjects, so their dossiers go, exactly as retiring them did.
+    drop=DropRule(tables=("supersede_decisions",), sequences=("supersede_decisions_id_seq",),
+                  before=ProjectionStore.unretire_all),
+)

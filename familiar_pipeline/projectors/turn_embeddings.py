@@ -16,9 +16,19 @@ stops the run (misaligned vectors would attach meaning to the wrong turns).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from familiar_pipeline.projectors.embeddings import embedder_or_skip
+from familiar_pipeline.projectors.spec import TURN_INDEX, DropRule, ProjectorSpec, knob
 
 PROJECTOR = "turn_embedding"
+
+
+@dataclass(frozen=True)
+class TurnEmbeddingConfig:
+    """[providers.memory.turn_embedding]"""
+
+    batch_size: int = knob(64, minimum=1)
 
 
 def embedding_text(turn) -> str:
@@ -39,9 +49,6 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     batch_size = rt.config.memory.turn_embedding.batch_size
     turn_log = rt.turn_log()
     with rt.store() as store:
-        if rebuild:
-            store.drop_projection(PROJECTOR)
-            rt.publish(store)
         mark = store.get_watermark(PROJECTOR)
         restart = mark.turn_id > 0 and store.turn_embedding_count(embedder.name) == 0
     turn_wm, change_wm = (0, 0) if restart else (mark.turn_id, mark.change_seq)
@@ -105,3 +112,24 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     if report.batches == 0 and not report.dropped and not report.extra.get("removed"):
         report.status = "no-op"
         report.reason = f"every live turn has a vector for {embedder.name}"
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="turn_embeddings",
+    run=run,
+    description="opt-in: a vector per live turn for the active embedding model (hybrid turn retrieval)",
+    doc="""Opt-in: a vector per live turn for the active embedding model (projector `turn_embedding`).
+
+    New turns are embedded in batches of `batch_size`, edited turns re-embedded, deleted turns' vectors
+    removed; `rag_context` fuses the cosine with BM25 (`[memory.retrieval].turn_embedding_weight`).
+    Needs [providers.embedding].backend other than "off".
+    """,
+    group="turns",
+    kinds={"duckdb"},
+    trigger=TURN_INDEX,
+    needs_llm=False,
+    needs_embedder=True,
+    knobs=TurnEmbeddingConfig,
+    drop=DropRule(tables=("turn_embeddings",)),  # every turn vector, all models
+)

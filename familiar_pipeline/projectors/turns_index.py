@@ -8,6 +8,8 @@ missing while the watermark says otherwise is rebuilt from the turn log.
 
 from __future__ import annotations
 
+from familiar_pipeline.projectors.spec import TURN_INDEX, DropRule, ProjectorSpec
+
 PROJECTOR = "turns_fts"
 CHUNK = 5000
 
@@ -16,8 +18,6 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     turn_log = rt.turn_log()
     index = rt.fts_turns()
     with rt.store() as store:
-        if rebuild:
-            store.drop_projection(PROJECTOR)
         mark = store.get_watermark(PROJECTOR)
     turn_wm, change_wm = mark.turn_id, mark.change_seq
     report.watermark_before = {"turn_id": turn_wm, "change_seq": change_wm}
@@ -67,3 +67,20 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     report.rows_written = indexed
     report.extra["removed"] = removed
     report.watermark_after = after
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    run=run,
+    description="always on: the full-text index of the turn log that retrieval searches",
+    doc="""Full-text index of the turn log (fts/turns): new turns added, edited ones re-indexed, deleted ones removed.
+
+    The bot's retrieval searches it for earlier turns related to the new message. Needs no model.
+    """,
+    group="turns",
+    kinds={"tantivy"},
+    trigger=TURN_INDEX,
+    needs_llm=False,
+    always_on=True,
+    drop=DropRule(),  # only the watermark: a rebuild clears fts/turns itself
+)

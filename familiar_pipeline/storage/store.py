@@ -20,9 +20,10 @@ Rules that matter to callers:
   watermark, so a killed or failed run leaves neither behind.
 * Reads default to current truth: not superseded and not expired in world
   time. ``as_of`` reads give the world-time slice including retired rows.
-* Fact ids come from a sequence and only grow, even across
-  ``drop_projection('rich_note')``: reflections and other readers cite fact
-  ids, and a reused id would silently point an old citation at a new fact.
+* Fact ids come from a sequence and only grow. Dropping the facts (a
+  rebuild) drops everything that cites a fact id with them and restarts the
+  sequence, so no old citation can point at a new fact and a rebuild gives
+  every fact the id the incremental build gave it.
 
 A store object is not thread-safe; use one per thread (a run is one thread).
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 import unicodedata
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -39,7 +41,7 @@ from dataclasses import dataclass, replace
 from datetime import date, datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 
@@ -57,20 +59,8 @@ SKIP_ALREADY_SUPERSEDED = "fact id={} already superseded"
 SKIP_SELF = "fact id={} cannot supersede itself"
 SKIP_REPLACEMENT_RETIRED = "replacement fact id={} is already superseded"
 
-# Projections `drop_projection` knows, each with the watermark rows it clears.
-# Dropping facts takes every projection built on them with it; reflections
-# stay (they cite turns too, and fact ids are never reused).
-_DROPPED_WATERMARKS: dict[str, tuple[str, ...]] = {
-    "turns_fts": ("turns_fts",),  # the index itself lives in fts/turns; the caller clears it
-    "rolling_summary": ("rolling_summary",),
-    "rich_note": ("rich_note", "fact_supersede", "people_dossier", "fact_embedding", "reflection"),
-    "fact_supersede": ("fact_supersede",),
-    "people_dossier": ("people_dossier",),
-    "reflection": ("reflection",),
-    "fact_embedding": ("fact_embedding",),
-    "turn_embedding": ("turn_embedding",),
-}
-PROJECTIONS = tuple(_DROPPED_WATERMARKS)
+# Sequence names `drop_rows` may restart (it formats them into SQL).
+_SEQUENCE = re.compile(r"^[a-z_][a-z0-9_]*_seq$")
 
 
 class StoreError(RuntimeError):
@@ -1196,67 +1186,53 @@ class ProjectionStore:
 
     # ----------------------------------------------------------------- rebuilds and comparison
 
-    def drop_projection(self, name: str) -> None:
-        """Delete one projection's rows and watermark(s) so it rebuilds from turns.
+    def drop_rows(
+        self,
+        *,
+        watermarks: Iterable[str],
+        tables: Iterable[str] = (),
+        sequences: Iterable[str] = (),
+        before: Iterable[Callable[["ProjectionStore"], None]] = (),
+    ) -> None:
+        """Delete projection rows so they rebuild from turns, in one transaction.
 
-        * ``turns_fts``: only its watermark (the caller clears ``fts/turns``).
-        * ``rolling_summary``: the summary row.
-        * ``rich_note``: facts, fact_subjects, fact_embeddings,
-          supersede_decisions, people_dossiers and reflections, i.e. the facts
-          and every projection derived from them, with all their watermarks.
-          Nothing that cites a fact id survives, so the id sequences restart
-          at 1: a rebuild gives every fact the id the incremental build gave
-          it (rebuilds are compared with incremental builds table by table).
-        * ``fact_supersede``: clears ``superseded_at``/``superseded_by`` on
-          every fact (all retirements become current again, merges and plain
-          retires included) and empties supersede_decisions. Un-retiring
-          changes what is current for those facts' subjects, so their
-          dossiers are deleted, exactly as retiring them did.
-        * ``people_dossier``: every dossier.
-        * ``reflection``: every reflection.
-        * ``fact_embedding``: every vector, all models.
-        * ``turn_embedding``: every turn vector, all models.
-
-        All in one transaction with the watermark rows.
+        Runs each of `before`, empties `tables` in the order given (dependants
+        first), restarts `sequences` at 1 and deletes the `watermarks` rows.
+        What each projection drops is declared by its projector
+        (`familiar_pipeline.projectors.registry.drop_projection` resolves it).
         """
-        if name not in _DROPPED_WATERMARKS:
-            raise ValueError(f"unknown projection {name!r}; known: {', '.join(PROJECTIONS)}")
+        tables, sequences, watermarks = list(tables), list(sequences), list(watermarks)
+        unknown = [t for t in tables if t not in store_schema.TABLE_KEYS or t in ("watermarks", "schema_version")]
+        if unknown:
+            raise ValueError(f"cannot drop table(s) {', '.join(unknown)}; known: {', '.join(store_schema.TABLE_KEYS)}")
+        bad = [q for q in sequences if not _SEQUENCE.fullmatch(q)]
+        if bad:
+            raise ValueError(f"invalid sequence name(s) {', '.join(map(repr, bad))}")
         with self.transaction():
-            if name == "rolling_summary":
-                self._q("DELETE FROM summaries")
-            elif name == "rich_note":
-                for table in (
-                    "fact_embeddings", "supersede_decisions", "people_dossiers", "reflections", "fact_subjects", "facts"
-                ):
-                    self._q(f"DELETE FROM {table}")
-                for sequence in ("facts_id_seq", "reflections_id_seq", "supersede_decisions_id_seq"):
-                    self._q(f"CREATE OR REPLACE SEQUENCE {sequence} START 1")
-            elif name == "fact_supersede":
-                keys = [
-                    row[0]
-                    for row in self._q(
-                        "SELECT DISTINCT s.canonical_key FROM fact_subjects s JOIN facts f ON f.id = s.fact_id "
-                        "WHERE f.superseded_at IS NOT NULL"
-                    ).fetchall()
-                ]
-                self._delete_dossiers(keys)
-                self._q(
-                    "UPDATE facts SET superseded_at = NULL, superseded_by = NULL WHERE superseded_at IS NOT NULL"
-                )
-                self._q("DELETE FROM supersede_decisions")
-                self._q("CREATE OR REPLACE SEQUENCE supersede_decisions_id_seq START 1")
-            elif name == "people_dossier":
-                self._q("DELETE FROM people_dossiers")
-            elif name == "reflection":
-                self._q("DELETE FROM reflections")
-                self._q("CREATE OR REPLACE SEQUENCE reflections_id_seq START 1")
-            elif name == "fact_embedding":
-                self._q("DELETE FROM fact_embeddings")
-            elif name == "turn_embedding":
-                self._q("DELETE FROM turn_embeddings")
-            self._q(
-                "DELETE FROM watermarks WHERE projector IN (SELECT unnest(?))", [list(_DROPPED_WATERMARKS[name])]
-            )
+            for step in before:
+                step(self)
+            for table in tables:
+                self._q(f'DELETE FROM "{table}"')
+            for sequence in sequences:
+                self._q(f"CREATE OR REPLACE SEQUENCE {sequence} START 1")
+            self._q("DELETE FROM watermarks WHERE projector IN (SELECT unnest(?))", [watermarks])
+
+    def unretire_all(self) -> None:
+        """Make every retired fact current again, and delete the dossiers of their subjects.
+
+        Un-retiring changes what is current for those subjects, so their dossiers
+        go, exactly as retiring the facts did.
+        """
+        with self.transaction():
+            keys = [
+                row[0]
+                for row in self._q(
+                    "SELECT DISTINCT s.canonical_key FROM fact_subjects s JOIN facts f ON f.id = s.fact_id "
+                    "WHERE f.superseded_at IS NOT NULL"
+                ).fetchall()
+            ]
+            self._delete_dossiers(keys)
+            self._q("UPDATE facts SET superseded_at = NULL, superseded_by = NULL WHERE superseded_at IS NOT NULL")
 
     def table_rows(self, table: str, *, exclude: Iterable[str] = ()) -> list[tuple]:
         """Every row of ``table`` in key order, for table-by-table comparisons.
