@@ -1,0 +1,117 @@
+"""Every projector is declared once, by its spec, and every consumer reads it from there."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import dagster as dg
+import pytest
+
+from familiar_bot.cli import main as cli
+from familiar_pipeline.config import MemoryConfig
+from familiar_pipeline.defs.backfill import BackfillError, resolve_asset
+from familiar_pipeline.definitions import defs
+from familiar_pipeline.projectors import registry
+from familiar_pipeline.projectors.spec import FACTS, NoKnobs, ProjectorSpec
+from familiar_pipeline.storage import store_schema
+from familiar_pipeline.storage.store import ProjectionStore
+
+from .helpers import append_chat, make_familiar
+
+SPECS = registry.specs()
+
+
+def test_the_builtins_are_the_registered_specs():
+    assert [s.name for s in SPECS] == list(registry.BUILTIN_PROJECTORS)
+    assert registry.BUILTIN_PROJECTORS == (
+        "turns_fts", "rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection",
+        "fact_embedding", "turn_embedding")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_every_projector_resolves_for_backfill_by_either_name(spec):
+    assert resolve_asset(spec.name) == spec.asset
+    assert resolve_asset(spec.asset) == spec.asset
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_every_projector_has_an_asset_built_from_its_spec(spec):
+    graph = defs.resolve_asset_graph()
+    node = graph.get(dg.AssetKey(spec.asset))
+    assert node.tags["projector"] == spec.name
+    assert node.group_name == spec.group and set(node.kinds) == set(spec.kinds)
+    assert {k.path[-1] for k in node.parent_keys} == set(spec.inputs)
+    assert (node.automation_condition is not None) == (spec.trigger == FACTS)
+    assert node.description
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_every_projector_has_knobs_that_config_finds_through_the_registry(spec):
+    assert dataclasses.is_dataclass(spec.knobs)
+    memory = MemoryConfig()
+    if spec.has_knobs:
+        assert memory.knobs(spec.name) == spec.knobs() == getattr(memory, spec.name)
+    else:
+        assert spec.knobs is NoKnobs and spec.name not in memory.tables
+    assert spec.always_on == (spec.name not in registry.known_projectors())
+
+
+def _populated(store: ProjectionStore) -> None:
+    from familiar_pipeline.storage.store import FactDraft, Subject
+
+    [(a, _)] = store.append_facts([FactDraft("Cass likes tea.", source_turn_ids=(1,), subjects=(Subject("discord:1", "Cass"),))])
+    [(b, _)] = store.append_facts([FactDraft("Cass likes coffee now.", source_turn_ids=(2,), subjects=(Subject("discord:1", "Cass"),))])
+    store.supersede([a.id], b.id)
+    store.put_dossier("discord:1", "Cass.", b.id)
+    store.put_summary("Summary.", 2)
+    store.append_reflection(channel_id=1, text="R.", cited_turn_ids=[1], cited_fact_ids=[a.id], last_turn_id=2, last_fact_id=b.id)
+    store.set_fact_embedding(b.id, "m", [1.0])
+    store.set_turn_embeddings("m", [(1, [1.0])])
+    for spec in SPECS:
+        store.set_watermark(spec.name, turn_id=2, fact_id=b.id)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_every_projector_has_a_drop_rule_that_clears_its_rows_and_watermark(tmp_path, spec):
+    with ProjectionStore(tmp_path / "m.duckdb") as store:
+        _populated(store)
+        registry.drop_projection(store, spec.name)
+        marks = {row[0] for row in store.table_rows("watermarks")}
+        gone = {spec.name} | ({d.name for d in registry.dependants(spec.name)} if spec.drop.cascade else set())
+        assert marks == {s.name for s in SPECS} - gone
+        for table in spec.drop.tables:
+            assert table in store_schema.TABLE_KEYS and store.table_rows(table) == []
+
+
+def test_dropping_facts_takes_every_projection_that_reads_them():
+    assert [d.name for d in registry.dependants("rich_note")] == [
+        "people_dossier", "reflection", "fact_supersede", "fact_embedding"]
+    assert registry.dependants("rolling_summary") == []
+
+
+def test_unknown_names_fail_with_the_valid_ones():
+    with pytest.raises(BackfillError, match="unknown projection 'nope'; valid: .*turn_embedding.*turn_embeddings"):
+        resolve_asset("nope")
+    with pytest.raises(registry.UnknownProjectorError):
+        registry.resolve("facts_typo")
+    with pytest.raises(ValueError, match="taken by 'rich_note'"):
+        registry.register_projector(ProjectorSpec(name="other", asset="facts"))
+    with pytest.raises(ValueError, match="batch_knob"):
+        ProjectorSpec(name="x", trigger="turns")
+
+
+def test_cli_backfill_turn_embedding_runs_in_process(clean_env, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    (tmp_path / "dagster_home").mkdir()
+    paths = make_familiar(clean_env, "fam", '[providers.embedding]\nbackend = "hash"\ndim = 64\n'
+                          '[providers.memory]\nprojectors = ["turn_embedding"]\n')
+    turns = append_chat(paths, 6)
+    code = cli.main(["backfill", "--familiar", "fam", "--projection", "turn_embedding", "--local"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.strip() == "in-process: turn_embeddings for fam: ok, rows written 6"
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        assert store.get_watermark("turn_embedding").turn_id == turns[-1].id
+    code = cli.main(["backfill", "--familiar", "fam", "--projection", "turn_embeddings", "--local", "--rebuild"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and out.strip() == "in-process: turn_embeddings for fam: ok, rows written 6"
