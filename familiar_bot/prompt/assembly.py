@@ -23,14 +23,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from familiar_pipeline.config import BUDGET_TIERS, LAYER_NAMES, FamiliarConfig
+from familiar_pipeline.config import LAYER_NAMES, FamiliarConfig
 from familiar_pipeline.storage.paths import FamiliarPaths
 
+from familiar_bot.prompt.layers import default_layers
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.tokens import estimate_tokens, message_tokens
+from familiar_bot.prompt.types import AssembledPrompt, AssemblyContext, HistoryLayer, Layer, Message, Section
 
 log = logging.getLogger(__name__)
 
@@ -46,84 +47,6 @@ __all__ = [
     "build_assembler",
     "render_sections",
 ]
-
-
-@dataclass(frozen=True)
-class AssemblyContext:
-    """Who is being answered, where, and to what (``cue`` is the new message)."""
-
-    familiar_id: str
-    channel_id: int | None
-    guild_id: int | None = None
-    tier: str = "text"  # a budget tier: "text", "voice" or "background"
-    cue: str = ""
-
-    def __post_init__(self) -> None:
-        for name in ("channel_id", "guild_id"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TypeError(f"AssemblyContext.{name} must be an int or None, got {value!r}")
-        if self.tier not in BUDGET_TIERS:
-            raise ValueError(
-                f"unknown prompt tier {self.tier!r}; valid tiers: {', '.join(BUDGET_TIERS)}"
-            )
-        if not isinstance(self.cue, str):
-            raise TypeError(f"AssemblyContext.cue must be a str, got {type(self.cue).__name__}")
-
-
-@dataclass(frozen=True)
-class Message:
-    """One chat message for the LLM; ``name`` is an API-safe speaker id for user turns."""
-
-    role: str
-    content: str
-    name: str | None = None
-
-
-@dataclass(frozen=True)
-class Section:
-    """One layer's contribution, as ``/context`` shows it."""
-
-    name: str
-    text: str
-    tokens: int
-    cached: bool
-
-
-@dataclass(frozen=True)
-class AssembledPrompt:
-    system_prompt: str
-    history: list[Message]
-    sections: list[Section]
-    debug: dict = field(default_factory=dict)
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(s.tokens for s in self.sections)
-
-
-@runtime_checkable
-class Layer(Protocol):
-    """A named section of the system prompt.
-
-    ``build`` returns the section text ("" to opt out); ``invalidation_key`` is
-    cheap and changes whenever ``build``'s output could. A layer may also offer
-    ``build_with_debug(ctx, memory) -> (text, dict)``; the dict is cached with
-    the text and lands in ``AssembledPrompt.debug[layer.name]``.
-    """
-
-    name: str
-
-    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str: ...
-
-    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str: ...
-
-
-@runtime_checkable
-class HistoryLayer(Layer, Protocol):
-    """A layer that contributes chat messages instead of system-prompt text."""
-
-    def messages(self, ctx: AssemblyContext, memory: MemoryView) -> list[Message]: ...
 
 
 def render_messages(messages: Sequence[Message]) -> str:
@@ -258,8 +181,6 @@ class Assembler:
 def build_assembler(paths: FamiliarPaths, config: FamiliarConfig, *, embedder=None,
                     cache_size: int = 256, memory: MemoryView | None = None) -> Assembler:
     """The default layers in the default order over a fresh :class:`MemoryView`."""
-    from familiar_bot.prompt.layers import default_layers  # the layers import this module's types
-
     memory = memory or MemoryView(paths, config, embedder=embedder)
     return Assembler(memory, default_layers(), cache_size=cache_size)
 

@@ -29,11 +29,12 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from hashlib import blake2b
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from familiar_pipeline.config import EmbeddingConfig
+if TYPE_CHECKING:  # config names the backends registered here, so the import points only that way
+    from familiar_pipeline.config import EmbeddingConfig
 
 MODEL_PATH_ENV = "FAMILIAR_FASTEMBED_MODEL_PATH"
 FASTEMBED_MISSING = (
@@ -344,7 +345,7 @@ def _folder_pooling(folder: Path) -> str:
 
 # ----------------------------------------------------------------------- registry
 
-EmbedderFactory = Callable[[EmbeddingConfig], Embedder]
+EmbedderFactory = Callable[["EmbeddingConfig"], Embedder]
 
 
 def _hash_factory(cfg: EmbeddingConfig) -> Embedder:

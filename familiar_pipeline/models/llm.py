@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from familiar_pipeline.config import ConfigError, LlmConfig, LlmSlotConfig
+from familiar_pipeline.models.litellm_import import import_litellm
 
 log = logging.getLogger(__name__)
 
@@ -53,34 +54,6 @@ _RESERVED_PARAMS = frozenset(
 
 # HTTP statuses that mean "try again" when litellm raises a generic APIError.
 _TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
-
-_litellm_lock = threading.Lock()
-_litellm_module: Any = None
-
-
-def import_litellm() -> Any:
-    """Import litellm offline and quiet, once per process.
-
-    The cost map env var must be set before the first import or litellm fetches
-    pricing over the network. Debug banners and verbose logging are turned off so
-    a failing call produces our one scrubbed error instead of pages of noise.
-    """
-    global _litellm_module
-    if _litellm_module is not None:
-        return _litellm_module
-    with _litellm_lock:
-        if _litellm_module is None:
-            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-            import litellm
-
-            litellm.suppress_debug_info = True
-            litellm.set_verbose = False
-            litellm.turn_off_message_logging = True
-            for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
-                logging.getLogger(name).setLevel(logging.WARNING)
-            _litellm_module = litellm
-    return _litellm_module
-
 
 # --- errors ------------------------------------------------------------------
 

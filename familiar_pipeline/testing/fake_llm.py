@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, Union
 
 from familiar_pipeline.config import ConfigError
-from familiar_pipeline.models.llm import import_litellm
+from familiar_pipeline.models.litellm_import import import_litellm
 
 PROVIDER = "fake"
 FAKE_LLM_ENV = "FAMILIAR_FAKE_LLM"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from familiar_bot.prompt.layers.common import Labels, clock_24h, one_line, sanitize_name
 from familiar_bot.prompt.tokens import message_tokens
+from familiar_bot.prompt.types import Message
 
 REPLY_SNIPPET_CHARS = 80
 
@@ -40,7 +41,7 @@ class _Run:
 
 @dataclass(frozen=True)
 class HistoryView:
-    messages: tuple  # tuple[Message, ...]
+    messages: tuple[Message, ...]
     shown_ids: frozenset[int]  # turn ids behind the kept messages
     window_ids: frozenset[int]  # every turn id the window read, before folding and trimming
 
@@ -87,7 +88,7 @@ def _fold_silence(runs: list[_Run], threshold: float) -> list[_Run]:
     return runs[start:]
 
 
-def _render(run: _Run, labels: Labels, tz, rendering: str, by_message_id: dict, Message):
+def _render(run: _Run, labels: Labels, tz, rendering: str, by_message_id: dict) -> Message:
     t = run.turn
     content = labels.rewrite_mentions(run.content)
     if t.revision:
@@ -112,8 +113,6 @@ def _render(run: _Run, labels: Labels, tz, rendering: str, by_message_id: dict, 
 
 
 def _compute(ctx, memory) -> HistoryView:
-    from familiar_bot.prompt.assembly import Message  # assembly imports layers lazily; no cycle at load
-
     cfg = memory.config
     turns = memory.channel_window(ctx.channel_id, window_size(ctx, memory))
     window_ids = frozenset(t.id for t in turns)
@@ -132,7 +131,7 @@ def _compute(ctx, memory) -> HistoryView:
             "msg", r.ids, r.content, r.turn.revision, labels.for_turn(r.turn), rendering, cfg.display_tz)
         cached = memory.memo_get(key) if key else None
         if cached is None:
-            message = _render(r, labels, tz, rendering, by_message_id, Message)
+            message = _render(r, labels, tz, rendering, by_message_id)
             cached = (message, message_tokens(message.content, message.name))
             if key:
                 memory.memo_put(key, cached, bulk=True)

@@ -1,0 +1,93 @@
+"""The types prompt assembly and its layers share: context, messages, sections, the layer protocols.
+
+They live below both `familiar_bot.prompt.assembly` and the layers, so the
+layers can build `Message`s without importing the assembler that imports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from familiar_pipeline.config import BUDGET_TIERS
+
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+
+
+@dataclass(frozen=True)
+class AssemblyContext:
+    """Who is being answered, where, and to what (``cue`` is the new message)."""
+
+    familiar_id: str
+    channel_id: int | None
+    guild_id: int | None = None
+    tier: str = "text"  # a budget tier: "text", "voice" or "background"
+    cue: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("channel_id", "guild_id"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"AssemblyContext.{name} must be an int or None, got {value!r}")
+        if self.tier not in BUDGET_TIERS:
+            raise ValueError(
+                f"unknown prompt tier {self.tier!r}; valid tiers: {', '.join(BUDGET_TIERS)}"
+            )
+        if not isinstance(self.cue, str):
+            raise TypeError(f"AssemblyContext.cue must be a str, got {type(self.cue).__name__}")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message for the LLM; ``name`` is an API-safe speaker id for user turns."""
+
+    role: str
+    content: str
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Section:
+    """One layer's contribution, as ``/context`` shows it."""
+
+    name: str
+    text: str
+    tokens: int
+    cached: bool
+
+
+@dataclass(frozen=True)
+class AssembledPrompt:
+    system_prompt: str
+    history: list[Message]
+    sections: list[Section]
+    debug: dict = field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(s.tokens for s in self.sections)
+
+
+@runtime_checkable
+class Layer(Protocol):
+    """A named section of the system prompt.
+
+    ``build`` returns the section text ("" to opt out); ``invalidation_key`` is
+    cheap and changes whenever ``build``'s output could. A layer may also offer
+    ``build_with_debug(ctx, memory) -> (text, dict)``; the dict is cached with
+    the text and lands in ``AssembledPrompt.debug[layer.name]``.
+    """
+
+    name: str
+
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str: ...
+
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str: ...
+
+
+@runtime_checkable
+class HistoryLayer(Layer, Protocol):
+    """A layer that contributes chat messages instead of system-prompt text."""
+
+    def messages(self, ctx: AssemblyContext, memory: MemoryView) -> list[Message]: ...
