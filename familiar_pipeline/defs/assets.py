@@ -147,7 +147,7 @@ def projection_asset(spec: ProjectorSpec) -> dg.AssetsDefinition:
         embedder = res.embedder if spec.needs_embedder else None
         return materialize_projection(context, spec, config, res.familiar_data, res.llm, embedder)
 
-    materialize.__doc__ = spec.doc or spec.description or None  # Dagster formats it like a docstring
+    materialize.__doc__ = spec.description or None  # Dagster formats it like a docstring
     return dg.asset(
         name=spec.asset,
         partitions_def=familiars_partitions,

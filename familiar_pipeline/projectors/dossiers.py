@@ -192,8 +192,7 @@ SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="people_dossiers",
     run=run,
-    description="one incrementally rebuilt dossier per person (and the familiar itself)",
-    doc="""One compounding dossier per person, and the familiar's own self-record (projector `people_dossier`).
+    description="""One compounding dossier per person, and the familiar's own self-record (projector `people_dossier`).
 
     Advances one extraction batch at a time, folding each touched subject's new facts into its prior text;
     a subject with a retired fact is rebuilt from its current facts. The self-record (`ego:<id>`) keeps facts

@@ -78,8 +78,7 @@ SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="fact_embeddings",
     run=run,
-    description="opt-in: a vector per current fact for the active embedding model",
-    doc="""Opt-in: a vector per current fact for the active embedding model (projector `fact_embedding`).
+    description="""Opt-in: a vector per current fact for the active embedding model (projector `fact_embedding`).
 
     Embeds, in batches of `batch_size`, every current fact lacking a vector under the active model's name;
     a model swap adds rows beside the old ones. Needs [providers.embedding].backend other than "off".

@@ -298,8 +298,7 @@ SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="facts",
     run=run,
-    description="atomic, attributed facts extracted from fixed-size batches of turns",
-    doc="""Atomic, attributed facts extracted from fixed batches of `batch_size` turns (projector `rich_note`).
+    description="""Atomic, attributed facts extracted from fixed batches of `batch_size` turns (projector `rich_note`).
 
     Claims stay attributed, roleplay is recorded as bits, identity is the participant's canonical key;
     near-duplicates are suppressed at insert; fts/facts is updated. The watermark always advances past

@@ -151,8 +151,7 @@ SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="reflections",
     run=run,
-    description="higher-order syntheses over recent turns and facts, with citations",
-    doc="""Cited reflections over each window of `turns_threshold` turns and the newest facts (projector `reflection`).
+    description="""Cited reflections over each window of `turns_threshold` turns and the newest facts (projector `reflection`).
 
     Keeps only citations of turns in the window or facts that exist; drops uncited items; at most
     `max_reflections_per_tick` per window; cross-channel windows give channel-agnostic rows. The watermark

@@ -73,18 +73,17 @@ class ProjectorSpec:
     `name` is the projector's name in `[providers.memory].projectors`, its knob
     table and its watermark row; `asset` is its Dagster asset's name (what the UI
     and the CLI show). `run(runtime, report, *, rebuild)` does the work; the asset
-    drops the projection first when asked to rebuild. `doc` is the asset's
-    description. `inputs` are the asset names it reads (`turns` or other
-    projectors' assets); they become the asset's deps. A plugin with its own
-    Dagster asset passes `factory` (a zero-argument callable returning the asset
-    or a list of assets) instead of `run`.
+    drops the projection first when asked to rebuild. `description`, written like
+    a docstring, is the asset's description in the UI. `inputs` are the asset
+    names it reads (`turns` or other projectors' assets); they become the asset's
+    deps. A plugin with its own Dagster asset passes `factory` (a zero-argument
+    callable returning the asset or a list of assets) instead of `run`.
     """
 
     name: str
     asset: str = ""
     run: Callable[..., None] | None = None
     description: str = ""
-    doc: str = ""
     group: str = "projections"
     kinds: frozenset[str] = frozenset({"duckdb"})
     inputs: tuple[str, ...] = ("turns",)

@@ -93,8 +93,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
 SPEC = ProjectorSpec(
     name=PROJECTOR,
     run=run,
-    description="one compounding summary of the turns the familiar attended to",
-    doc="""The compounding summary of the conversation: the prior summary with each window of `turns_threshold` new turns folded in.
+    description="""The compounding summary of the conversation: the prior summary with each window of `turns_threshold` new turns folded in.
 
     Shown to the model as "Conversation so far". An empty model reply keeps the old summary and watermark.
     """,

@@ -177,8 +177,7 @@ SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="fact_supersessions",
     run=run,
-    description="retires facts that newer facts about the same subject make outdated",
-    doc="""Retires facts that a newer fact about the same person contradicts or replaces (projector `fact_supersede`).
+    description="""Retires facts that a newer fact about the same person contradicts or replaces (projector `fact_supersede`).
 
     Every new fact is evaluated oldest first against the newest `priors_max` current facts about each of its
     subjects with a smaller id. Only ids shown to the model can be retired; nothing is deleted (facts get

@@ -118,8 +118,7 @@ SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="turn_embeddings",
     run=run,
-    description="opt-in: a vector per live turn for the active embedding model (hybrid turn retrieval)",
-    doc="""Opt-in: a vector per live turn for the active embedding model (projector `turn_embedding`).
+    description="""Opt-in: a vector per live turn for the active embedding model (projector `turn_embedding`).
 
     New turns are embedded in batches of `batch_size`, edited turns re-embedded, deleted turns' vectors
     removed; `rag_context` fuses the cosine with BM25 (`[memory.retrieval].turn_embedding_weight`).

@@ -72,8 +72,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
 SPEC = ProjectorSpec(
     name=PROJECTOR,
     run=run,
-    description="always on: the full-text index of the turn log that retrieval searches",
-    doc="""Full-text index of the turn log (fts/turns): new turns added, edited ones re-indexed, deleted ones removed.
+    description="""Full-text index of the turn log (fts/turns): new turns added, edited ones re-indexed, deleted ones removed.
 
     The bot's retrieval searches it for earlier turns related to the new message. Needs no model.
     """,
