@@ -24,6 +24,8 @@ from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.storage.turns import Turn, TurnLog
 
+from familiar_bot.prompt.layers.common import Labels
+
 log = logging.getLogger(__name__)
 
 _MEMO_SIZE = 64
@@ -158,8 +160,6 @@ class MemoryView:
 
     def labels(self, guild_id: int | None):
         """Speaker-name resolution shared by every layer of one assembly."""
-        from familiar_bot.prompt.layers.common import Labels
-
         return self.per_assembly(("labels", guild_id), lambda: Labels(self, guild_id))
 
     # -- memo shared across assemblies and threads ---------------------------
