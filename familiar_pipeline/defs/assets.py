@@ -1,5 +1,9 @@
 """The projection assets: thin shells that open a familiar, run its projector, and report.
 
+One factory, `projection_asset`, builds every projector's asset from its spec
+(`familiar_pipeline.projectors.spec`): name, group, kinds, deps, tags, automation
+condition, description and resources all come from there.
+
 Each asset is partitioned per familiar and watermark-driven: materializing it
 processes what is new past its watermark (or says "no-op"), and the run config
 `rebuild: true` drops the projection's rows and watermark first and rebuilds it

@@ -29,11 +29,6 @@ from familiar_pipeline.storage.turns import TurnLog
 
 log = logging.getLogger(__name__)
 
-
-def _triggered(trigger: str) -> list:
-    """Registered specs the sensor requests on `trigger`, in registration (dependency) order."""
-    return [spec for spec in registry.specs() if spec.trigger == trigger]
-
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -78,6 +73,11 @@ class InFlightRun:
         if self.waiting or self.dispatched_turn_id is None or not config.memory.is_active("rich_note"):
             return False
         return state.latest_turn_id - self.dispatched_turn_id >= config.memory.rich_note.batch_size
+
+
+def _triggered(trigger: str) -> list:
+    """Registered specs the sensor requests on `trigger`, in registration (dependency) order."""
+    return [spec for spec in registry.specs() if spec.trigger == trigger]
 
 
 def read_state(paths: FamiliarPaths) -> FamiliarState:
