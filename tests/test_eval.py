@@ -10,7 +10,7 @@ import json
 import pytest
 
 from familiar_bot.cli.main import main
-from familiar_bot.eval import evaluation
+from familiar_bot.eval import evaluation, locomo
 
 TURNS_1 = [
     ("Ana", "I finally bought a cello last week and the teacher is great"),
@@ -100,9 +100,24 @@ def test_eval_locomo_end_to_end(tmp_path, capsys, embedder):
     assert (out / "recall_at_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib: dev dependency
 
 
-def test_eval_refuses_a_missing_file(tmp_path, capsys):
-    assert main(["eval", "locomo", "--data", str(tmp_path / "nope.json")]) != 0
-    assert "no such file" in capsys.readouterr().err
+def test_eval_refuses_a_missing_file_and_says_where_to_get_locomo(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(locomo.DATA_ENV, raising=False)
+    for argv in (["--data", str(tmp_path / "nope.json")], []):
+        assert main(["eval", "locomo", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "github.com/snap-research/locomo" in err and "CC BY-NC 4.0" in err
+        assert ("no such file" in err) == bool(argv)
+
+
+def test_locomo_path_from_the_argument_else_the_environment(tmp_path):
+    given, from_env = tmp_path / "a.json", tmp_path / "b.json"
+    given.write_text("[]")
+    from_env.write_text("[]")
+    env = {locomo.DATA_ENV: str(from_env)}
+    assert locomo.locate(given, env=env) == given
+    assert locomo.locate(None, env=env) == from_env
+    with pytest.raises(locomo.LocomoMissing, match="FAMILIAR_LOCOMO"):
+        locomo.locate(None, env={})
 
 
 def test_sweep_measures_the_grid_then_variations_around_the_best(tmp_path, capsys):

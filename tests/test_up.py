@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from familiar_pipeline.defs import webserver
 from familiar_bot.supervisor import child_sessions, free_port, group_alive
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from tests.helpers import append_chat, make_familiar
@@ -116,6 +117,15 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
     try:
         wait_for(lambda: "ready in" in err_log.read_text(), 180, "the UI to be ready", process, err_log)
         assert f"Dagster UI: http://127.0.0.1:{port}" in err_log.read_text()
+        # It names itself in DAGSTER_HOME, so `familiar backfill` submits to it (and only to it);
+        # a rebuild always indexes every turn, whichever of it and the sensor's run ends last.
+        marker = webserver.read_marker(home)
+        assert marker and marker.url == f"http://127.0.0.1:{port}" and marker.data_root == str(root.resolve())
+        assert marker.pid == process.pid and webserver.verified_webserver(home, root) == marker
+        backfill = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "backfill", "--familiar", "offline",
+                                   "--projection", "turns_fts", "--rebuild"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert backfill.returncode == 0 and backfill.stdout.startswith(f"queued: queued turns_fts for offline: {marker.url}/runs/"), backfill
+        assert graphql(port, "{ shouldShowNux }")["shouldShowNux"] is False  # no community pop-up
 
         for message in MESSAGES:
             process.stdin.write((message + "\n").encode())
@@ -162,6 +172,7 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
         assert time.monotonic() - started < 10.5
         assert process.returncode == 128 + signal.SIGTERM
         assert "stopped every child" in err_log.read_text()
+        assert webserver.read_marker(home) is None
         deadline = time.monotonic() + 5  # orphans are reaped by init a moment later
         while any(group_alive(s) for s in sessions) and time.monotonic() < deadline:
             time.sleep(0.1)

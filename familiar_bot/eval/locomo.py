@@ -8,11 +8,46 @@ into this repository.
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterator
+
+DATA_ENV = "FAMILIAR_LOCOMO"
+WHERE_TO_GET = ("get LoCoMo from its public release, github.com/snap-research/locomo (data/locomo10.json, "
+                "CC BY-NC 4.0), and pass its path with --data or " + DATA_ENV)
+
+
+class LocomoMissing(LookupError):
+    """No LoCoMo file was given, or the one given does not exist (the message is one line)."""
+
+
+def locate(path: str | Path | None, env: dict[str, str] | None = None) -> Path:
+    """The LoCoMo file to read: `path` (from --data), else ``$FAMILIAR_LOCOMO``.
+
+    The file is licensed and never shipped here, so a missing one is the common case
+    on a fresh clone: the error says where to get it.
+    """
+    given = str(path) if path else (os.environ if env is None else env).get(DATA_ENV, "").strip()
+    if not given:
+        raise LocomoMissing(f"no LoCoMo file given; {WHERE_TO_GET}")
+    data = Path(given).expanduser()
+    if not data.is_file():
+        raise LocomoMissing(f"LoCoMo file {data}: no such file; {WHERE_TO_GET}")
+    return data
+
+
+def locate_or_exit(path: str | Path | None) -> Path:
+    """:func:`locate` for scripts: on a missing file print the one-line error and exit 2."""
+    try:
+        return locate(path)
+    except LocomoMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
 
 _SESSION = re.compile(r"^session_(\d+)$")
 TURN_SPACING = timedelta(seconds=30)

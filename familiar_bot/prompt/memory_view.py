@@ -1,6 +1,6 @@
 """Everything prompt layers read, behind one object that refreshes cheaply.
 
-The bot is a pure reader of memory (DESIGN §3): projections come from the
+The bot is a pure reader of memory (docs/architecture.md §3): projections come from the
 Parquet serving snapshot, search from the tantivy folders, and the only live
 database it touches is its own turn log. ``refresh()`` runs before each
 assembly; it costs a read of the small manifest and two ``stat`` calls when

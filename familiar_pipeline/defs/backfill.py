@@ -1,9 +1,12 @@
 """Rebuild or catch up one projection for one familiar, through Dagster so the run shows in the UI.
 
-With the webserver up (`familiar up` / `dagster dev`), the run is submitted over
+With this checkout's `familiar up` running (verified by the marker it leaves in
+DAGSTER_HOME, see :mod:`familiar_pipeline.defs.webserver`), the run is submitted over
 GraphQL and goes through the run queue, so it never overlaps another run of the
-same familiar. With no webserver, it runs in this process against the same
-instance (DAGSTER_HOME), after checking that no run of that familiar is in flight.
+same familiar. Otherwise it runs in this process against the same instance
+(DAGSTER_HOME), after checking that no run of that familiar is in flight. A
+webserver that merely answers on some port is never used: it may serve another
+checkout or data root.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from familiar_pipeline.storage.paths import REPO_ROOT, validate_familiar_id
 
 class BackfillError(RuntimeError):
     pass
+
+
+class ProjectionDisabled(BackfillError):
+    """The projection's projector is not in the familiar's active set: a config matter, not a failure."""
 
 
 @dataclass(frozen=True)
@@ -46,10 +53,13 @@ def ensure_dagster_home() -> str:
     return home
 
 
-def submit(familiar_id: str, asset: str, *, rebuild: bool, host: str, port: int) -> str:
+def submit(familiar_id: str, asset: str, *, rebuild: bool, url: str) -> str:
+    from urllib.parse import urlsplit
+
     from dagster_graphql import DagsterGraphQLClient
 
-    client = DagsterGraphQLClient(host, port_number=port, timeout=30)
+    address = urlsplit(url)
+    client = DagsterGraphQLClient(address.hostname, port_number=address.port, timeout=30)
     return client.submit_job_execution(
         PROJECTION_JOB,
         run_config={"ops": {asset: {"config": {"rebuild": rebuild}}}},
@@ -82,14 +92,37 @@ def run_in_process(familiar_id: str, asset: str, *, rebuild: bool):
     return result
 
 
-def webserver_up(host: str, port: int) -> bool:
-    import urllib.request
+def check_enabled(familiar_id: str, asset: str) -> None:
+    """Refuse to backfill an asset whose projector the familiar's config leaves out.
+
+    Such a run would only report `disabled`; saying so up front, with the setting to
+    change, beats a "queued" that does nothing.
+    """
+    from familiar_pipeline.config import load_config
+    from familiar_pipeline.definitions import defs
+    from familiar_pipeline.projectors.registry import known_projectors
+    from familiar_pipeline.storage.paths import FamiliarPaths
+
+    import dagster as dg
+
+    projector = defs.resolve_asset_graph().get(dg.AssetKey(asset)).tags.get("projector")
+    if projector not in known_projectors() or load_config(familiar_id).memory.is_active(projector):
+        return
+    raise ProjectionDisabled(
+        f"{asset} is disabled for {familiar_id!r}: add \"{projector}\" to [providers.memory].projectors in "
+        f"{FamiliarPaths.for_id(familiar_id).character_toml} (or FAMILIAR__PROVIDERS__MEMORY__PROJECTORS)"
+    )
+
+
+def verified_target() -> str | None:
+    """The URL of this checkout's own webserver on this DAGSTER_HOME, or None to run in-process."""
+    from familiar_pipeline.defs.webserver import UnverifiedWebserver, verified_webserver
 
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/server_info", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
+        marker = verified_webserver(ensure_dagster_home())
+    except UnverifiedWebserver as exc:
+        raise BackfillError(str(exc)) from None
+    return marker.url if marker is not None else None
 
 
 def backfill(
@@ -97,21 +130,21 @@ def backfill(
     projection: str,
     *,
     rebuild: bool = False,
-    host: str = "127.0.0.1",
-    port: int = 3000,
     allow_local: bool = True,
     force_local: bool = False,
 ) -> BackfillOutcome:
     validate_familiar_id(familiar_id)
     asset = resolve_asset(projection)
-    if not force_local and webserver_up(host, port):
+    check_enabled(familiar_id, asset)
+    url = None if force_local else verified_target()
+    if url is not None:
         try:
-            run_id = submit(familiar_id, asset, rebuild=rebuild, host=host, port=port)
+            run_id = submit(familiar_id, asset, rebuild=rebuild, url=url)
         except Exception as exc:
-            raise BackfillError(f"the Dagster webserver at {host}:{port} refused the run: {exc}") from exc
-        return BackfillOutcome("queued", run_id, f"queued {asset} for {familiar_id}: http://{host}:{port}/runs/{run_id}")
+            raise BackfillError(f"the Dagster webserver at {url} refused the run: {exc}") from exc
+        return BackfillOutcome("queued", run_id, f"queued {asset} for {familiar_id}: {url}/runs/{run_id}")
     if not allow_local:
-        raise BackfillError(f"no Dagster webserver answers at {host}:{port}")
+        raise BackfillError("no `familiar up` of this checkout is running on this DAGSTER_HOME")
     result = run_in_process(familiar_id, asset, rebuild=rebuild)
     if not result.success:
         raise BackfillError(f"the {asset} run for {familiar_id} failed (run {result.run_id}); see the Dagster UI for its logs")

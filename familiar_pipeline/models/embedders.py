@@ -295,7 +295,7 @@ def _prepare_local_model(text_embedding_cls, model_name: str, folder: Path) -> N
                     f"fastembed model folder {folder} has no {entry['model_file']}, the file "
                     f"fastembed expects for {model_name!r}. Set [providers.embedding].fastembed_model "
                     "to the model that folder holds (e.g. sentence-transformers/all-MiniLM-L6-v2 "
-                    "for a folder built by build-minilm-onnx)."
+                    "for a folder built by `familiar models minilm`)."
                 )
             return
         from fastembed.common.model_description import ModelSource, PoolingType

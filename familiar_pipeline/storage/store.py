@@ -1,6 +1,6 @@
 """The projection store: one familiar's ``memory.duckdb``.
 
-Everything here is a projection of the turn log (DESIGN §1): facts with their
+Everything here is a projection of the turn log (docs/architecture.md §1): facts with their
 subjects, supersessions, dossiers, reflections, the rolling summary, fact
 embeddings, and the per-projector watermarks that say how far each projection
 has read. Only pipeline runs write it, one process at a time per file; a

@@ -4,30 +4,33 @@ from __future__ import annotations
 
 import argparse
 
-from familiar_bot.cli.main import CliError, Command
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--familiar", required=True, help="familiar id (its folder under the data root)")
     parser.add_argument("--projection", required=True, help="projector or asset name, e.g. rich_note, facts, rolling_summary, turns_fts")
     parser.add_argument("--rebuild", action="store_true", help="drop the projection's rows and watermark first, then rebuild from turns")
-    parser.add_argument("--host", default="127.0.0.1", help="Dagster webserver host (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=3000, help="Dagster webserver port (default 3000)")
-    parser.add_argument("--local", action="store_true", help="run in this process even if a webserver is up")
+    parser.add_argument("--local", action="store_true",
+                        help="run in this process even if this checkout's `familiar up` is running")
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_pipeline.defs.backfill import BackfillError, backfill
+    from familiar_pipeline.defs.backfill import BackfillError, ProjectionDisabled, backfill
     from familiar_pipeline.storage.paths import FamiliarPaths
 
     if not FamiliarPaths.for_id(args.familiar).turns_db.exists():
         raise CliError(f"no familiar {args.familiar!r} (no turn log at {FamiliarPaths.for_id(args.familiar).turns_db}); create it with `familiar init {args.familiar}`")
     try:
-        outcome = backfill(args.familiar, args.projection, rebuild=args.rebuild, host=args.host, port=args.port, allow_local=True, force_local=args.local)
+        outcome = backfill(args.familiar, args.projection, rebuild=args.rebuild, allow_local=True, force_local=args.local)
+    except ProjectionDisabled as exc:
+        raise CliError(str(exc), EXIT_CONFIG) from None
     except BackfillError as exc:
         raise CliError(str(exc)) from exc
     print(f"{outcome.mode}: {outcome.detail}")
     return 0
 
 
-COMMAND = Command("backfill", "catch up or rebuild one projection of one familiar (a Dagster run, visible in the UI)", configure, run)
+COMMAND = Command("backfill", "catch up or rebuild one projection of one familiar (a Dagster run, visible in "
+                  "the UI): queued on this checkout's `familiar up` if it runs on this DAGSTER_HOME, else "
+                  "in this process", configure, run)

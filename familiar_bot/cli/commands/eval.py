@@ -22,13 +22,15 @@ from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     loc = sub.add_parser("locomo", help="evidence recall of rag_context on LoCoMo conversations (categories 1-4)")
-    loc.add_argument("--data", required=True, metavar="PATH", help="a LoCoMo-format JSON file (read in place, never copied)")
+    loc.add_argument("--data", metavar="PATH",
+                     help="a LoCoMo-format JSON file, read in place and never copied (default: $FAMILIAR_LOCOMO); "
+                          "the public release is github.com/snap-research/locomo, data/locomo10.json")
     loc.add_argument("--embedder", choices=("hash", "fastembed", "off"), default="off",
                      help="off: BM25 only; hash: the dependency-free test embedder; fastembed: local all-MiniLM-L6-v2 "
                           "(default off)")
     loc.add_argument("--model-path", metavar="DIR",
-                     help="local MiniLM ONNX folder for --embedder fastembed (default: built by the shared tool "
-                          "into .cache/models, or $FAMILIAR_MINILM_DIR)")
+                     help="local MiniLM ONNX folder for --embedder fastembed (default: $FAMILIAR_MINILM_DIR, else "
+                          ".cache/models/all-MiniLM-L6-v2; built there first as `familiar models minilm` does)")
     loc.add_argument("--out", metavar="DIR", help="write results.json, results.md and recall_at_k.png here")
     loc.add_argument("--sweep", action="store_true",
                      help="also sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file "
@@ -39,17 +41,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from familiar_bot.eval import evaluation
+    from familiar_bot.eval import evaluation, locomo
 
-    data = Path(args.data).expanduser()
-    if not data.is_file():
-        raise CliError(f"--data {args.data}: no such file", EXIT_CONFIG)
+    try:
+        data = locomo.locate(args.data)
+    except locomo.LocomoMissing as exc:
+        raise CliError(str(exc), EXIT_CONFIG) from None
     model_path = None
     if args.embedder == "fastembed":
         from familiar_pipeline.models.minilm import MinilmUnavailable, ensure_local_minilm
 
         try:
-            model_path = ensure_local_minilm(args.model_path)
+            model_path = ensure_local_minilm(args.model_path, progress=lambda line: print(line, file=sys.stderr))
         except MinilmUnavailable as exc:
             raise CliError(str(exc), EXIT_CONFIG) from None
     started = time.perf_counter()

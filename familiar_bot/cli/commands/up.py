@@ -25,6 +25,7 @@ from pathlib import Path
 
 from familiar_bot import supervisor
 from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_pipeline.defs import webserver
 
 EXIT_CHILD_DIED = 1
 POLL_S = 0.2
@@ -108,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
         except InterruptedError:
             return stop.status
         say(f"ready in {waited:.1f}s: {address} (familiar {familiar_id!r}, bot: {transport})")
+        # Lets `familiar backfill` tell this webserver from one of another checkout or data root.
+        webserver.write_marker(env["DAGSTER_HOME"], address, data_root_dir=env["FAMILIAR_DATA_ROOT"])
 
         if transport == "discord":
             argv = [sys.executable, "-m", "familiar_bot.cli.main", "bot", "--familiar", familiar_id]
@@ -118,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"stopping ({stop.reason})")
         return stop.status
     finally:
+        webserver.remove_marker(env["DAGSTER_HOME"])
         took = supervisor.stop_children(children)
         if children:
             say(f"stopped every child in {took:.1f}s")
