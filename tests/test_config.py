@@ -11,6 +11,7 @@ import pytest
 from familiar_pipeline.storage import paths
 
 from familiar_pipeline.projectors import registry
+from familiar_pipeline.config import validation
 from familiar_pipeline.config import (
     DEFAULT_BUDGETS,
     LAYER_NAMES,
@@ -24,6 +25,7 @@ from familiar_pipeline.config import (
     MemoryConfig,
     PipelineConfig,
     TierBudget,
+    knob,
     load_config,
     parse_env_value,
     render_config,
@@ -492,6 +494,58 @@ def test_third_party_projector_becomes_valid_with_its_own_knobs(tmp_path):
         assert cfg.memory.knobs("moods") == {"window": 7}
         assert cfg.memory.knobs("rich_note") == cfg.memory.rich_note
         assert "[providers.memory.moods]\nwindow = 7" in render_config(cfg)
+    finally:
+        registry._PROJECTORS.pop("moods", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoodKnobs:
+    """A projector's knob class as a plugin would write it: a plain dataclass with knob() rules."""
+
+    window: int = knob(7, minimum=1, maximum=30)
+    style: str = knob("calm", choices=lambda: ("calm", "lively"))
+    weight: float = knob(0.5, above=0.0)
+    labels: tuple[str, ...] = knob(("happy",), choices=("happy", "sad"))
+    cache_dir: str | None = knob(None)
+
+
+@pytest.mark.parametrize("toml, expected", [
+    ("window = 40", "[providers.memory.moods].window = 40 is invalid: expected an integer from 1 to 30"),
+    ("window = true", "[providers.memory.moods].window = true is invalid: expected an integer from 1 to 30, "
+                      "got a boolean"),
+    ('style = "loud"', '[providers.memory.moods].style = "loud" is invalid: expected one of: "calm", "lively"'),
+    ("weight = 0", "[providers.memory.moods].weight = 0 is invalid: expected a number > 0.0"),
+    ('labels = ["happy", "meh"]', "unknown name 'meh'; valid: happy, sad"),
+    ('labels = ["sad", "sad"]', "'sad' listed more than once"),
+    ("windw = 3", "unknown key 'windw' in [providers.memory.moods]; valid: cache_dir, labels, style, weight, "
+                  "window (did you mean 'window'?)"),
+])
+def test_a_projector_knob_class_gets_the_same_rules_and_messages(tmp_path, monkeypatch, toml, expected):
+    """Knob sections are validated from the knob class alone, whichever module declares it."""
+    builtin = validation._knob_class
+    monkeypatch.setattr(validation, "_knob_class", lambda name: MoodKnobs if name == "moods" else builtin(name))
+    try:
+        registry.register_projector("moods", lambda: "asset", needs_llm=False)
+        message = error_of(tmp_path, f'[providers.memory]\nprojectors = ["moods"]\n[providers.memory.moods]\n{toml}\n')
+        assert message.startswith(f"{tmp_path / FID / 'character.toml'}: ") and expected in message, message
+    finally:
+        registry._PROJECTORS.pop("moods", None)
+
+
+def test_a_projector_knob_class_fills_in_defaults_and_renders(tmp_path, monkeypatch):
+    builtin = validation._knob_class
+    monkeypatch.setattr(validation, "_knob_class", lambda name: MoodKnobs if name == "moods" else builtin(name))
+    try:
+        registry.register_projector("moods", lambda: "asset", needs_llm=False)
+        assert load(tmp_path).memory.knobs("moods") == MoodKnobs()  # no table: the class defaults
+        write(tmp_path, '[providers.memory.moods]\nwindow = 3\nweight = 2\ncache_dir = ""\n')
+        cfg = load(tmp_path)
+        assert cfg.memory.knobs("moods") == MoodKnobs(window=3, weight=2.0, cache_dir=None)
+        assert isinstance(cfg.memory.knobs("moods").weight, float)
+        text = render_config(cfg)
+        assert "[providers.memory.moods]\nwindow = 3\n" in text
+        write(tmp_path, text, familiar_id="copy")
+        assert load(tmp_path, familiar_id="copy").memory == cfg.memory
     finally:
         registry._PROJECTORS.pop("moods", None)
 

@@ -1,0 +1,175 @@
+"""Loading one familiar's configuration: files, deep merge, environment overrides.
+
+Loading order, later wins:
+
+1. ``_default/character.toml`` (``paths.default_dir``): every knob, commented;
+2. the familiar's own ``data/familiars/<id>/character.toml``, deep-merged (tables
+   merge key by key; scalars and lists replace whole, so a ``projectors`` list
+   replaces the default list);
+3. environment overrides: ``FAMILIAR__SECTION__SUB__KEY=<TOML literal>`` for any
+   knob, plus ``FAMILIAR_FASTEMBED_MODEL_PATH``.
+
+Every leaf of the merged tree remembers which file or environment variable set it,
+so an error names the source that actually holds the bad value. The tree is then
+validated once (`validation.build`) into frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from familiar_pipeline.config.rendering import dotted
+from familiar_pipeline.config.schema import DEFAULT_FAMILIAR_ID, ConfigError, FamiliarConfig
+from familiar_pipeline.config.validation import build, kind_of
+from familiar_pipeline.storage import paths
+
+ENV_PREFIX = "FAMILIAR__"
+
+
+class Tree:
+    """The merged TOML tree plus, per key path, the source that last set it."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self.origins: dict[tuple[str, ...], str] = {}
+        self.sources: list[str] = []
+
+    def merge(self, table: Mapping[str, Any], source: str) -> None:
+        self.sources.append(source)
+        self._merge_into(self.data, table, source, ())
+
+    def _merge_into(self, dst: dict, src: Mapping[str, Any], source: str, prefix: tuple[str, ...]) -> None:
+        for key, value in src.items():
+            path = prefix + (key,)
+            if isinstance(value, dict) and isinstance(dst.get(key), dict):
+                self._merge_into(dst[key], value, source, path)
+                continue
+            for stale in [p for p in self.origins if p[: len(path)] == path]:
+                del self.origins[stale]
+            dst[key] = copy.deepcopy(value)
+            self.origins[path] = source
+
+    def source_of(self, path: tuple[str, ...]) -> str:
+        for end in range(len(path), 0, -1):
+            if path[:end] in self.origins:
+                return self.origins[path[:end]]
+        return self.sources[0] if self.sources else "configuration"
+
+
+
+_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+_TOML_AT_END = re.compile(r"\s*\(at end of document\)\s*$")
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; a syntax error names the file, line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        position = _TOML_POSITION.search(message)
+        if position:
+            line, column = int(position.group(1)), int(position.group(2))
+            message = message[: position.start()]
+        else:
+            lines = text.split("\n")
+            line, column = len(lines), len(lines[-1]) + 1
+            message = _TOML_AT_END.sub("", message) + " (at end of file)"
+        raise ConfigError(f"{path}: invalid TOML at line {line}, column {column}: {message}") from None
+
+
+def parse_env_value(raw: str) -> Any:
+    """A TOML literal (`5`, `true`, `["a"]`, `"x"`), else the raw text as a string."""
+    try:
+        doc = tomllib.loads(f"value = {raw}")
+    except tomllib.TOMLDecodeError:
+        return raw
+    return doc["value"] if set(doc) == {"value"} else raw
+
+
+def env_overrides(env: Mapping[str, str]) -> list[tuple[str, tuple[str, ...], Any]]:
+    """`(variable, key path, value)` for each override in `env`, in a stable order.
+
+    ``FAMILIAR__A__B__C`` sets ``[a.b].c``; ``FAMILIAR_FASTEMBED_MODEL_PATH`` is the
+    named shortcut for ``[providers.embedding].fastembed_model_path`` and wins
+    over a generic variable for the same key.
+    """
+    overrides = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        segments = name[len(ENV_PREFIX):].split("__")
+        if not segments or any(not s for s in segments):
+            raise ConfigError(
+                f"environment variable {name}: cannot tell which setting it overrides; expected "
+                "FAMILIAR__<SECTION>__<KEY> with '__' between each level, "
+                "e.g. FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE=5"
+            )
+        overrides.append((name, tuple(s.lower() for s in segments), parse_env_value(env[name])))
+    model_path = env.get("FAMILIAR_FASTEMBED_MODEL_PATH")
+    if model_path is not None:
+        overrides.append(("FAMILIAR_FASTEMBED_MODEL_PATH",
+                          ("providers", "embedding", "fastembed_model_path"), model_path))
+    return overrides
+
+
+def _apply_override(tree: Tree, variable: str, path: tuple[str, ...], value: Any) -> None:
+    node: Any = tree.data
+    for depth, key in enumerate(path[:-1]):
+        child = node.get(key)
+        if child is not None and not isinstance(child, dict):
+            raise ConfigError(
+                f"environment variable {variable}: {dotted(path[: depth + 1])} is "
+                f"{kind_of(child)}, not a table, so it has no key {path[depth + 1]!r}"
+            )
+        node = child if child is not None else {}
+    nested: Any = value
+    for key in reversed(path):
+        nested = {key: nested}
+    tree.merge(nested, f"environment variable {variable}")
+
+
+def load_config(familiar_id: str | None = None, *, root: Path | None = None,
+                env: Mapping[str, str] | None = None) -> FamiliarConfig:
+    """The effective, validated configuration of one familiar.
+
+    `familiar_id` defaults to ``FAMILIAR_ID`` from `env`, else ``"familiar"``;
+    `root` is the data root (default ``paths.data_root()``); `env` defaults to
+    ``os.environ`` and supplies overrides and secrets.
+    """
+    env = os.environ if env is None else env
+    if familiar_id:
+        paths.validate_familiar_id(familiar_id)
+    elif env.get("FAMILIAR_ID"):
+        familiar_id = env["FAMILIAR_ID"]
+        try:
+            paths.validate_familiar_id(familiar_id)
+        except paths.InvalidFamiliarId as exc:
+            raise paths.InvalidFamiliarId(f"environment variable FAMILIAR_ID: {exc}") from None
+    else:
+        familiar_id = DEFAULT_FAMILIAR_ID
+    if root is None:
+        configured = env.get("FAMILIAR_DATA_ROOT")
+        root = Path(configured).expanduser().resolve() if configured else paths.data_root()
+
+    tree = Tree()
+    default_file = paths.default_dir(root) / "character.toml"
+    tree.merge(read_toml(default_file), str(default_file))
+    own_file = paths.FamiliarPaths.for_id(familiar_id, root).character_toml
+    if own_file.is_file():
+        tree.merge(read_toml(own_file), str(own_file))
+    for variable, key_path, value in env_overrides(env):
+        _apply_override(tree, variable, key_path, value)
+    return build(tree, familiar_id, env)
+

@@ -1,0 +1,339 @@
+"""The typed, immutable configuration objects of one familiar (character.toml).
+
+Every section is a frozen stdlib dataclass whose fields say, through `knob(...)`
+metadata, what values are valid; `validation` derives the pydantic schema from that
+metadata, so each rule is written once. They stay plain dataclasses (not pydantic
+models) because code and tests build them directly, without validation, and rely on
+`dataclasses.asdict` / `replace` and `FrozenInstanceError`; a projector's knob class is
+the same kind of dataclass.
+
+The dataclass defaults equal the shipped ``_default/character.toml`` (a test pins
+this), so code that builds config objects directly behaves like a loaded default
+config.
+
+Secrets never come from TOML: ``DISCORD_TOKEN`` and the API keys named by each LLM
+slot's ``api_key_env`` are read from the environment into `Secrets`, whose repr masks
+them, and `render_config` only says whether each one is set.
+"""
+
+from __future__ import annotations
+
+import re
+import zoneinfo
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from familiar_pipeline.projectors import registry
+from familiar_pipeline.projectors.spec import knob
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the file and key it concerns."""
+
+
+DEFAULT_FAMILIAR_ID = "familiar"
+
+# Prompt layers in their default order, most stable first (prompt-cache friendly).
+LAYER_NAMES: tuple[str, ...] = (
+    "character_card",
+    "operating_mode",
+    "lorebook",
+    "conversation_summary",
+    "reflection",
+    "people_dossier",
+    "rag_context",
+    "recent_history",
+)
+MESSAGE_RENDERINGS: tuple[str, ...] = ("name_only", "prefixed")
+BUDGET_TIERS: tuple[str, ...] = ("background", "text", "voice")
+LLM_SLOTS: tuple[str, ...] = ("background", "reply")
+
+_ENV_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_URL = re.compile(r"^https?://\S+$")
+
+
+class FrozenDict(dict):
+    """A dict that refuses changes, so frozen config stays frozen.
+
+    Unlike MappingProxyType it pickles, deep-copies and goes through
+    `dataclasses.asdict` (Dagster and metadata code do all three).
+    """
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("configuration is read-only; build a new one with dataclasses.replace")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple:
+        return (FrozenDict, (dict(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+
+def embedding_backends() -> tuple[str, ...]:
+    # Imported late: embedders loads numpy, which loading a config does not need.
+    from familiar_pipeline.models.embedders import known_embedders
+
+    return known_embedders()
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    backend: str = knob("off", choices=embedding_backends)
+    dim: int = knob(256, minimum=8)  # hash backend only
+    fastembed_model: str = knob("BAAI/bge-small-en-v1.5", nonempty=True)
+    fastembed_cache_dir: str | None = knob(None)
+    fastembed_model_path: str | None = knob(None)  # local ONNX folder (env FAMILIAR_FASTEMBED_MODEL_PATH)
+
+
+@dataclass(frozen=True)
+class LlmSlotConfig:
+    name: str  # "reply" | "background"
+    model: str = knob("")  # litellm model string; "" means not configured
+    temperature: float = knob(0.7, minimum=0.0, maximum=2.0)
+    max_tokens: int = knob(1024, minimum=1)
+    timeout_s: float = knob(60.0, above=0.0)
+    max_retries: int = knob(2, minimum=0)
+    api_base: str | None = knob(None, pattern=_URL, pattern_hint="an http(s):// URL")
+    # NAME of the env var holding the key, never the key itself.
+    api_key_env: str | None = knob(None, pattern=_ENV_VAR_NAME, hide_bad_value=True,
+                                   pattern_hint="the NAME of an environment variable, "
+                                   "e.g. \"OPENROUTER_API_KEY\" (never the key itself)")
+    cache: bool = knob(False)  # response cache (on for background: rebuilds are free)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.model.strip())
+
+
+DEFAULT_LLM_SLOTS: Mapping[str, LlmSlotConfig] = FrozenDict({
+    "reply": LlmSlotConfig(name="reply"),
+    # Background work (extraction, summaries) wants consistency over flair, longer
+    # JSON replies, patience, and the cache that makes rebuilds free and identical.
+    "background": LlmSlotConfig(name="background", temperature=0.3, max_tokens=2048,
+                                timeout_s=120.0, cache=True),
+})
+
+
+@dataclass(frozen=True)
+class LlmConfig:
+    max_concurrency: int = knob(4, minimum=1)
+    slots: Mapping[str, LlmSlotConfig] = field(default_factory=lambda: DEFAULT_LLM_SLOTS)
+
+    def slot(self, name: str) -> LlmSlotConfig:
+        try:
+            return self.slots[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown LLM slot {name!r}; valid: {', '.join(sorted(self.slots))}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    sensor_interval_s: int = knob(5, minimum=5)
+    max_familiars_per_tick: int = knob(20, minimum=1)
+    max_batches_per_run: int = knob(20, minimum=1)
+    index_quiet_s: int = knob(30, minimum=0)
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    bm25_weight: float = knob(1.0, minimum=0.0)
+    recency_weight: float = knob(0.0, minimum=0.0)
+    importance_weight: float = knob(0.6, minimum=0.0)
+    # 3.0: (cos+1)/2 spans little of [0, 1], so it needs a larger weight than BM25's full
+    # min-max range to matter; measured best on LoCoMo (docs/benchmarks.md). Inert while
+    # fact embeddings are off.
+    embedding_weight: float = knob(3.0, minimum=0.0)
+    fact_overfetch: int = knob(4, minimum=1)  # candidates fetched = this x max_rag_facts
+    # Turns: BM25 and (when turn_embedding is active) cosine, min-max normalised over
+    # the union of each signal's top `turn_candidates`, summed with these weights.
+    turn_embedding_weight: float = knob(1.0, minimum=0.0)
+    turn_candidates: int = knob(20, minimum=1)
+    turn_neighbours: int = knob(1, minimum=0)  # same-channel turns shown before and after each hit
+    # "weighted": the min-max weighted sum above; "rrf": reciprocal rank fusion (k=60), kept to
+    # re-check the measurement that chose "weighted" (docs/benchmarks.md).
+    turn_fusion: str = knob("weighted", choices=("weighted", "rrf"))
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    projectors: tuple[str, ...] = registry.DEFAULT_PROJECTORS
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    # [providers.memory.<name>] by projector name: the knob dataclass its registered spec declares,
+    # or, for a projector registered without knobs, its table as written (untyped).
+    tables: Mapping[str, Any] = field(default_factory=lambda: FrozenDict(registry.default_knobs()))
+
+    def __getattr__(self, name: str) -> Any:
+        """`memory.rich_note` is the knobs of the projector named rich_note."""
+        tables = self.__dict__.get("tables")
+        if tables is not None and name in tables:
+            return tables[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def is_active(self, projector: str) -> bool:
+        return projector in self.projectors
+
+    def knobs(self, projector: str) -> Any:
+        """The knob dataclass (or untyped mapping) of a projector."""
+        if projector in self.tables:
+            return self.tables[projector]
+        registry.get_projector(projector)  # raises with the valid names if unknown
+        return FrozenDict({})
+
+
+@dataclass(frozen=True)
+class TierBudget:
+    """Token caps per prompt section; the dataclass defaults are the voice tier."""
+
+    recent_history_tokens: int = knob(3000, minimum=1)
+    rag_tokens: int = knob(900, minimum=1)
+    dossier_tokens: int = knob(900, minimum=1)
+    summary_tokens: int = knob(600, minimum=1)
+    reflection_tokens: int = knob(600, minimum=1)
+    lorebook_tokens: int = knob(600, minimum=1)
+    max_history_turns: int = knob(200, minimum=1)
+    max_rag_turns: int = knob(10, minimum=1)
+    max_rag_facts: int = knob(6, minimum=1)
+    max_dossier_people: int = knob(16, minimum=1)
+    max_reflections: int = knob(6, minimum=1)
+    max_lorebook_entries: int = knob(12, minimum=1)
+
+    @property
+    def total_tokens(self) -> int:
+        """Sum of the section caps: a bound for reporting, not a cap of its own."""
+        return (self.recent_history_tokens + self.rag_tokens + self.dossier_tokens
+                + self.summary_tokens + self.reflection_tokens + self.lorebook_tokens)
+
+
+DEFAULT_BUDGETS: Mapping[str, TierBudget] = FrozenDict({
+    "voice": TierBudget(),
+    "text": TierBudget(
+        recent_history_tokens=8000, rag_tokens=2400, dossier_tokens=2400, summary_tokens=1600,
+        reflection_tokens=1600, lorebook_tokens=1600, max_history_turns=400, max_rag_turns=16,
+        max_rag_facts=10, max_dossier_people=24, max_reflections=10, max_lorebook_entries=20,
+    ),
+    "background": TierBudget(
+        recent_history_tokens=24000, rag_tokens=8000, dossier_tokens=8000, summary_tokens=4000,
+        reflection_tokens=4000, lorebook_tokens=4000, max_history_turns=1000, max_rag_turns=24,
+        max_rag_facts=16, max_dossier_people=32, max_reflections=16, max_lorebook_entries=32,
+    ),
+})
+
+
+@dataclass(frozen=True)
+class HistoryConfig:
+    voice_window_size: int = knob(100, minimum=1)
+    text_window_size: int = knob(200, minimum=1)
+    coalesce_max_gap_seconds: float = knob(45.0, minimum=0.0)
+    text_silence_gap_fold_seconds: float = knob(0.0, minimum=0.0)
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """Per-channel overrides; a channel without a table gets these defaults."""
+
+    channel_id: int
+    prompt_layers: tuple[str, ...] = knob(LAYER_NAMES, choices=LAYER_NAMES)
+    history_window_size: int | None = knob(None, minimum=1)  # None: the tier's window
+    message_rendering: str = knob("prefixed", choices=MESSAGE_RENDERINGS)
+    respond_to_all: bool = knob(False)
+
+
+class Secrets:
+    """Secrets read from the environment; immutable, and no repr shows a value.
+
+    Deliberately not a dataclass: `dataclasses.asdict(config)` (handy for run
+    metadata) then keeps this object whole, masked, instead of copying the token
+    out into a plain dict.
+    """
+
+    __slots__ = ("_discord_token", "_api_keys")
+
+    def __init__(self, discord_token: str | None = None, api_keys: Mapping[str, str] | None = None):
+        object.__setattr__(self, "_discord_token", discord_token or None)
+        # Values of the env vars that LLM slots name in api_key_env (only those).
+        object.__setattr__(self, "_api_keys", FrozenDict(api_keys or {}))
+
+    @property
+    def discord_token(self) -> str | None:
+        return self._discord_token
+
+    @property
+    def api_keys(self) -> Mapping[str, str]:
+        return self._api_keys
+
+    def api_key_for(self, slot: LlmSlotConfig) -> str | None:
+        """The key for `slot`, or None (then litellm looks up its provider's usual variable)."""
+        if not slot.api_key_env:
+            return None
+        return self._api_keys.get(slot.api_key_env) or None
+
+    def is_set(self, env_name: str) -> bool:
+        return bool(self._api_keys.get(env_name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Secrets are read-only")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Secrets):
+            return NotImplemented
+        return (self._discord_token, self._api_keys) == (other._discord_token, other._api_keys)
+
+    def __hash__(self) -> int:
+        return hash((self._discord_token, self._api_keys))
+
+    def __reduce__(self) -> tuple:
+        return (Secrets, (self._discord_token, dict(self._api_keys)))
+
+    def __repr__(self) -> str:
+        token = "***set***" if self._discord_token else "(unset)"
+        keys = ", ".join(f"{name}={'***set***' if value else '(unset)'}"
+                         for name, value in sorted(self._api_keys.items()))
+        return f"Secrets(discord_token={token}, api_keys=[{keys}])"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True)
+class FamiliarConfig:
+    familiar_id: str = DEFAULT_FAMILIAR_ID
+    display_name: str = ""  # "" means: first alias, else familiar_id.title()
+    aliases: tuple[str, ...] = ()
+    display_tz: str = "UTC"
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    budgets: Mapping[str, TierBudget] = field(default_factory=lambda: DEFAULT_BUDGETS)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
+    channels: Mapping[int, ChannelConfig] = field(default_factory=lambda: FrozenDict({}))
+    llm: LlmConfig = field(default_factory=LlmConfig)
+    secrets: Secrets = field(default_factory=Secrets)
+    sources: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.display_name:
+            name = self.aliases[0] if self.aliases else self.familiar_id.title()
+            object.__setattr__(self, "display_name", name)
+
+    def budget_for(self, tier: str) -> TierBudget:
+        try:
+            return self.budgets[tier]
+        except KeyError:
+            raise ConfigError(
+                f"unknown budget tier {tier!r}; valid tiers: {', '.join(BUDGET_TIERS)}"
+            ) from None
+
+    def channel(self, channel_id: int) -> ChannelConfig:
+        """The channel's overrides, or the defaults when it has no table."""
+        return self.channels.get(int(channel_id)) or ChannelConfig(channel_id=int(channel_id))
+
+    @property
+    def tz(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.display_tz)
