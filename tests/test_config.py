@@ -274,7 +274,7 @@ def test_parse_env_value():
      '[providers.memory.rich_note].batch_size = "zero" is invalid: expected an integer >= 1, got a string'),
     ("FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCHSIZE", "5",
      "environment variable FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCHSIZE: unknown key 'batchsize' "
-     "in [providers.memory.rich_note]; valid: batch_size, participants_max (did you mean 'batch_size'?)"),
+     "in [providers.memory.rich_note]; valid: batch_size, participants_max, quiet_s (did you mean 'batch_size'?)"),
     ("FAMILIAR__PIPELINE____SENSOR_INTERVAL_S", "20",
      "environment variable FAMILIAR__PIPELINE____SENSOR_INTERVAL_S: cannot tell which setting"),
     ("FAMILIAR__DISPLAY_TZ__NAME", '"UTC"',

@@ -48,12 +48,14 @@ class FamiliarState:
     latest_turn_age_s: float
     snapshot_version: int
     watermarks: dict  # projector -> {"turn_id", "fact_id", "change_seq"}
+    closed: tuple[str, ...] = ()  # projectors with a batch closed early (a quiet gap) past their watermark
 
     def turn_watermark(self, projector: str) -> int:
         return int(self.watermarks.get(projector, {}).get("turn_id", 0))
 
     def signature(self) -> list[int]:
-        return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version]
+        # `closed` counts: a batch that closes for quiet, with nothing else new, is news.
+        return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version, len(self.closed)]
 
 
 @dataclass(frozen=True)
@@ -80,20 +82,33 @@ def _triggered(trigger: str) -> list:
     return [spec for spec in registry.specs() if spec.trigger == trigger]
 
 
-def read_state(paths: FamiliarPaths) -> FamiliarState:
-    with TurnLog(paths.turns_db, readonly=True) as turn_log:
-        latest, change = turn_log.latest_id(), turn_log.latest_change_seq()
-        newest = turn_log.turns_by_ids([latest]) if latest else []
-    age = (datetime.now(timezone.utc) - newest[0].created_at).total_seconds() if newest else float("inf")
-    manifest_path = paths.serving_dir / "manifest.json"
+def read_state(paths: FamiliarPaths, config=None) -> FamiliarState:
+    """The familiar's turn log and published watermarks; with its config, also which short batches have closed."""
     version, marks = 0, {}
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads((paths.serving_dir / "manifest.json").read_text())
         version = int(manifest.get("version", 0))
         marks = (manifest.get("store_watermark") or {}).get("projectors") or {}
     except (OSError, ValueError):
         pass
-    return FamiliarState(latest, change, age, version, marks)
+    now = datetime.now(timezone.utc)
+    with TurnLog(paths.turns_db, readonly=True) as turn_log:
+        latest, change = turn_log.latest_id(), turn_log.latest_change_seq()
+        newest = turn_log.turns_by_ids([latest]) if latest else []
+        closed = tuple(_closed_early(turn_log, config, latest, marks, now)) if config is not None else ()
+    age = (now - newest[0].created_at).total_seconds() if newest else float("inf")
+    return FamiliarState(latest, change, age, version, marks, closed)
+
+
+def _closed_early(turn_log, config, latest: int, marks: dict, now: datetime):
+    """Active turn-driven projectors whose next batch, though short of their batch knob, is complete."""
+    for spec in _triggered(TURNS):
+        if spec.batch_closed is None or spec.name not in config.memory.projectors:
+            continue
+        knobs = config.memory.knobs(spec.name)
+        mark = int(marks.get(spec.name, {}).get("turn_id", 0))
+        if 0 < latest - mark < getattr(knobs, spec.batch_knob) and spec.batch_closed(turn_log, knobs, mark, now):
+            yield spec.name
 
 
 def due_assets(config, state: FamiliarState) -> list[str]:
@@ -102,7 +117,8 @@ def due_assets(config, state: FamiliarState) -> list[str]:
     active = set(config.memory.projectors)
     for spec in _triggered(TURNS):
         pending = state.latest_turn_id - state.turn_watermark(spec.name)
-        if spec.name in active and pending >= getattr(config.memory.knobs(spec.name), spec.batch_knob):
+        if spec.name in active and (pending >= getattr(config.memory.knobs(spec.name), spec.batch_knob)
+                                    or spec.name in state.closed):
             due.append(spec.asset)
     if "facts" in due:
         # The fact-driven assets ride in the same run: one process start instead of a second
@@ -137,7 +153,7 @@ def evaluate_tick(
         paths = FamiliarPaths.for_id(familiar_id, root)
         try:
             config = load_config(familiar_id, root=root)
-            state = read_state(paths)
+            state = read_state(paths, config)
         except (ConfigError, OSError, ValueError) as exc:
             notes.append(f"{familiar_id}: skipped ({exc})")
             continue

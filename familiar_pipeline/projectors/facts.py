@@ -1,19 +1,24 @@
-"""Fact extraction (projector `rich_note`): atomic, attributed facts from fixed batches of turns.
+"""Fact extraction (projector `rich_note`): atomic, attributed facts from batches of turns.
 
-Batches are fixed-size runs of consecutive turns by id (`batch_size`), so where a
-batch starts and ends is a pure function of the turn log: an incremental build
-and a rebuild from scratch send the same prompts, hit the same cached replies and
-write the same rows. A trailing remainder shorter than a batch waits for more turns.
-The watermark always advances past a processed batch, even when the model's reply
-was garbage, so one bad batch never stalls the projection.
+A batch is a run of consecutive turns by id that ends at `batch_size` turns, or
+early at a quiet gap: before a turn that came `quiet_s` or more after the one
+before it, or, for the newest turns, once the log has been quiet that long (see
+`close_batch`). Where a batch ends is computed from the turns' own timestamps, so
+an incremental build and a rebuild from scratch send the same prompts, hit the
+same cached replies and write the same rows, and a familiar that goes quiet still
+gets its last messages extracted. The watermark always advances past a processed
+batch, even when the model's reply was garbage, so one bad batch never stalls the
+projection.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
+from pathlib import Path
 from typing import Any, Sequence
 
 from familiar_pipeline.storage.identity import ego_key
@@ -34,6 +39,11 @@ WRITE_GROUP_BATCHES = 20
 WRITE_GROUP_SECONDS = 2.0
 # How far back a channel is scanned when widening the participants list.
 WIDENING_SCAN_TURNS = 300
+# A trailing batch closes for quiet only this much after `quiet_s`: a turn appended after
+# the cut may carry a timestamp up to this much older than its append (Discord stamps a
+# message when its server receives it), and it must still be `quiet_s` after the batch's
+# last turn for a rebuild to cut at the same place.
+CLOCK_SLACK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,7 @@ class RichNoteConfig:
 
     batch_size: int = knob(10, minimum=1)
     participants_max: int = knob(30, minimum=1)
+    quiet_s: int = knob(120, minimum=0)  # 0: batches close only at batch_size
 
 _INABILITY = r"(?:cannot|can't|can\s+not|am\s+not\s+able|am\s+unable|is\s+unable|is\s+not\s+able|" \
     r"do\s+not\s+have|don't\s+have|does\s+not\s+have|doesn't\s+have|has\s+no|have\s+no|lacks?)\b"
@@ -85,10 +96,59 @@ def parse_instant(value: Any) -> datetime | None:
     return parsed.astimezone(timezone.utc)
 
 
-def next_batch(turn_log, after_id: int, batch_size: int) -> list:
-    """The next full batch after the watermark, or [] while fewer than batch_size turns wait."""
-    batch = turn_log.turns_after(after_id, limit=batch_size)
-    return batch if len(batch) >= batch_size else []
+def close_batch(turns: Sequence, *, batch_size: int, quiet_s: float, quiet_for_s: float) -> list:
+    """The closed batch at the head of `turns` (the turns after the watermark, oldest first), or [].
+
+    A batch ends at `batch_size` turns, or before the first turn that came `quiet_s` or
+    more after the turn before it. If neither happens within the turns there are, they
+    are the newest in the log, and they close only when the log has been quiet for
+    `quiet_s` (+ CLOCK_SLACK_S) seconds (`quiet_for_s`). That last rule reads the clock,
+    yet a rebuild cuts the same batches: a turn appended after such a cut is stamped
+    later than the cut, so the gap rule ends the batch before it. `quiet_s` 0 turns the
+    quiet rules off.
+    """
+    head = list(turns[:batch_size])
+    if quiet_s > 0:
+        for i in range(1, len(head)):
+            if (head[i].created_at - head[i - 1].created_at).total_seconds() >= quiet_s:
+                return head[:i]
+    if len(head) >= batch_size:
+        return head
+    if head and quiet_s > 0 and quiet_for_s >= quiet_s + CLOCK_SLACK_S:
+        return head
+    return []
+
+
+def log_written_at(turns_db: Path) -> datetime:
+    """When the turn log file (or its write-ahead log) was last written, as aware UTC.
+
+    An import appends turns stamped long ago; the log's own write time keeps its
+    newest turns from looking quiet while the import is still going.
+    """
+    times = [0.0]
+    for path in (turns_db, turns_db.with_name(turns_db.name + "-wal")):
+        try:
+            times.append(os.stat(path).st_mtime)
+        except OSError:
+            pass
+    return datetime.fromtimestamp(max(times), timezone.utc)
+
+
+def next_batch(turn_log, after_id: int, batch_size: int, quiet_s: float = 0, *, now: datetime | None = None) -> list:
+    """The next closed batch after the watermark (see `close_batch`), or [] while it is still open."""
+    # The clock is read before the turns, so a turn the read misses is stamped after `now`.
+    now = now or datetime.now(timezone.utc)
+    turns = turn_log.turns_after(after_id, limit=batch_size)
+    quiet_for = 0.0
+    if turns and len(turns) < batch_size and quiet_s > 0:
+        last_write = max(turns[-1].created_at, log_written_at(Path(turn_log.path)))
+        quiet_for = (now - last_write).total_seconds()
+    return close_batch(turns, batch_size=batch_size, quiet_s=quiet_s, quiet_for_s=quiet_for)
+
+
+def batch_closed(turn_log, knobs: RichNoteConfig, after_id: int, now: datetime) -> bool:
+    """For the sensor: a batch shorter than `batch_size` is closed (at a quiet gap) and due."""
+    return bool(next_batch(turn_log, after_id, knobs.batch_size, knobs.quiet_s, now=now))
 
 
 def build_manifest(batch: Sequence, turn_log, *, participants_max: int, self_key: str, self_name: str) -> list[ManifestEntry]:
@@ -260,7 +320,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     pending: list[tuple[int, BatchOutcome]] = []
     group_started = time.monotonic()
     for _ in range(cfg.pipeline.max_batches_per_run):
-        batch = next_batch(turn_log, watermark, knobs.batch_size)
+        batch = next_batch(turn_log, watermark, knobs.batch_size, knobs.quiet_s)
         if not batch:
             break
         report.batches += 1
@@ -291,14 +351,14 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     report.watermark_after = {"turn_id": watermark}
     if report.batches == 0:
         report.status = "no-op"
-        report.reason = f"fewer than batch_size={knobs.batch_size} new turns"
+        report.reason = f"fewer than batch_size={knobs.batch_size} new turns and no quiet gap of quiet_s={knobs.quiet_s}"
 
 
 SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="facts",
     run=run,
-    description="""Atomic, attributed facts extracted from fixed batches of `batch_size` turns (projector `rich_note`).
+    description="""Atomic, attributed facts extracted from batches of `batch_size` turns, or fewer at a quiet gap of `quiet_s` (projector `rich_note`).
 
     Claims stay attributed, roleplay is recorded as bits, identity is the participant's canonical key;
     near-duplicates are suppressed at insert; fts/facts is updated. The watermark always advances past
@@ -308,6 +368,7 @@ SPEC = ProjectorSpec(
     kinds={"duckdb", "tantivy", "llm"},
     trigger=TURNS,
     batch_knob="batch_size",
+    batch_closed=batch_closed,
     knobs=RichNoteConfig,
     # Everything built on facts goes with them, so nothing citing a fact id survives and the id
     # sequence restarts: a rebuild gives every fact the id the incremental build gave it.

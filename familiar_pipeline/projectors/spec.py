@@ -78,6 +78,8 @@ class ProjectorSpec:
     names it reads (`turns` or other projectors' assets); they become the asset's
     deps. A plugin with its own Dagster asset passes `factory` (a zero-argument
     callable returning the asset or a list of assets) instead of `run`.
+    `batch_closed(turn_log, knobs, after_id, now) -> bool` tells the sensor that a
+    batch shorter than `batch_knob` is complete anyway (facts close one at a quiet gap).
     """
 
     name: str
@@ -89,6 +91,7 @@ class ProjectorSpec:
     inputs: tuple[str, ...] = ("turns",)
     trigger: str | None = None
     batch_knob: str | None = None
+    batch_closed: Callable[..., bool] | None = None
     needs_llm: bool = True
     needs_embedder: bool = False
     always_on: bool = False
