@@ -74,11 +74,20 @@ def report_metadata(report: ProjectionReport, usage, knobs: dict) -> dict:
     for key, value in report.extra.items():
         metadata[key] = value if isinstance(value, (int, float, str)) else dg.MetadataValue.json(value)
     if report.preview:
-        import pandas as pd  # lazily: ~1 s of import the code location need not pay at load
-
-        frame = pd.DataFrame(report.preview[:PREVIEW_ROWS])
-        metadata["preview"] = dg.MetadataValue.md(frame.to_markdown(index=False))
+        metadata["preview"] = dg.MetadataValue.md(markdown_table(report.preview[:PREVIEW_ROWS]))
     return metadata
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """Rows as a Markdown table (columns in first-seen order), without pandas: ~1 s of import per run saved."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+
+    def cell(value) -> str:
+        return " ".join(str("" if value is None else value).split()).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def materialize_projection(

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from familiar_pipeline.config import ConfigError, LlmConfig, LlmSlotConfig
-from familiar_pipeline.models.litellm_import import import_litellm
+from familiar_pipeline.models.litellm_import import import_litellm, when_imported
 
 log = logging.getLogger(__name__)
 
@@ -702,7 +702,7 @@ def client_for(
     if slot.model.startswith("fake/"):
         from familiar_pipeline.testing.fake_llm import install_from_env
 
-        install_from_env()
+        when_imported(install_from_env)  # with litellm, when a call is due: a run with none never imports it
     cache = ResponseCache(cache_path) if slot.cache else None
     return LlmClient(
         slot,
