@@ -1,7 +1,7 @@
 """People dossiers (projector `people_dossier`): one compounding dossier per subject, the familiar included.
 
 The dossier advances one extraction batch at a time: it walks the same
-fixed-size turn batches the fact extractor used (`rich_note.batch_size`), up to
+turn batches the fact extractor cut (`facts.processed_batch`), up to
 the extractor's watermark, and at each batch end T folds, for every subject the
 batch touched, that subject's facts past its own `last_fact_id` up to the fact
 horizon at T (see `horizon`). A subject with a fact retired in that step is
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from familiar_pipeline.storage.identity import is_ego_key
 from familiar_pipeline.prompts import dossier as prompt
 from familiar_pipeline.prompts.common import MAX_PROSE_CHARS
+from familiar_pipeline.projectors.facts import processed_batch
 from familiar_pipeline.projectors.spec import FACTS, DropRule, ProjectorSpec, knob
 from familiar_pipeline.storage.store import Fact
 
@@ -97,12 +98,11 @@ def steps_pending(rt, store, watermark_turn: int, watermark_fact: int) -> list[S
     cfg = rt.config
     rich = store.get_watermark("rich_note").turn_id
     supersede_ready = store.get_watermark("fact_supersede").fact_id if cfg.memory.is_active("fact_supersede") else None
-    batch_size = cfg.memory.rich_note.batch_size
     turn_log = rt.turn_log()
     steps, after, horizon = [], watermark_turn, watermark_fact
     while len(steps) < cfg.pipeline.max_batches_per_run:
-        batch = turn_log.turns_after(after, limit=batch_size)
-        if len(batch) < batch_size or batch[-1].id > rich:
+        batch = processed_batch(turn_log, after, rich, cfg.memory.rich_note)
+        if not batch:
             break
         horizon = max(horizon, fact_horizon(store, batch[-1].id))
         if supersede_ready is not None and supersede_ready < horizon:

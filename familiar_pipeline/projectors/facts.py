@@ -146,6 +146,17 @@ def next_batch(turn_log, after_id: int, batch_size: int, quiet_s: float = 0, *, 
     return close_batch(turns, batch_size=batch_size, quiet_s=quiet_s, quiet_for_s=quiet_for)
 
 
+def processed_batch(turn_log, after_id: int, upto_id: int, knobs: RichNoteConfig) -> list:
+    """The batch after `after_id` as the extractor cut it, if it ends at or before its watermark `upto_id`; else [].
+
+    For projectors that step through the extraction batches afterwards (dossiers): the
+    watermark always sits on a batch end, so turns up to it that are neither a full
+    batch nor cut by a gap end there for quiet.
+    """
+    head = [t for t in turn_log.turns_after(after_id, limit=knobs.batch_size) if t.id <= upto_id]
+    return close_batch(head, batch_size=knobs.batch_size, quiet_s=knobs.quiet_s, quiet_for_s=float("inf"))
+
+
 def batch_closed(turn_log, knobs: RichNoteConfig, after_id: int, now: datetime) -> bool:
     """For the sensor: a batch shorter than `batch_size` is closed (at a quiet gap) and due."""
     return bool(next_batch(turn_log, after_id, knobs.batch_size, knobs.quiet_s, now=now))

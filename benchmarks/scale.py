@@ -1,0 +1,254 @@
+"""Many familiars on one host: freshness, backlog, runs and CPU at a steady total message rate.
+
+Starts the real `familiar up --no-bot` (as `benchmarks/freshness.py` does: its own
+DAGSTER_HOME and data root, the scripted model) with `--familiars` familiars, then
+appends `--rate` messages per second in total, spread round-robin over them, for
+`--duration` seconds, waits up to `--drain` seconds for the last facts, then up to
+`--settle` seconds for the runs still queued or running (the followers). Prints:
+
+* freshness p50/p95: a message appended -> a fact citing it in that familiar's
+  serving snapshot (the bot's view), over the messages that got there;
+* backlog: messages without a citing fact when the drain ended;
+* runs: launched, and by status when the group stopped (queued ones are backlog too);
+* busy CPU-s per 1,000 turns: user+system CPU of `familiar up` and every process in
+  its children's sessions (webserver, daemon, code servers, run workers), sampled
+  from /proc every `SAMPLE_S` (a process's last fraction of a sample is missed);
+  it includes the idle cost of the webserver and daemon;
+* peak RSS of that group;
+* per-run time breakdown from the event log (medians): queued (requested -> launched),
+  start (launched -> the worker's RUN_START: process spawn, imports, code location load),
+  each step (STEP_START -> its end), finish (last step -> run end).
+
+A quiet familiar's last batch closes `quiet_s` after its last message (set with
+`--quiet-s`, default 20), so the drain should be longer than that.
+
+    uv run python benchmarks/scale.py --familiars 3 --rate 1 --duration 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from familiar_bot.supervisor import child_sessions, free_port, processes_in_sessions, rss_bytes  # noqa: E402
+from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
+from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
+from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
+from freshness import percentile, start_up, stop_up, wait_ready  # noqa: E402
+
+SAMPLE_S = 0.5
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class GroupSampler(threading.Thread):
+    """Samples CPU ticks per process and summed RSS of `familiar up`'s process group."""
+
+    def __init__(self, root_pid: int):
+        super().__init__(daemon=True)
+        self.root_pid = root_pid
+        self.ticks: dict[tuple[int, float], int] = {}  # (pid, start time) -> last seen utime+stime
+        self.peak_rss = 0
+        self.stopped = threading.Event()
+
+    def sample(self) -> None:
+        pids = {self.root_pid, *processes_in_sessions(child_sessions(self.root_pid))}
+        rss = 0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # fields[0] is the state (field 3 of stat): utime 14, stime 15, starttime 22
+            self.ticks[(pid, float(fields[19]))] = int(fields[11]) + int(fields[12])
+            rss += rss_bytes(pid)
+        self.peak_rss = max(self.peak_rss, rss)
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            self.sample()
+            time.sleep(SAMPLE_S)
+
+    def cpu_seconds(self) -> float:
+        return sum(self.ticks.values()) / TICKS
+
+
+def prepare(tmp: Path, familiars: int) -> list[FamiliarPaths]:
+    home = tmp / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    out = []
+    for i in range(familiars):
+        paths = FamiliarPaths.for_id(f"f{i:04d}", tmp / "familiars")
+        paths.dir.mkdir(parents=True)
+        paths.character_toml.write_text('[llm.background]\nmodel = "fake/careful"\n')
+        with TurnLog(paths.turns_db) as log:
+            log.upsert_participant("discord:1", global_name="Ana")
+        out.append(paths)
+    return out
+
+
+def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: float) -> tuple[dict, dict]:
+    """Append the messages, watch the snapshots; (appended, visible): (familiar, turn id) -> monotonic time."""
+    logs = [TurnLog(p.turns_db) for p in familiars]
+    readers = [SnapshotReader(p.serving_dir) for p in familiars]
+    appended: dict[tuple[int, int], float] = {}
+    visible: dict[tuple[int, int], float] = {}
+    pending: dict[int, set[int]] = defaultdict(set)
+    total = int(rate * duration)
+    started = time.monotonic()
+    next_check = started
+    try:
+        while True:
+            now = time.monotonic()
+            while len(appended) < total and started + len(appended) / rate <= now:
+                n = len(appended)
+                f = n % len(familiars)
+                turn = logs[f].append_turn(channel_id=1, role="user", author_key="discord:1", author_display="Ana",
+                                           content=f"Message {n}: I keep a journal about mountain walk number {n}")
+                appended[(f, turn.id)] = time.monotonic()
+                pending[f].add(turn.id)
+            if now >= next_check:
+                for f in [f for f, ids in pending.items() if ids]:
+                    readers[f].refresh()
+                    cited = {t for row in readers[f].current().current_facts() for t in (row["source_turn_ids"] or [])}
+                    for turn_id in pending[f] & cited:
+                        visible[(f, turn_id)] = time.monotonic()
+                    pending[f] -= cited
+                next_check = time.monotonic() + SAMPLE_S
+            if len(appended) == total and (not any(pending.values()) or now > started + duration + drain):
+                break
+            time.sleep(0.02)
+    finally:
+        for log in logs:
+            log.close()
+    return appended, visible
+
+
+def wait_for_runs(dagster_home: Path, timeout: float) -> float:
+    """Wait until no run is queued or running (the followers of the last facts), at most `timeout` s."""
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    import dagster as dg
+
+    in_flight = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                 dg.DagsterRunStatus.STARTED]
+    started = time.monotonic()
+    with dg.DagsterInstance.get() as instance:
+        while time.monotonic() - started < timeout:
+            if not instance.get_runs_count(filters=dg.RunsFilter(statuses=in_flight)):
+                break
+            time.sleep(1)
+    return time.monotonic() - started
+
+
+def run_breakdown(dagster_home: Path) -> dict:
+    """Runs by status and the median time of each phase of a finished run, from the event log."""
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    import dagster as dg
+
+    kinds = dg.DagsterEventType
+    enqueued, starting, start = kinds.RUN_ENQUEUED.value, kinds.RUN_STARTING.value, kinds.RUN_START.value
+    success, failure = kinds.RUN_SUCCESS.value, kinds.RUN_FAILURE.value
+    phases: dict[str, list[float]] = defaultdict(list)
+    failures: list[str] = []
+    with dg.DagsterInstance.get() as instance:
+        runs = instance.get_runs()
+        statuses = Counter(r.status.value for r in runs)
+        for run in runs:
+            times: dict[str, float] = {}
+            step_start: dict[str, float] = {}
+            for record in instance.get_records_for_run(run.run_id).records:
+                entry = record.event_log_entry
+                event = entry.dagster_event
+                if event is None:
+                    continue
+                kind = event.event_type_value
+                if kind in (enqueued, starting, start, success, failure):
+                    times.setdefault(kind, entry.timestamp)
+                elif kind == "STEP_START":
+                    step_start[event.step_key] = entry.timestamp
+                if kind in (failure, "STEP_FAILURE") and len(failures) < 3:
+                    failures.append(f"{run.tags.get('dagster/partition', '?')}: {kind} {event.step_key or ''} {(getattr(getattr(event.event_specific_data, 'error', None), 'message', None) or entry.message)[:400]}")
+                if kind in ("STEP_SUCCESS", "STEP_FAILURE") and event.step_key in step_start:
+                    phases[f"step {event.step_key}"].append(entry.timestamp - step_start[event.step_key])
+                    times["last_step_end"] = max(times.get("last_step_end", 0), entry.timestamp)
+            end = times.get(success) or times.get(failure)
+            if enqueued in times and starting in times:
+                phases["queued"].append(times[starting] - times[enqueued])
+            if starting in times and start in times:
+                phases["start (spawn, imports, load)"].append(times[start] - times[starting])
+            if end and "last_step_end" in times:
+                phases["finish"].append(end - times["last_step_end"])
+            if end and starting in times:
+                phases["launched -> end"].append(end - times[starting])
+    median = {k: {"median_s": round(statistics.median(v), 2), "n": len(v)} for k, v in sorted(phases.items())}
+    return {"runs": len(runs), "by_status": dict(statuses), "phases": median, "first_failures": failures}
+
+
+def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s: int, sensor_interval: int | None,
+            settle: float = 120) -> dict:
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        paths = prepare(tmp, familiars)
+        os.environ["FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__QUIET_S"] = str(quiet_s)  # start_up copies os.environ
+        os.environ["FAMILIAR_DATA_ROOT"] = str(tmp / "familiars")
+        process, err = start_up(tmp, free_port(), sensor_interval)
+        sampler = GroupSampler(process.pid)
+        try:
+            ready = wait_ready(process, err)
+            print(f"ready after {ready:.1f}s; {familiars} familiars, {rate} messages/s for {duration}s", flush=True)
+            sampler.start()
+            cpu_before = sampler.cpu_seconds()
+            appended, visible = drive(paths, rate, duration, drain)
+            settled = wait_for_runs(tmp / "dagster_home", settle)
+            sampler.stopped.set()
+            sampler.join()
+            sampler.sample()
+            cpu = sampler.cpu_seconds() - cpu_before
+        finally:
+            if process.poll() is None:
+                stop_up(process)
+        fresh = sorted(visible[k] - appended[k] for k in visible)
+        result = {
+            "familiars": familiars, "messages_per_s": rate, "duration_s": duration, "quiet_s": quiet_s,
+            "messages": len(appended), "with_facts": len(visible), "backlog_messages": len(appended) - len(visible),
+            "freshness_p50_s": round(percentile(fresh, 0.5), 1) if fresh else None,
+            "freshness_p95_s": round(percentile(fresh, 0.95), 1) if fresh else None,
+            "settle_s": round(settled, 1),  # after the drain, until no run was queued or running
+            "busy_cpu_s": round(cpu, 1),
+            "busy_cpu_s_per_1000_turns": round(cpu / max(1, len(appended)) * 1000),
+            "peak_rss_mib": round(sampler.peak_rss / 2**20),
+            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        }
+        result.update(run_breakdown(tmp / "dagster_home"))
+        return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--familiars", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=1.0, help="messages per second over all familiars")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of appending")
+    parser.add_argument("--drain", type=float, default=90.0, help="most seconds to wait for the last facts")
+    parser.add_argument("--quiet-s", type=int, default=20, help="[providers.memory.rich_note].quiet_s for the run")
+    parser.add_argument("--settle", type=float, default=120.0, help="most seconds to wait for in-flight runs after the drain")
+    parser.add_argument("--sensor-interval", type=int, default=None)
+    args = parser.parse_args()
+    result = measure(args.familiars, args.rate, args.duration, args.drain, args.quiet_s, args.sensor_interval, args.settle)
+    print(json.dumps(result, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
