@@ -15,7 +15,8 @@ Parts: `assembly` (p50/p95/p99 at 10k/100k turns x 2k/20k facts, with and withou
 the MiniLM cue embedding), `pipeline` (the LoCoMo dev file through every asset with
 real MiniLM vectors for facts and turns, then a full rebuild), `embedding` (raw
 MiniLM texts/s), `freshness` (`familiar up` ready time, idle RSS, message to facts
-visible). `--parts` picks a subset. Quote medians and ratios: the machines are noisy.
+visible), `scale` (`benchmarks/scale.py` at 1 and 10 familiars; a table, no plot yet).
+`--parts` picks a subset. Quote medians and ratios: the machines are noisy.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-PARTS = ("assembly", "embedding", "pipeline", "freshness")
+PARTS = ("assembly", "embedding", "pipeline", "freshness", "scale")
 SIZES = [(10_000, 2_000), (10_000, 20_000), (100_000, 2_000), (100_000, 20_000)]
 QUICK_SIZES = [(2_000, 400), (10_000, 2_000)]
 
@@ -108,6 +109,14 @@ def bench_freshness(messages: int, starts: int) -> dict:
 # ----------------------------------------------------------------------------- output
 
 
+def bench_scale(quick: bool) -> list[dict]:
+    """`benchmarks/scale.py` at N familiars, each sending one message every 2 s."""
+    import scale
+
+    sizes, duration = ((1, 3), 20) if quick else ((1, 10), 60)
+    return [scale.measure(n, n / 2, duration, drain=90, quiet_s=20, sensor_interval=None) for n in sizes]
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB RAM, {m['os']}, Python {m['python']}; "
@@ -141,6 +150,16 @@ def markdown(report: dict) -> str:
                   f"Stop after SIGTERM: {f['stop_s']} s.", "",
                   f"Freshness (message appended -> its facts in the bot's snapshot), {len(f['freshness_s'])} messages "
                   f"1 s apart: p50 **{f['freshness_p50_s']} s**, p95 **{f['freshness_p95_s']} s**.", ""]
+    if "scale" in report:
+        lines += ["### Many familiars (`benchmarks/scale.py`, one message every 2 s per familiar)", "",
+                  "| familiars | messages/s | freshness p50 / p95 s | backlog | runs | busy CPU-s per 1,000 turns | peak RSS MiB | run start s (median) | load at end |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in report["scale"]:
+            start = r["phases"].get("start (spawn, imports, load)", {}).get("median_s", "-")
+            lines.append(f"| {r['familiars']} | {r['messages_per_s']} | {r['freshness_p50_s']} / {r['freshness_p95_s']} | "
+                         f"{r['backlog_messages']} | {r['runs']} | {r['busy_cpu_s_per_1000_turns']:,} | {r['peak_rss_mib']} | "
+                         f"{start} | {r['load_average_1m_at_end']} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -247,6 +266,9 @@ def main() -> None:
     if "freshness" in parts:
         print("familiar up and freshness ...", flush=True)
         report["freshness"] = bench_freshness(10 if args.quick else 20, 1 if args.quick else 3)
+    if "scale" in parts:
+        print("many familiars ...", flush=True)
+        report["scale"] = bench_scale(args.quick)
     (args.out / "speed.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
     (args.out / "speed.md").write_text(text + "\n")

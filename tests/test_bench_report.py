@@ -63,3 +63,11 @@ def test_from_json_re_renders_without_measuring(tmp_path, monkeypatch):
     report.main()
     assert (out / "speed.md").read_text().strip() == report.markdown(FIGURES).strip()
     assert {p.name for p in out.glob("*.png")} == {"assembly.png", "pipeline.png", "freshness.png"}
+
+
+def test_markdown_quotes_the_scaling_table():
+    scale = [{"familiars": 10, "messages_per_s": 5.0, "freshness_p50_s": 41.7, "freshness_p95_s": 72.4,
+              "backlog_messages": 3, "runs": 16, "busy_cpu_s_per_1000_turns": 836, "peak_rss_mib": 2100,
+              "load_average_1m_at_end": 1.6, "phases": {"start (spawn, imports, load)": {"median_s": 2.4, "n": 16}}}]
+    text = report.markdown({**FIGURES, "scale": scale})
+    assert "| 10 | 5.0 | 41.7 / 72.4 | 3 | 16 | 836 | 2100 | 2.4 | 1.6 |" in text
