@@ -11,6 +11,7 @@ import duckdb
 import pytest
 
 from familiar_pipeline.storage import store_schema
+from familiar_pipeline.storage.times import as_utc
 from familiar_pipeline.storage.store import (
     PROJECTIONS,
     SYSTEM_TIME_COLUMNS,
@@ -21,7 +22,6 @@ from familiar_pipeline.storage.store import (
     SchemaVersionError,
     StoreError,
     Subject,
-    as_utc,
     clamp_importance,
     normalize_fact_text,
 )

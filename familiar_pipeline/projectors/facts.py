@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, timezone
-from typing import Any, Sequence
+from typing import Sequence
 
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.models.jsonparse import as_int
@@ -22,6 +21,7 @@ from familiar_pipeline.prompts import facts as prompt
 from familiar_pipeline.prompts.common import MAX_FACT_CHARS
 from familiar_pipeline.prompts.facts import ManifestEntry, RawFact
 from familiar_pipeline.storage.store import FactDraft, Subject
+from familiar_pipeline.storage.times import parse_instant
 
 PROJECTOR = "rich_note"
 ACTIVITY_RETURN = "activity_return"
@@ -57,23 +57,6 @@ def is_self_capability(text: str, self_name: str) -> bool:
         return True
     name = re.escape(self_name.strip())
     return bool(name) and re.match(rf"^\s*{name}\s+{_INABILITY}", text, re.IGNORECASE) is not None
-
-
-def parse_instant(value: Any) -> datetime | None:
-    """An ISO-8601 date or datetime from the model, as aware UTC; None if absent or invalid."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    raw = value.strip()
-    try:
-        if len(raw) == 10:
-            d = date.fromisoformat(raw)
-            return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
-        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
 
 
 def next_batch(turn_log, after_id: int, batch_size: int) -> list:
