@@ -226,7 +226,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             rt.fts_facts().clear()
             rt.fts_facts().commit()
         watermark = store.get_watermark(PROJECTOR).turn_id
-        all_facts = store.conn.execute("SELECT id, text FROM facts ORDER BY id").fetchall()
+        all_facts = store.fact_texts()
     if rt.fts_facts().doc_count() != len(all_facts):
         # a killed run or a skipped commit left fts/facts out of step: the store is canonical
         rt.fts_facts().rebuild(all_facts)

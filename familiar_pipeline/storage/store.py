@@ -305,6 +305,12 @@ def _fact(row: tuple, subjects: tuple[Subject, ...]) -> Fact:
     )
 
 
+_REFLECTION_SELECT = (
+    "SELECT id, channel_id, text, cited_turn_ids, cited_fact_ids, last_turn_id, last_fact_id, created_at "
+    "FROM reflections"
+)
+
+
 def _reflection(row: tuple) -> Reflection:
     return Reflection(
         id=row[0],
@@ -815,6 +821,79 @@ class ProjectionStore:
         """The rows ``fact_id`` directly replaced (one hop), ascending by id."""
         return self._facts("f.superseded_by = ?", [_int(fact_id, "fact_id")])
 
+    # ----------------------------------------------------------------- facts: the fact axis
+    # Dossiers and reflections replay facts by id ("horizons", see
+    # projectors/horizon.py): these reads select by position on that axis.
+
+    def fact_horizon(self, turn_id: int) -> int:
+        """Highest fact id whose source turns are all <= ``turn_id`` (0 when none)."""
+        row = self._q(
+            "SELECT coalesce(max(id), 0) FROM facts WHERE len(source_turn_ids) > 0 AND list_max(source_turn_ids) <= ?",
+            [_int(turn_id, "turn_id")],
+        ).fetchone()
+        return int(row[0])
+
+    def facts_in_range(self, after_id: int, upto_id: int) -> list[Fact]:
+        """Every fact with ``after_id < id <= upto_id``, ascending, retired and expired ones included."""
+        return self._facts("f.id > ? AND f.id <= ?", [_int(after_id, "after_id"), _int(upto_id, "upto_id")])
+
+    def fact_ids_for_subject(self, key: str, *, after_id: int, upto_id: int) -> list[int]:
+        """Ids of every fact naming ``key`` with ``after_id < id <= upto_id``, retired and expired ones included."""
+        rows = self._q(
+            "SELECT fact_id FROM fact_subjects WHERE canonical_key = ? AND fact_id > ? AND fact_id <= ? ORDER BY fact_id",
+            [key, _int(after_id, "after_id"), _int(upto_id, "upto_id")],
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    def facts_retired_between(self, after_id: int, upto_id: int) -> list[Fact]:
+        """Facts retired by a replacement with ``after_id < superseded_by <= upto_id``, ascending."""
+        return self._facts(
+            "f.superseded_by > ? AND f.superseded_by <= ?", [_int(after_id, "after_id"), _int(upto_id, "upto_id")]
+        )
+
+    def facts_current_at_horizon(self, horizon: int, limit: int) -> list[Fact]:
+        """The ``limit`` newest facts with id <= ``horizon`` that were current right after fact
+        ``horizon`` was evaluated (not retired, or retired by a newer fact), newest first."""
+        limit, horizon = _int(limit, "limit"), _int(horizon, "horizon")
+        if limit <= 0 or horizon <= 0:
+            return []
+        return self._facts(
+            "f.id <= ? AND (f.superseded_at IS NULL OR f.superseded_by > ?)", [horizon, horizon],
+            order="f.id DESC", limit=limit,
+        )
+
+    def fact_ids_upto(self, upto_id: int) -> set[int]:
+        """Ids of the facts that exist with id <= ``upto_id``."""
+        return {row[0] for row in self._q("SELECT id FROM facts WHERE id <= ?", [_int(upto_id, "upto_id")]).fetchall()}
+
+    def fact_texts(self) -> list[tuple[int, str]]:
+        """``(id, text)`` of every fact, ascending: what the full-text index of facts holds."""
+        return self._q("SELECT id, text FROM facts ORDER BY id").fetchall()
+
+    # ----------------------------------------------------------------- integrity reads (asset checks)
+
+    def fact_source_turns(self) -> list[tuple[int, int]]:
+        """``(fact id, source turn id)`` for every citation, by fact id."""
+        return self._q("SELECT id, unnest(source_turn_ids) AS turn_id FROM facts ORDER BY id").fetchall()
+
+    def fact_subject_keys(self) -> list[tuple[int, str]]:
+        """``(fact id, subject key)`` for every subject of every fact, by fact id."""
+        return self._q("SELECT fact_id, canonical_key FROM fact_subjects ORDER BY fact_id").fetchall()
+
+    def facts_retired_more_than_once(self) -> list[tuple[int, int]]:
+        """``(fact id, times)`` for facts that more than one supersession decision retired."""
+        return self._q(
+            "SELECT fact_id, count(*) FROM (SELECT unnest(retired_ids) AS fact_id FROM supersede_decisions) "
+            "GROUP BY fact_id HAVING count(*) > 1 ORDER BY fact_id"
+        ).fetchall()
+
+    def dangling_replacements(self) -> list[tuple[int, int]]:
+        """``(fact id, superseded_by)`` where the replacement does not exist or is the fact itself."""
+        return self._q(
+            "SELECT f.id, f.superseded_by FROM facts f LEFT JOIN facts r ON r.id = f.superseded_by "
+            "WHERE f.superseded_by IS NOT NULL AND (r.id IS NULL OR r.id = f.id) ORDER BY f.id"
+        ).fetchall()
+
     # ----------------------------------------------------------------- summary and dossiers
 
     def put_summary(self, summary_text: str, last_turn_id: int, *, now: Any = None) -> None:
@@ -909,16 +988,17 @@ class ProjectionStore:
         limit = _int(limit, "limit")
         if limit <= 0:
             return []
-        sql = (
-            "SELECT id, channel_id, text, cited_turn_ids, cited_fact_ids, last_turn_id, last_fact_id, "
-            "created_at FROM reflections"
-        )
+        sql = _REFLECTION_SELECT
         params: list[Any] = []
         if channel_id is not None:
             sql += " WHERE channel_id = ? OR channel_id IS NULL"
             params.append(_int(channel_id, "channel_id"))
         sql += f" ORDER BY id DESC LIMIT {limit}"
         return [_reflection(row) for row in self._q(sql, params).fetchall()]
+
+    def all_reflections(self) -> list[Reflection]:
+        """Every reflection, ascending by id."""
+        return [_reflection(row) for row in self._q(f"{_REFLECTION_SELECT} ORDER BY id").fetchall()]
 
     # ----------------------------------------------------------------- embeddings
 
@@ -1033,6 +1113,22 @@ class ProjectionStore:
         if row is None:
             return Watermark(name)
         return Watermark(name, row[0], row[1], row[2], as_utc(row[3]))
+
+    def watermarks(self) -> list[Watermark]:
+        """Every projector's watermark, by projector name."""
+        rows = self._q(
+            "SELECT projector, turn_id, fact_id, change_seq, updated_at FROM watermarks ORDER BY projector"
+        ).fetchall()
+        return [Watermark(r[0], r[1] or 0, r[2] or 0, r[3] or 0, as_utc(r[4])) for r in rows]
+
+    def serving_watermark(self) -> dict:
+        """What a serving snapshot published now is in step with: every projector's
+        watermark and the newest fact id (recorded in the snapshot's manifest)."""
+        marks = {
+            m.projector: {"turn_id": int(m.turn_id), "fact_id": int(m.fact_id), "change_seq": int(m.change_seq)}
+            for m in self.watermarks()
+        }
+        return {"projectors": marks, "latest_fact_id": self.latest_fact_id()}
 
     def set_watermark(
         self,
