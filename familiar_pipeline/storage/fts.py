@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Self
 
 import tantivy
+import tenacity
 from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -147,19 +148,24 @@ def retry_transient(
     retries are exhausted; a non-transient error is re-raised at once.
     """
     delays = list(delays)
-    for n in range(len(delays) + 1):
-        try:
-            attempt()
-            return True
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            if n == len(delays):
-                log.warning("[FTS] commit skipped after %d attempts err=%s", n + 1, exc)
-                return False
-            log.warning("[FTS] commit_retry=%d delay_s=%.2f err=%s", n + 1, delays[n], exc)
-            sleep(delays[n])
-    raise AssertionError("unreachable")
+
+    def log_retry(state: tenacity.RetryCallState) -> None:
+        log.warning("[FTS] commit_retry=%d delay_s=%.2f err=%s", state.attempt_number,
+                    state.next_action.sleep, state.outcome.exception())
+
+    def give_up(state: tenacity.RetryCallState) -> bool:
+        log.warning("[FTS] commit skipped after %d attempts err=%s", state.attempt_number, state.outcome.exception())
+        return False
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        stop=tenacity.stop_after_attempt(len(delays) + 1),
+        wait=tenacity.wait_chain(*(tenacity.wait_fixed(d) for d in delays)) if delays else tenacity.wait_none(),
+        sleep=sleep,
+        before_sleep=log_retry,
+        retry_error_callback=give_up,
+    )
+    return retrying(lambda: attempt() or True)
 
 
 # Tests replace this to run the retry policy without waiting.
