@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from cachetools import LRUCache
 
 from familiar_pipeline.config import BUDGET_TIERS, LAYER_NAMES, FamiliarConfig
 from familiar_pipeline.storage.paths import FamiliarPaths
@@ -149,7 +150,7 @@ class Assembler:
         self.layers = list(layers)
         self._by_name = {layer.name: layer for layer in self.layers}
         self.cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, str], tuple[str, dict | None]] = OrderedDict()
+        self._cache: LRUCache = LRUCache(maxsize=max(cache_size, 1))  # cache_size 0: nothing is stored
         self._lock = threading.Lock()
         self.builds = 0  # layer builds run (cache misses), for tests and benchmarks
 
@@ -174,19 +175,13 @@ class Assembler:
 
     def _cached(self, key: tuple[str, str]) -> tuple[str, dict | None] | None:
         with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-            return hit
+            return self._cache.get(key)
 
     def _store(self, key: tuple[str, str], value: tuple[str, dict | None]) -> None:
         if self.cache_size == 0:
             return
         with self._lock:
             self._cache[key] = value
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
 
     def cache_len(self) -> int:
         with self._lock:
