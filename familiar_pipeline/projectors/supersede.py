@@ -2,8 +2,9 @@
 
 Every fact with an id past the watermark is evaluated, oldest first; the
 watermark lives in memory.duckdb and is written with the retirements, so a
-restart or a crash never skips a fact (the original kept it in memory, primed
-it to the newest fact at start, and looked only at the newest few facts).
+restart or a crash never skips a fact. (A watermark held in process memory and
+primed to the newest fact at start would silently skip every fact written while
+the process was down.)
 
 For each subject of the new fact, the model is shown that subject's newest
 `priors_max` current facts with a *smaller* id: a fact can only be retired by a

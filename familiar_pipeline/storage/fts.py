@@ -45,8 +45,9 @@ COMMIT_RETRY_DELAYS_S = (0.05, 0.2, 0.5)
 
 MAX_ROW_ID = 2**64 - 1
 
-# The original list, kept word for word: chat filler that would otherwise match
-# half the log ("hey", "lol", "know") and drown the words that carry the cue.
+# Chat filler that would otherwise match half the log ("hey", "lol", "know")
+# and drown the words that carry the cue. Changing the list changes which turns
+# a cue retrieves, so retrieval figures measured before a change no longer hold.
 STOPWORDS: frozenset[str] = frozenset(
     """
     a about an and any anything are as at be been but by can could did do does
@@ -117,8 +118,8 @@ def _schema() -> tantivy.Schema:
 # --- commit retry policy ---------------------------------------------------
 
 # What a momentarily locked file looks like in tantivy's error text: Rust's
-# io::ErrorKind::PermissionDenied (Windows antivirus holding a fresh segment
-# file, as in the original's incident), Windows' "Access is denied" (os error
+# io::ErrorKind::PermissionDenied (e.g. a Windows antivirus scanner holding a
+# freshly written segment file), Windows' "Access is denied" (os error
 # 5), a sharing or lock violation (os error 32/33), or an EBUSY file. A writer
 # whose worker thread died on such an error reports only that it "was killed";
 # a rollback revives it, so that counts as transient too.

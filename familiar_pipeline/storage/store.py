@@ -134,8 +134,8 @@ class SupersedeResult:
 
 # --------------------------------------------------------------------------- normalisation
 
-# Straight, curly, low-9 and angle quotes: the same sentence quoted differently
-# is the same fact. (The original removed only ' and ".)
+# Straight, curly, low-9 and angle quotes, not only ' and ": the same sentence
+# quoted differently (a phone keyboard types curly quotes) is the same fact.
 _QUOTES = "'\"\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u00ab\u00bb\u2039\u203a"
 _QUOTE_TABLE = str.maketrans("", "", _QUOTES)
 _EDGE_CHARS = ".,!?;:()[]{}\u2026 \t\n"
