@@ -6,8 +6,8 @@ Why each piece exists:
 * **Slots** (``[llm.reply]`` for the bot, ``[llm.background]`` for projectors) let
   an operator point chat and memory work at different models. A slot with no
   model fails with ``LlmNotConfigured`` naming the exact setting, before any call.
-* **Retries** here, not in litellm: we own the policy (which errors are transient,
-  exponential backoff with jitter, ``max_retries`` from the slot) and can count
+* **Retries** here (tenacity), not in litellm: we own the policy (which errors are
+  transient, exponential backoff with jitter, ``max_retries`` from the slot) and can count
   retries in the materialization metadata. litellm's and the OpenAI SDK's own
   retries are switched off per call so the two never multiply.
 * **Concurrency cap**: projectors for many familiars run in threads of one process;
@@ -16,8 +16,9 @@ Why each piece exists:
   are separate pools: a thread cannot wait on an asyncio semaphore.
 * **Response cache**: keying replies on the exact request makes a rebuild free
   and reproducible: it sends the same prompts, so it gets the same replies and
-  writes the same rows (tests/test_pipeline.py checks this table by table). Empty replies are never cached, because callers
-  treat "" as "try again later" and a cached "" would make that retry permanent.
+  writes the same rows (tests/test_pipeline.py checks this table by table).
+  Empty replies are never cached, because callers treat "" as "try again later"
+  and a cached "" would make that retry permanent.
 * **Secrets**: the API key is read from ``os.environ[slot.api_key_env]`` at call
   time, never stored on the client, and scrubbed from every error message.
 

@@ -23,6 +23,7 @@ Which rows a read sees is a :class:`FactView`, and there are exactly three:
 
 :meth:`FactView.admits` states the rule over one record; :meth:`FactView.sql`
 and :meth:`FactView.arrow_mask` are its two implementations (the store's SQL,
+also rendered into the notebook views ``current_facts`` and ``facts_as_of``;
 the snapshot's pyarrow compute). ``tests/test_records.py`` checks over random
 bi-temporal rows that all three agree.
 """
@@ -131,6 +132,19 @@ class Watermark:
 # --------------------------------------------------------------------------- which facts a read sees
 
 
+def validity_sql(alias: str, *, as_of: bool, include_superseded: bool = False, at: str = "?") -> str:
+    """The SQL of a :class:`FactView` with the instant as the SQL expression ``at``:
+    a ``?`` parameter for the store's reads, ``now()`` or a macro argument for
+    the notebook views (``store_schema.NOTEBOOK_VIEWS``)."""
+    ended = f"({alias}.valid_to IS NULL OR {alias}.valid_to > {at})"
+    if as_of:
+        return f"({alias}.valid_from IS NULL OR {alias}.valid_from <= {at}) AND {ended}"
+    if include_superseded:
+        return ended
+    return f"{alias}.superseded_at IS NULL AND {ended}"
+
+
+
 @dataclass(frozen=True)
 class FactView:
     """One of the three read slices (module doc): ``at`` plus how to apply it.
@@ -164,12 +178,8 @@ class FactView:
 
     def sql(self, alias: str = "f") -> tuple[str, list[Any]]:
         """The definition in DuckDB SQL over table alias ``alias``, with its parameters."""
-        ended = f"({alias}.valid_to IS NULL OR {alias}.valid_to > ?)"
-        if self.as_of:
-            return f"({alias}.valid_from IS NULL OR {alias}.valid_from <= ?) AND {ended}", [self.at, self.at]
-        if self.include_superseded:
-            return ended, [self.at]
-        return f"{alias}.superseded_at IS NULL AND {ended}", [self.at]
+        where = validity_sql(alias, as_of=self.as_of, include_superseded=self.include_superseded)
+        return where, [self.at] * where.count("?")
 
     def arrow_mask(self, facts: pa.Table) -> pa.Array:
         """The definition in pyarrow compute over a served ``facts`` table (NULL never means true)."""
