@@ -15,8 +15,8 @@ from datetime import date, datetime, timedelta, timezone
 import pytest
 
 from familiar_pipeline.storage.identity import check_key
-from familiar_pipeline.storage.records import FactView
-from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot
+from familiar_pipeline.storage.records import Fact, FactView
+from familiar_pipeline.storage.snapshots import Snapshot, SnapshotReader, publish_snapshot
 from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
 from familiar_pipeline.storage.times import as_utc, parse_instant, utc_text
 
@@ -99,8 +99,6 @@ def test_sql_and_arrow_agree_with_the_definition_on_random_rows(tmp_path, seed):
 
 def test_the_three_views_on_one_fact():
     """The definition itself, spelled out on a retired fact valid [10:00, 14:00)."""
-    from familiar_pipeline.storage.records import Fact
-
     fact = Fact(1, None, "x", (), (), None, hour(0), hour(12), None, hour(10), hour(14))
     assert not FactView.of(now=hour(11)).admits(fact)  # retired: not current
     assert FactView.of(now=hour(11), include_superseded=True).admits(fact)  # live: not expired yet
@@ -135,8 +133,6 @@ def test_one_canonical_key_check(bad):
 
 
 def test_the_reader_answers_with_the_snapshots_own_queries(tmp_path):
-    from familiar_pipeline.storage.snapshots import Snapshot
-
     reader = SnapshotReader(tmp_path / "nothing-yet")
     for name in SnapshotReader.QUERIES:
         assert getattr(reader, name).__func__ is getattr(Snapshot, name), name
