@@ -195,7 +195,7 @@ def test_turns_fts_repairs_a_deleted_index(tmp_path, instance, fake_llm):
 
 
 def test_incremental_build_equals_rebuild(tmp_path, instance, fake_llm):
-    """A rebuild from the turn log equals the incremental build: same prompts, same cached replies, same rows."""
+    """The correctness test of DESIGN §4: same prompts, same cached replies, same rows."""
     paths = make_familiar(tmp_path)
     for start in (0, 7, 19, 33):
         append_chat(paths, {0: 7, 7: 12, 19: 14, 33: 9}[start], start=start)
@@ -282,7 +282,7 @@ def all_tables(path):
 
 
 def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_llm):
-    """Rebuild equals incremental build over every asset: same prompts, same cached replies, same rows, table by table."""
+    """DESIGN §4 over every asset: same prompts, same cached replies, same rows, table by table."""
     from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS
     from familiar_pipeline.defs.resources import EmbedderResource
 

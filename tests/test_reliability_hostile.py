@@ -2,7 +2,7 @@
 
 The reply model echoes what it was sent (so hostile text also comes back out through
 the reply path), the background model is the careful scripted model, and the whole
-pipeline runs over the result. Promises checked (issue 9 part 5): nothing
+pipeline runs over the result. Promises checked (DESIGN §8, issue 9 part 5): nothing
 raises, every message is in the log, no identity is merged, injected claims end up
 only as claims attributed to whoever made them, and the lorebook and character card
 are byte-for-byte unchanged.

@@ -2,8 +2,8 @@
 made-up ids and 1 MB replies, scripted through the fake provider (the real litellm path).
 
 For each fault: the pipeline runs over fresh turns with every projector's calls
-failing that way; then the model recovers and the pipeline runs until idle. Promised:
-no invalid row is ever written (checked table by table against the turn
+failing that way; then the model recovers and the pipeline runs until idle. Promised
+(DESIGN §8): no invalid row is ever written (checked table by table against the turn
 log), content faults are recorded in the metadata and the watermark rules hold, and
 transport faults fail the step visibly, leaving nothing half-done, so the recovered
 state equals a run that never saw a fault.

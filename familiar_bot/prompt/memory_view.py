@@ -1,8 +1,8 @@
 """Everything prompt layers read, behind one object that refreshes cheaply.
 
-The bot is a pure reader of memory (only pipeline runs write projections):
-projections come from the Parquet serving snapshot, search from the tantivy
-folders, and the only live database it touches is its own turn log. ``refresh()`` runs before each
+The bot is a pure reader of memory (DESIGN §3): projections come from the
+Parquet serving snapshot, search from the tantivy folders, and the only live
+database it touches is its own turn log. ``refresh()`` runs before each
 assembly; it costs a read of the small manifest and two ``stat`` calls when
 nothing changed, and it never raises, so a pipeline run publishing, committing,
 or crashing half-way never fails a reply: the last good view stays in use.

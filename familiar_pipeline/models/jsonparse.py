@@ -3,8 +3,7 @@
 Every projector asks the model for JSON and every model sometimes answers with
 something near it: wrapped in a Markdown fence, preceded by "Sure! Here you go:",
 with a trailing comma, or cut off by ``max_tokens`` half-way through an array.
-A projection must never stall or crash on that (a reply it cannot use is
-recorded as dropped and the watermark moves on), so parsing here never
+A projection must never stall or crash on that (DESIGN §8), so parsing here never
 raises: it either returns a value of the shape the caller asked for, or ``None``,
 which callers turn into "no items" and record as dropped output.
 

@@ -14,11 +14,9 @@ Why each piece exists:
   a shared ``BoundedSemaphore`` keeps them from flooding the provider. Async callers
   (the bot) get an ``asyncio.Semaphore`` per event loop with the same cap. The two
   are separate pools: a thread cannot wait on an asyncio semaphore.
-* **Response cache**: keying replies on the exact request makes a rebuild free
-  and reproducible: it sends the same prompts, so it gets the same replies and
-  writes the same rows (tests/test_pipeline.py checks this table by table).
-  Empty replies are never cached, because callers treat "" as "try again later"
-  and a cached "" would make that retry permanent.
+* **Response cache**: DESIGN §4 makes rebuilds free and reproducible by keying
+  replies on the exact request. Empty replies are never cached, because callers
+  treat "" as "try again later" and a cached "" would make that retry permanent.
 * **Secrets**: the API key is read from ``os.environ[slot.api_key_env]`` at call
   time, never stored on the client, and scrubbed from every error message.
 

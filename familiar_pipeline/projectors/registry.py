@@ -75,7 +75,7 @@ def get_projector(name: str) -> ProjectorSpec:
         ) from None
 
 
-# The default active set, in dependency order: each projector after the ones it reads.
+# The default active set, in the order the reference ran them.
 DEFAULT_PROJECTORS: tuple[str, ...] = (
     "rolling_summary",
     "rich_note",

@@ -1,33 +1,28 @@
 """The projection store: one familiar's ``memory.duckdb``.
 
-Everything here is a projection of the turn log (the turn log is the only
-source of truth; any table here can be dropped and rebuilt from it): facts with
-their subjects, supersessions, dossiers, reflections, the rolling summary, fact
-and turn embeddings, and the per-projector watermarks that say how far each
-projection has read. Only pipeline runs write it, one process at a time per
-file; a notebook may open it read-only while no run holds it (DuckDB allows a
-single process per file, so the bot reads Parquet snapshots instead).
+Everything here is a projection of the turn log (DESIGN §1): facts with their
+subjects, supersessions, dossiers, reflections, the rolling summary, fact
+embeddings, and the per-projector watermarks that say how far each projection
+has read. Only pipeline runs write it, one process at a time per file; a
+notebook may open it read-only while no run holds it (DuckDB allows a single
+process per file, so the bot reads Parquet snapshots instead).
 
 Rules that matter to callers:
 
 * Every timestamp is stored as a UTC ``TIMESTAMPTZ`` and returned as an aware
-  UTC ``datetime`` (``times.as_utc`` reads the inputs: aware datetimes in any
-  offset, naive datetimes taken as UTC, dates as UTC midnight, ISO-8601
-  strings). Comparisons are on instants, never on offset strings, so
-  ``-05:00`` values order correctly.
-* Rows come back as the records of ``records.py`` (the snapshot reader returns
-  the same ones), and which facts a read sees is ``records.FactView``.
+  UTC ``datetime``. Inputs may be aware datetimes in any offset, naive
+  datetimes (taken as UTC), dates (UTC midnight) or ISO-8601 strings. The
+  original stored offset strings and compared them as text, which broke on
+  ``-05:00`` values; here comparisons are on instants.
 * Writes validate their input before touching the database, so bad input
   raises a clear error and never dooms a surrounding transaction.
 * ``transaction()`` groups writes, e.g. a projection's outputs and its
   watermark, so a killed or failed run leaves neither behind.
 * Reads default to current truth: not superseded and not expired in world
   time. ``as_of`` reads give the world-time slice including retired rows.
-* Fact ids come from a sequence and grow while facts exist. Only
-  ``drop_projection('rich_note')`` restarts it, and it deletes everything that
-  cites a fact id in the same transaction (reflections, dossiers, supersede
-  decisions, embeddings), so a rebuild reuses ids without any old citation
-  pointing at a new fact.
+* Fact ids come from a sequence and only grow, even across
+  ``drop_projection('rich_note')``: reflections and other readers cite fact
+  ids, and a reused id would silently point an old citation at a new fact.
 
 A store object is not thread-safe; use one per thread (a run is one thread).
 """
@@ -73,8 +68,8 @@ SKIP_SELF = "fact id={} cannot supersede itself"
 SKIP_REPLACEMENT_RETIRED = "replacement fact id={} is already superseded"
 
 # Projections `drop_projection` knows, each with the watermark rows it clears.
-# Dropping facts takes every projection built on them with it, reflections
-# included: they cite fact ids, and the fact id sequence restarts.
+# Dropping facts takes every projection built on them with it; reflections
+# stay (they cite turns too, and fact ids are never reused).
 _DROPPED_WATERMARKS: dict[str, tuple[str, ...]] = {
     "turns_fts": ("turns_fts",),  # the index itself lives in fts/turns; the caller clears it
     "rolling_summary": ("rolling_summary",),
