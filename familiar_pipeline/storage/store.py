@@ -10,10 +10,12 @@ process per file, so the bot reads Parquet snapshots instead).
 Rules that matter to callers:
 
 * Every timestamp is stored as a UTC ``TIMESTAMPTZ`` and returned as an aware
-  UTC ``datetime``. Inputs may be aware datetimes in any offset, naive
-  datetimes (taken as UTC), dates (UTC midnight) or ISO-8601 strings. The
-  original stored offset strings and compared them as text, which broke on
-  ``-05:00`` values; here comparisons are on instants.
+  UTC ``datetime`` (``times.as_utc`` reads the inputs: aware datetimes in any
+  offset, naive datetimes taken as UTC, dates as UTC midnight, ISO-8601
+  strings). Comparisons are on instants, never on offset text, so ``-05:00``
+  values order correctly.
+* Rows come back as the records of ``records.py`` (the snapshot reader returns
+  the same ones), and which facts a read sees is ``records.FactView``.
 * Writes validate their input before touching the database, so bad input
   raises a clear error and never dooms a surrounding transaction.
 * ``transaction()`` groups writes, e.g. a projection's outputs and its
