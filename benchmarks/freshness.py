@@ -110,7 +110,7 @@ def measure_freshness(paths: FamiliarPaths, messages: int, gap: float, timeout: 
                 if len(appended) == messages:
                     deadline = time.monotonic() + timeout
             reader.refresh()
-            cited = {t for f in reader.current().current_facts() for t in (f["source_turn_ids"] or [])}
+            cited = {t for f in reader.current().current_facts() for t in f.source_turn_ids}
             for turn_id in appended:
                 if turn_id not in visible and turn_id in cited:
                     visible[turn_id] = time.monotonic()

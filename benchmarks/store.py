@@ -22,7 +22,6 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from familiar_pipeline.storage.fts import FtsIndex  # noqa: E402
-from familiar_pipeline.projectors.runtime import store_watermark  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot  # noqa: E402
 from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject  # noqa: E402
 
@@ -87,7 +86,7 @@ def bench_snapshots(store: ProjectionStore, serving: Path, rng: random.Random, r
     reader = SnapshotReader(serving)
     for _ in range(runs):
         started = time.perf_counter()
-        publish_snapshot(store.conn, serving, store_watermark=store_watermark(store))
+        publish_snapshot(store.conn, serving, store_watermark=store.serving_watermark())
         publish.append(time.perf_counter() - started)
         started = time.perf_counter()
         reader.refresh()

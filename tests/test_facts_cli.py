@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from familiar_bot.cli.main import main
-from familiar_pipeline.projectors.runtime import store_watermark
 from familiar_pipeline.storage.snapshots import publish_snapshot
 from familiar_pipeline.storage.store import FactDraft, ProjectionStore
 
@@ -22,7 +21,7 @@ def published(tmp_path, monkeypatch):
         store.append_fact(FactDraft("Cass moved to Lisbon.", (5,), (CASS,), valid_from="2026-03-01"))
         store.append_fact(FactDraft("Bo keeps bees.", (7,), (BO,), valid_from="2026-02-01"))
         store.supersede([1], 2)
-        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store_watermark(store))
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store.serving_watermark())
     return paths
 
 

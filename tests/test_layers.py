@@ -108,7 +108,7 @@ def test_reflection_breadcrumbs_and_stale_flag_with_key_change(world):
     world.store.supersede([f1.id], None)  # retire the cited fact; no new reflection is written
     world.publish()
     memory = view(world)
-    assert layer.invalidation_key(ctx(), memory) != key  # the original's latent bug
+    assert layer.invalidation_key(ctx(), memory) != key  # a retired citation changes the key by itself
     assert "- Crew morale dipped after Friday. [T#1, F#1] (stale)" in layer.build(ctx(), memory)
     assert "(stale)" not in layer.build(ctx(), memory).split("\n")[2]
 

@@ -49,4 +49,4 @@ def test_first_write_publishes_at_once_and_close_publishes_the_rest(tmp_path, mo
     assert rt.published_version == first  # within the interval: held
     rt.close()
     assert rt.published_version > first
-    assert SnapshotReader(paths.serving_dir).current().summary()["summary_text"] == "second"
+    assert SnapshotReader(paths.serving_dir).current().summary().summary_text == "second"

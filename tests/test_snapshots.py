@@ -26,6 +26,7 @@ from familiar_pipeline.storage.snapshots import (
     publish_snapshot,
     read_manifest,
 )
+from familiar_pipeline.storage.records import Subject, Summary, Watermark
 
 UTC = timezone.utc
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -130,43 +131,42 @@ def test_round_trip_and_read_semantics(store, tmp_path):
 
     later = T0 + timedelta(days=5)
     by_ids = reader.facts_by_ids([3, 1, 99, 2])
-    assert [f["id"] for f in by_ids] == [1, 2, 3]
+    assert [f.id for f in by_ids] == [1, 2, 3]
     first = by_ids[0]
-    assert first["subjects"] == [{"canonical_key": "discord:1", "display_at_write": "Cass"},
-                                 {"canonical_key": "discord:11", "display_at_write": "Bo"}]
-    assert first["created_at"] == T0 and first["created_at"].tzinfo == UTC
-    assert by_ids[1]["superseded_by"] == 3 and by_ids[2]["source_turn_ids"] == [7, 9]
-    assert by_ids[2]["importance"] is None
+    assert first.subjects == (Subject("discord:1", "Cass"), Subject("discord:11", "Bo"))
+    assert first.created_at == T0 and first.created_at.tzinfo == UTC
+    assert by_ids[1].superseded_by == 3 and by_ids[2].source_turn_ids == (7, 9)
+    assert by_ids[2].importance is None
 
-    assert [f["id"] for f in reader.current_facts(now=later)] == [1, 3, 5]
+    assert [f.id for f in reader.current_facts(now=later)] == [1, 3, 5]
     # Fact 4 expires at 12:00Z on June 3rd (07:00-05:00): current just before, gone at the instant.
-    assert 4 in [f["id"] for f in reader.current_facts(now=datetime(2026, 6, 3, 11, 59, tzinfo=UTC))]
-    assert 4 not in [f["id"] for f in reader.current_facts(now=datetime(2026, 6, 3, 12, 0, tzinfo=UTC))]
-    assert [f["id"] for f in reader.recent_facts(2, now=later)] == [5, 3]
+    assert 4 in [f.id for f in reader.current_facts(now=datetime(2026, 6, 3, 11, 59, tzinfo=UTC))]
+    assert 4 not in [f.id for f in reader.current_facts(now=datetime(2026, 6, 3, 12, 0, tzinfo=UTC))]
+    assert [f.id for f in reader.recent_facts(2, now=later)] == [5, 3]
     assert reader.recent_facts(0) == [] and reader.recent_facts(-1) == []
     # as_of is a world-time slice that includes superseded rows.
-    assert [f["id"] for f in reader.recent_facts(10, as_of=T0 + timedelta(days=1))] == [5, 4, 2, 1]
-    assert [f["id"] for f in reader.recent_facts(10, as_of=T0 + timedelta(days=3))] == [5, 3, 2, 1]
+    assert [f.id for f in reader.recent_facts(10, as_of=T0 + timedelta(days=1))] == [5, 4, 2, 1]
+    assert [f.id for f in reader.recent_facts(10, as_of=T0 + timedelta(days=3))] == [5, 3, 2, 1]
 
-    assert [f["id"] for f in reader.facts_for_subject("discord:1", now=later)] == [1, 3]
-    assert [f["id"] for f in reader.facts_for_subject("discord:1", as_of=T0)] == [1, 2]
-    assert [f["id"] for f in reader.facts_for_subject("discord:11", now=later)] == [1]  # 4 expired
+    assert [f.id for f in reader.facts_for_subject("discord:1", now=later)] == [1, 3]
+    assert [f.id for f in reader.facts_for_subject("discord:1", as_of=T0)] == [1, 2]
+    assert [f.id for f in reader.facts_for_subject("discord:11", now=later)] == [1]  # 4 expired
     assert reader.facts_for_subject("discord:", now=later) == []
 
     assert reader.superseded_fact_ids([1, 2, 3, 77]) == {2} and reader.superseded_fact_ids([]) == set()
     assert reader.latest_fact_id() == 5
 
     summary = reader.summary()
-    assert summary == {"summary_text": "They talked about food.", "last_turn_id": 42, "created_at": T0}
+    assert summary == Summary("They talked about food.", 42, T0)
     assert reader.summary("other-scope") is None
-    assert reader.dossier("discord:1")["last_fact_id"] == 3 and reader.dossier("discord:2") is None
+    assert reader.dossier("discord:1").last_fact_id == 3 and reader.dossier("discord:2") is None
     assert set(reader.dossiers(["discord:1", "ego:fam", "discord:2"])) == {"discord:1", "ego:fam"}
 
-    assert [r["id"] for r in reader.recent_reflections(10, 10)] == [4, 2, 1]
-    assert [r["id"] for r in reader.recent_reflections(20, 1)] == [3]
-    assert [r["id"] for r in reader.recent_reflections(None, 10)] == [4, 3, 2, 1]
+    assert [r.id for r in reader.recent_reflections(10, 10)] == [4, 2, 1]
+    assert [r.id for r in reader.recent_reflections(20, 1)] == [3]
+    assert [r.id for r in reader.recent_reflections(None, 10)] == [4, 3, 2, 1]
     assert reader.recent_reflections(10, 0) == []
-    assert reader.recent_reflections(10, 1)[0]["cited_fact_ids"] == [4]
+    assert reader.recent_reflections(10, 1)[0].cited_fact_ids == (4,)
 
     vectors = reader.embeddings_for("hash-v1", [1, 2, 3])
     assert set(vectors) == {1, 3}
@@ -174,10 +174,8 @@ def test_round_trip_and_read_semantics(store, tmp_path):
     assert reader.embeddings_for("other", [1, 3])[1].tolist() == [9.0, 9.0]
     assert reader.embeddings_for("missing-model", [1]) == {} and reader.embeddings_for("hash-v1", []) == {}
 
-    assert reader.watermark("rich_note") == {"projector": "rich_note", "turn_id": 42, "fact_id": 5,
-                                            "change_seq": 7, "updated_at": T0}
-    assert reader.watermark("reflection") == {"projector": "reflection", "turn_id": 0, "fact_id": 0,
-                                             "change_seq": 0, "updated_at": None}
+    assert reader.watermark("rich_note") == Watermark("rich_note", 42, 5, 7, T0)
+    assert reader.watermark("reflection") == Watermark("reflection")
 
 
 def test_reader_before_anything_is_published(tmp_path):
@@ -188,7 +186,7 @@ def test_reader_before_anything_is_published(tmp_path):
         assert reader.table(name).num_rows == 0 and reader.table(name).schema.equals(schema)
     assert reader.current_facts() == [] and reader.latest_fact_id() == 0 and reader.summary() is None
     assert reader.recent_reflections(1, 5) == [] and reader.embeddings_for("hash-v1", [1]) == {}
-    assert reader.watermark("rich_note")["turn_id"] == 0
+    assert reader.watermark("rich_note").turn_id == 0
     with pytest.raises(KeyError, match="no serving table 'nope'"):
         reader.table("nope")
 
@@ -203,13 +201,13 @@ def test_version_changes_only_on_publish_and_refresh_is_a_noop_otherwise(store, 
     assert reader.current() is loaded and reader.version == 1
 
     store.execute("UPDATE summaries SET summary_text = 'New summary.'")
-    assert reader.refresh() is False and reader.summary()["summary_text"] == "They talked about food."
+    assert reader.refresh() is False and reader.summary().summary_text == "They talked about food."
 
     manifest = publish_snapshot(store, serving, store_watermark={})
     assert manifest.version == 2
     assert reader.refresh() is True and reader.version == 2
-    assert reader.summary()["summary_text"] == "New summary."
-    assert loaded.summary()["summary_text"] == "They talked about food."  # old snapshot is immutable
+    assert reader.summary().summary_text == "New summary."
+    assert loaded.summary().summary_text == "They talked about food."  # old snapshot is immutable
     assert reader.refresh() is False
 
 
@@ -266,10 +264,10 @@ def test_failed_publish_leaves_previous_snapshot_readable(store, tmp_path, monke
     assert read_manifest(serving).version == 1
     assert reader.refresh() is False and reader.last_error is None
     fresh = SnapshotReader(serving)
-    assert fresh.version == 1 and fresh.summary()["summary_text"] == "They talked about food."
+    assert fresh.version == 1 and fresh.summary().summary_text == "They talked about food."
 
     assert publish_snapshot(store, serving, store_watermark={"seq": 2}).version == 2
-    assert reader.refresh() is True and reader.summary()["summary_text"] == "Should not be served."
+    assert reader.refresh() is True and reader.summary().summary_text == "Should not be served."
 
 
 def test_bad_publish_arguments_write_nothing(store, tmp_path):
@@ -350,7 +348,7 @@ def test_deleted_or_damaged_parquet_keeps_the_last_good_snapshot(store, tmp_path
     v2_facts = (serving / "facts.v2.parquet").read_bytes()
     (serving / "facts.v2.parquet").unlink()
     assert reader.refresh() is False
-    assert reader.version == 1 and reader.summary()["summary_text"] == "They talked about food."
+    assert reader.version == 1 and reader.summary().summary_text == "They talked about food."
     assert "cannot load snapshot v2" in reader.last_error and "keeping v1" in reader.last_error
     # A snapshot that failed is not re-read on every refresh, only after a pause.
     (serving / "facts.v2.parquet").write_bytes(v2_facts)
@@ -365,7 +363,7 @@ def test_deleted_or_damaged_parquet_keeps_the_last_good_snapshot(store, tmp_path
     assert reader.refresh() is False and reader.version == 2 and "v3" in reader.last_error
 
     publish_snapshot(store, serving, store_watermark={})
-    assert reader.refresh() is True and reader.version == 4 and reader.summary()["summary_text"] == "v3"
+    assert reader.refresh() is True and reader.version == 4 and reader.summary().summary_text == "v3"
 
 
 def test_file_vanishing_after_the_manifest_read_retries_with_the_new_manifest(store, tmp_path, monkeypatch):
@@ -393,7 +391,7 @@ def test_file_vanishing_after_the_manifest_read_retries_with_the_new_manifest(st
 
     monkeypatch.setattr(snapshots, "read_manifest", read_then_race)
     assert reader.refresh() is True
-    assert calls == [2, 4] and reader.version == 4 and reader.summary()["summary_text"] == "v4"
+    assert calls == [2, 4] and reader.version == 4 and reader.summary().summary_text == "v4"
     assert reader.last_error is None
 
 
@@ -410,8 +408,8 @@ def test_threads_query_while_the_reader_refreshes(tmp_path):
         while not stop.is_set():
             try:
                 snap = reader.current()
-                marker = snap.summary()["summary_text"]
-                if {f["text"] for f in snap.current_facts()} != {marker}:
+                marker = snap.summary().summary_text
+                if {f.text for f in snap.current_facts()} != {marker}:
                     failures.append(f"torn view at v{snap.version}")
             except Exception as exc:  # noqa: BLE001 - collected for the assertion
                 failures.append(repr(exc))
@@ -430,9 +428,7 @@ def test_threads_query_while_the_reader_refreshes(tmp_path):
 
 
 def test_publish_from_a_real_projection_store_agrees_with_its_reads(tmp_path):
-    from dataclasses import asdict
-
-    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+    from familiar_pipeline.storage.store import FactDraft, ProjectionStore
 
     store = ProjectionStore(tmp_path / "memory.duckdb")
     if not hasattr(store, "conn"):
@@ -459,26 +455,21 @@ def test_publish_from_a_real_projection_store_agrees_with_its_reads(tmp_path):
         later = T0 + timedelta(days=2)
         all_ids = sorted(store.all_fact_ids())
 
-        def as_dict(fact):
-            row = asdict(fact)
-            row["source_turn_ids"] = list(fact.source_turn_ids)
-            row["subjects"] = [asdict(s) for s in fact.subjects]
-            return row
-
-        assert reader.facts_by_ids(all_ids) == [as_dict(f) for f in store.facts_by_ids(all_ids)]
-        assert reader.current_facts(now=later) == [as_dict(f) for f in store.current_facts(now=later)]
-        assert [f["id"] for f in reader.facts_for_subject("discord:1", as_of=T0)] == [
-            f.id for f in store.facts_for_subject("discord:1", as_of=T0)]
+        # The same records, not look-alikes: equal field by field.
+        assert reader.facts_by_ids(all_ids) == store.facts_by_ids(all_ids)
+        assert reader.current_facts(now=later) == store.current_facts(now=later)
+        assert reader.current_facts(now=later, ids=[second.id, 999]) == store.facts_by_ids([second.id])
+        assert reader.facts_for_subject("discord:1", as_of=T0) == store.facts_for_subject("discord:1", as_of=T0)
+        assert reader.recent_facts(9, include_superseded=True, now=later) == store.recent_facts(
+            9, include_superseded=True, now=later)
         assert reader.superseded_fact_ids(all_ids) == store.superseded_fact_ids(all_ids) == {first.id}
         assert reader.latest_fact_id() == store.latest_fact_id()
-        assert reader.summary() == asdict(store.get_summary())
-        assert reader.dossier("discord:1") == asdict(store.get_dossier("discord:1"))
-        assert reader.recent_reflections(9, 5) == [
-            {**asdict(r), "cited_turn_ids": list(r.cited_turn_ids), "cited_fact_ids": list(r.cited_fact_ids)}
-            for r in store.recent_reflections(9, 5)]
+        assert reader.summary() == store.get_summary()
+        assert reader.dossier("discord:1") == store.get_dossier("discord:1")
+        assert reader.recent_reflections(9, 5) == store.recent_reflections(9, 5)
         assert reader.embeddings_for("hash-v1", all_ids)[second.id].tolist() == \
             store.embeddings_for("hash-v1", all_ids)[second.id]
-        assert reader.watermark("rich_note") == asdict(store.get_watermark("rich_note"))
+        assert reader.watermark("rich_note") == store.get_watermark("rich_note")
     finally:
         store.close()
 
@@ -519,10 +510,10 @@ def _markers_of(snap) -> set[str]:
     seen |= set(snap.table("fact_subjects")["display_at_write"].to_pylist())
     seen |= {f"v{int(x)}" for v in snap.table("fact_embeddings")["vector"].to_pylist() for x in v}
     seen |= set(snap.table("reflections")["text"].to_pylist())
-    seen |= {snap.summary()["summary_text"], f"v{snap.summary()['last_turn_id']}"}
-    seen |= {snap.dossier("discord:1")["dossier_text"]}
-    seen |= {f"v{snap.watermark(MARKER_PROJECTOR)['change_seq']}"}
-    seen |= {f["text"] for f in snap.current_facts()}
+    seen |= {snap.summary().summary_text, f"v{snap.summary().last_turn_id}"}
+    seen |= {snap.dossier("discord:1").dossier_text}
+    seen |= {f"v{snap.watermark(MARKER_PROJECTOR).change_seq}"}
+    seen |= {f.text for f in snap.current_facts()}
     seen |= {f"v{snap.manifest.store_watermark['marker']}"}
     return seen
 

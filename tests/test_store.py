@@ -1,4 +1,4 @@
-"""The DuckDB projection store: reference §3 rules, schema versions, notebook views."""
+"""The DuckDB projection store: dedup, validity and supersession rules, schema versions, notebook views."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from familiar_pipeline.storage import store_schema
 from familiar_pipeline.projectors.registry import BUILTIN_PROJECTORS as PROJECTIONS
 from familiar_pipeline.projectors.registry import drop_projection
+from familiar_pipeline.storage.times import as_utc
 from familiar_pipeline.storage.store import (
     SYSTEM_TIME_COLUMNS,
     Fact,
@@ -22,7 +23,6 @@ from familiar_pipeline.storage.store import (
     SchemaVersionError,
     StoreError,
     Subject,
-    as_utc,
     clamp_importance,
     normalize_fact_text,
 )
@@ -150,7 +150,7 @@ def test_superseded_or_expired_twins_do_not_block_and_valid_to_bypasses(store):
 
 
 def test_dedup_probe_is_an_index_lookup(store):
-    """Reference §9: dedup must not scan every fact. DuckDB answers this probe from the ART index."""
+    """Dedup must not scan every fact (every extracted fact probes it). DuckDB answers this probe from the ART index."""
     store._q(
         "INSERT INTO facts SELECT nextval('facts_id_seq'), NULL, 'f'||i, 'f'||i, '', 'f'||i||chr(10), "
         "[], NULL, now(), NULL, NULL, now(), NULL FROM range(5000) t(i)"
@@ -210,8 +210,8 @@ def test_clamp_importance_rejects_non_numbers():
 
 
 def test_negative_offset_valid_to_compares_as_an_instant(store):
-    # 10:00-05:00 is 15:00 UTC. As strings it sorts before "14:00+00:00", which
-    # is how the original wrongly expired such facts early.
+    # 10:00-05:00 is 15:00 UTC. As strings it sorts before "14:00+00:00": a store
+    # comparing offset text would expire such facts early.
     fact = add(store, "Cass is at the dentist.", CASS, valid_from="2025-03-01T09:00:00-05:00",
                valid_to="2025-03-01T10:00:00-05:00", now=datetime(2025, 3, 1, 13, tzinfo=UTC))
     assert fact.valid_to == datetime(2025, 3, 1, 15, tzinfo=UTC)

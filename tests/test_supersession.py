@@ -81,7 +81,7 @@ def test_subjectless_and_first_facts_make_no_call(tmp_path, fake_llm):
 
 
 def test_watermark_is_stored_and_every_new_fact_is_evaluated(tmp_path, fake_llm):
-    """The original evaluated only the newest 5 and forgot its watermark on restart (reference §9.2)."""
+    """Every fact past the stored watermark is evaluated, not only the newest few, and a restart resumes there."""
     paths = familiar(tmp_path)
     add_facts(paths, [fact("Cass lives in Berlin.", CASS)])
     run_projector(supersede, tmp_path)

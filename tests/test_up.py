@@ -140,7 +140,7 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
             return reader.current().current_facts()
 
         facts = wait_for(facts_in_snapshot, 150, "facts in the serving snapshot", process, err_log)
-        assert any("Lisbon" in f["text"] for f in facts)
+        assert any("Lisbon" in f.text for f in facts)
 
         fts = wait_for(lambda: latest(port, "turns_fts", "e2e"), 60, "turns_fts materialization", process, err_log)
         assert fts["partition"] == "e2e" and fts["status"].startswith("ok")

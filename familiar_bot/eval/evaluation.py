@@ -157,7 +157,6 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     from familiar_pipeline.storage.paths import FamiliarPaths
     from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
     from familiar_pipeline.storage.snapshots import publish_snapshot
-    from familiar_pipeline.projectors.runtime import store_watermark
     from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
     from familiar_pipeline.storage.turns import TurnLog
 
@@ -200,7 +199,7 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
         with FtsIndex(paths.fts_facts, writable=True) as index:
             index.upsert_many((f.id, f.text) for f in facts)
             index.commit()
-        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store_watermark(store))
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store.serving_watermark())
     timings["facts_s"] = time.perf_counter() - started
 
     selected = [assets.turns_fts]

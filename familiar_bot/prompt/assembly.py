@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
+
+from cachetools import LRUCache
 
 from familiar_pipeline.config import LAYER_NAMES, FamiliarConfig
 from familiar_pipeline.storage.paths import FamiliarPaths
@@ -72,7 +73,7 @@ class Assembler:
         self.layers = list(layers)
         self._by_name = {layer.name: layer for layer in self.layers}
         self.cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, str], tuple[str, dict | None]] = OrderedDict()
+        self._cache: LRUCache = LRUCache(maxsize=max(cache_size, 1))  # cache_size 0: nothing is stored
         self._lock = threading.Lock()
         self.builds = 0  # layer builds run (cache misses), for tests and benchmarks
 
@@ -97,19 +98,13 @@ class Assembler:
 
     def _cached(self, key: tuple[str, str]) -> tuple[str, dict | None] | None:
         with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-            return hit
+            return self._cache.get(key)
 
     def _store(self, key: tuple[str, str], value: tuple[str, dict | None]) -> None:
         if self.cache_size == 0:
             return
         with self._lock:
             self._cache[key] = value
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
 
     def cache_len(self) -> int:
         with self._lock:

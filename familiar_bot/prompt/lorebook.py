@@ -9,7 +9,7 @@
     selective = false             # true: every key must appear (default false)
 
 Keys match case-insensitively on word boundaries ("cat" does not fire on
-"concatenate"; the original used substring tests) against the channel's recent
+"concatenate", as a substring test would) against the channel's recent
 window and the new message. The file is re-parsed only when its bytes change.
 A file that is not valid TOML, or whose ``entries`` is not a list of tables, is
 logged once and the previous good entries stay in use (none if it was never

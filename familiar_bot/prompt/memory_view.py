@@ -13,10 +13,11 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
+
+from cachetools import LRUCache
 
 from familiar_pipeline.config import FamiliarConfig
 from familiar_pipeline.storage.fts import FtsIndex
@@ -125,10 +126,11 @@ class MemoryView:
         self.fts_turns = FtsReader(paths.fts_turns)
         self.fts_facts = FtsReader(paths.fts_facts)
         # Shared by pinned copies: derived values keyed by everything they depend on.
-        self._memo: OrderedDict[Hashable, Any] = OrderedDict()
+        # LRU caches; cachetools' are not thread-safe, so _memo_lock guards all three.
+        self._memo: LRUCache = LRUCache(_MEMO_SIZE)
         self._memo_lock = threading.Lock()
-        self._windows: OrderedDict[tuple[int, int], tuple[tuple[int, int], tuple[Turn, ...]]] = OrderedDict()
-        self._bulk: OrderedDict[Hashable, Any] = OrderedDict()
+        self._windows: LRUCache = LRUCache(_MEMO_SIZE)  # (channel, size) -> (token, turns)
+        self._bulk: LRUCache = LRUCache(_BULK_SIZE)
         self._warned: set[str] = set()
         self._pin: dict | None = None  # per-assembly values, only in pinned views
 
@@ -168,29 +170,20 @@ class MemoryView:
         """``compute()`` once per ``key`` (keys must name every input), bounded LRU."""
         with self._memo_lock:
             if key in self._memo:
-                self._memo.move_to_end(key)
                 return self._memo[key]
         value = compute()
         with self._memo_lock:
             self._memo[key] = value
-            while len(self._memo) > _MEMO_SIZE:
-                self._memo.popitem(last=False)
         return value
 
     def memo_get(self, key: Hashable) -> Any:
         with self._memo_lock:
-            value = self._bulk.get(key)
-            if value is not None:
-                self._bulk.move_to_end(key)
-            return value
+            return self._bulk.get(key)
 
     def memo_put(self, key: Hashable, value: Any, *, bulk: bool = True) -> None:
         """Store in the large LRU meant for many small per-item values (rendered messages)."""
         with self._memo_lock:
             self._bulk[key] = value
-            self._bulk.move_to_end(key)
-            while len(self._bulk) > _BULK_SIZE:
-                self._bulk.popitem(last=False)
 
     def warn_once(self, tag: str, message: str, *args: Any) -> None:
         if tag not in self._warned:
@@ -231,9 +224,6 @@ class MemoryView:
             turns = tuple(self.turn_log.recent(channel_id, size))
         with self._memo_lock:
             self._windows[key] = (token, turns)
-            self._windows.move_to_end(key)
-            while len(self._windows) > _MEMO_SIZE:
-                self._windows.popitem(last=False)
         return turns
 
     def close(self) -> None:

@@ -42,8 +42,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from familiar_pipeline.models.embedders import cosine
 
@@ -110,27 +108,14 @@ def fuse_facts(
 # --------------------------------------------------------------------------- facts
 
 
-def current_fact_rows(snapshot, ids, now: datetime) -> dict[int, dict]:
-    """``{id: {id, text, importance, subjects}}`` for the current facts among ``ids``.
-
-    Reads only the columns retrieval shows, with the validity test done in
-    Arrow: converting every column of every candidate to Python (timestamps
-    above all) was the largest cost of a reply's fact lookup.
-    """
+def current_fact_rows(snapshot, ids, now: datetime) -> dict:
+    """``{id: Fact}`` for the facts among ``ids`` that are current at ``now`` (the snapshot's ``FactView``)."""
     if not ids:
         return {}
-    facts = snapshot.table("facts")
-    wanted = pc.is_in(facts["id"], value_set=pa.array(sorted(set(ids)), pa.int64()))
-    at = pa.scalar(now, pa.timestamp("us", tz="UTC"))
-    valid_to = facts["valid_to"]
-    current = pc.and_kleene(pc.is_null(facts["superseded_at"]),
-                            pc.or_kleene(pc.is_null(valid_to), pc.greater(valid_to, at)))
-    mask = pc.fill_null(pc.and_kleene(wanted, current), False)
-    rows = facts.take(pc.indices_nonzero(mask)).select(["id", "text", "importance", "subjects"]).to_pylist()
-    return {r["id"]: r for r in rows}
+    return {f.id: f for f in snapshot.current_facts(now, ids=ids)}
 
 
-def _current_candidates(cue: str, memory, limit: int, wanted: int) -> tuple[list[tuple[dict, float]], int]:
+def _current_candidates(cue: str, memory, limit: int, wanted: int) -> tuple[list[tuple[Any, float]], int]:
     """``[(fact, bm25)]`` of current facts in BM25 order, fetching more while retired ones crowd the top."""
     now = datetime.now(timezone.utc)
     fetch = limit
@@ -155,7 +140,7 @@ def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, floa
     return {fid: cosine(cue_vec, vec) for fid, vec in vectors.items()}, True
 
 
-def retrieve_facts(cue: str, memory, budget) -> tuple[list[dict], dict[str, Any]]:
+def retrieve_facts(cue: str, memory, budget) -> tuple[list, dict[str, Any]]:
     """The top ``max_rag_facts`` current facts for ``cue`` and the scoring debug."""
     retrieval = memory.config.memory.retrieval
     weights = Weights.from_config(retrieval)
@@ -173,25 +158,25 @@ def retrieve_facts(cue: str, memory, budget) -> tuple[list[dict], dict[str, Any]
         weights = Weights(weights.bm25, weights.recency, weights.importance, 0.0)
     max_facts = budget.max_rag_facts
     found, fetched = _current_candidates(cue, memory, retrieval.fact_overfetch * max_facts, max_facts)
-    facts = {f["id"]: f for f, _ in found}
+    facts = {f.id: f for f, _ in found}
     similarities, embedded = ({}, False)
     if weights.embedding > 0 and found:
         similarities, embedded = _similarities(cue, memory, list(facts))
-    scored = fuse_facts([(f["id"], s, f.get("importance")) for f, s in found], similarities, weights)
+    scored = fuse_facts([(f.id, s, f.importance) for f, s in found], similarities, weights)
     for position, s in enumerate(scored):
         s["selected"] = position < max_facts
-        s["text"] = facts[s["fact_id"]]["text"]
+        s["text"] = facts[s["fact_id"]].text
     debug = {"cue": cue, "weights": weights.as_dict(), "embedded_cue": embedded,
              "fetched_facts": fetched, "facts": scored}
     return [facts[s["fact_id"]] for s in scored[:max_facts]], debug
 
 
-def rename_note(fact: dict, labels: Labels) -> str:
+def rename_note(fact, labels: Labels) -> str:
     """``" (Cass is now known as peeks)"`` for subjects whose name changed since the fact was written."""
     notes = []
     seen = set()
-    for subject in fact.get("subjects") or []:
-        key, then = subject["canonical_key"], one_line(subject.get("display_at_write"))
+    for subject in fact.subjects:
+        key, then = subject.canonical_key, one_line(subject.display_at_write)
         if key in seen or not then:
             continue
         seen.add(key)
@@ -405,11 +390,11 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
     turns, turn_debug = retrieve_turns(cue, memory, ctx, budget, exclude)
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)
-    fact_lines = [f"- {one_line(f['text'])}{rename_note(f, labels)}" for f in facts]
+    fact_lines = [f"- {one_line(f.text)}{rename_note(f, labels)}" for f in facts]
     owned = owned_turn_lines(turns, labels, memory.config.tz)
     text, facts_kept, lines_kept = render_counted(fact_lines, [(k, line) for k, line, _ in owned],
                                                   budget.rag_tokens)
     # What the section really shows after the token cut: the evaluation's rendered recall reads these.
-    debug["shown_fact_ids"] = [f["id"] for f in facts[:facts_kept]]
+    debug["shown_fact_ids"] = [f.id for f in facts[:facts_kept]]
     debug["shown_turn_ids"] = sorted({tid for _, _, tid in owned[:lines_kept] if tid is not None})
     return text, debug

@@ -16,7 +16,6 @@ import dagster as dg
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.defs.resources import FamiliarData
-from familiar_pipeline.projectors.runtime import store_watermark
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -36,9 +35,7 @@ def _open(familiar_data: FamiliarData, familiar_id: str):
 
 def missing_source_turns(store: ProjectionStore, turn_log: TurnLog) -> list[tuple[int, int]]:
     """(fact id, turn id) pairs where a fact cites a turn the log does not have."""
-    cited = store.conn.execute(
-        "SELECT id, unnest(source_turn_ids) AS turn_id FROM facts ORDER BY id"
-    ).fetchall()
+    cited = store.fact_source_turns()
     existing = {t.id for t in turn_log.turns_by_ids(sorted({turn_id for _, turn_id in cited}))}
     return [(fact_id, turn_id) for fact_id, turn_id in cited if turn_id not in existing]
 
@@ -46,8 +43,7 @@ def missing_source_turns(store: ProjectionStore, turn_log: TurnLog) -> list[tupl
 def unknown_subject_keys(store: ProjectionStore, turn_log: TurnLog, familiar_id: str) -> list[tuple[int, str]]:
     """(fact id, key) pairs whose subject is neither a known participant nor the familiar itself."""
     known = {p.canonical_key for p in turn_log.participants()} | {ego_key(familiar_id)}
-    rows = store.conn.execute("SELECT fact_id, canonical_key FROM fact_subjects ORDER BY fact_id").fetchall()
-    return [(fact_id, key) for fact_id, key in rows if key not in known]
+    return [(fact_id, key) for fact_id, key in store.fact_subject_keys() if key not in known]
 
 
 def snapshot_lag(store: ProjectionStore, serving_dir) -> dict | None:
@@ -55,9 +51,9 @@ def snapshot_lag(store: ProjectionStore, serving_dir) -> dict | None:
     try:
         manifest = json.loads((serving_dir / "manifest.json").read_text())
     except (OSError, ValueError):
-        return {"store": store_watermark(store), "snapshot": None}
+        return {"store": store.serving_watermark(), "snapshot": None}
     published = manifest.get("store_watermark")
-    current = store_watermark(store)
+    current = store.serving_watermark()
     return None if published == current else {"store": current, "snapshot": published}
 
 
@@ -122,30 +118,24 @@ def facts_superseded_twice(store: ProjectionStore, turn_log: TurnLog | None = No
     The store refuses to retire a retired fact, so a hit means the decision log
     and the facts table disagree (a hand edit, or a bug in a writer).
     """
-    return store.conn.execute(
-        "SELECT fact_id, count(*) FROM (SELECT unnest(retired_ids) AS fact_id FROM supersede_decisions) "
-        "GROUP BY fact_id HAVING count(*) > 1 ORDER BY fact_id"
-    ).fetchall()
+    return store.facts_retired_more_than_once()
 
 
 def dangling_superseded_by(store: ProjectionStore, turn_log: TurnLog | None = None) -> list[tuple[int, int]]:
     """(fact id, superseded_by) where the replacement fact does not exist (or is the fact itself)."""
-    return store.conn.execute(
-        "SELECT f.id, f.superseded_by FROM facts f LEFT JOIN facts r ON r.id = f.superseded_by "
-        "WHERE f.superseded_by IS NOT NULL AND (r.id IS NULL OR r.id = f.id) ORDER BY f.id"
-    ).fetchall()
+    return store.dangling_replacements()
 
 
 def uncited_reflections(store: ProjectionStore, turn_log: TurnLog) -> list[tuple[int, str]]:
     """(reflection id, why) for reflections citing no existing turn and no existing fact."""
-    rows = store.conn.execute("SELECT id, cited_turn_ids, cited_fact_ids FROM reflections ORDER BY id").fetchall()
-    all_turns = sorted({t for _, turn_ids, _ in rows for t in turn_ids})
+    rows = store.all_reflections()
+    all_turns = sorted({t for r in rows for t in r.cited_turn_ids})
     existing_turns = {t.id for t in turn_log.turns_by_ids(all_turns)} if all_turns else set()
     existing_facts = store.all_fact_ids()
     return [
-        (rid, f"turns {list(turn_ids)}, facts {list(fact_ids)}")
-        for rid, turn_ids, fact_ids in rows
-        if not (set(turn_ids) & existing_turns or set(fact_ids) & existing_facts)
+        (r.id, f"turns {list(r.cited_turn_ids)}, facts {list(r.cited_fact_ids)}")
+        for r in rows
+        if not (set(r.cited_turn_ids) & existing_turns or set(r.cited_fact_ids) & existing_facts)
     ]
 
 

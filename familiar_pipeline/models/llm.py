@@ -6,8 +6,8 @@ Why each piece exists:
 * **Slots** (``[llm.reply]`` for the bot, ``[llm.background]`` for projectors) let
   an operator point chat and memory work at different models. A slot with no
   model fails with ``LlmNotConfigured`` naming the exact setting, before any call.
-* **Retries** here, not in litellm: we own the policy (which errors are transient,
-  exponential backoff with jitter, ``max_retries`` from the slot) and can count
+* **Retries** here (tenacity), not in litellm: we own the policy (which errors are
+  transient, exponential backoff with jitter, ``max_retries`` from the slot) and can count
   retries in the materialization metadata. litellm's and the OpenAI SDK's own
   retries are switched off per call so the two never multiply.
 * **Concurrency cap**: projectors for many familiars run in threads of one process;
@@ -41,6 +41,8 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tenacity
 
 from familiar_pipeline.config import ConfigError, LlmConfig, LlmSlotConfig
 from familiar_pipeline.models.litellm_import import import_litellm, when_imported
@@ -446,18 +448,15 @@ class LlmClient:
                 return self._from_cache(hit, started)
         api_key = self._api_key()
         litellm = import_litellm()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                with _sync_semaphore(self.max_concurrency):
-                    response = litellm.completion(**request, api_key=api_key)
-                break
-            except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
-                delay = self._retry_delay(exc, attempt)
-                if delay is None:
-                    raise self._failure(exc, attempt, api_key) from None
-                time.sleep(delay)
+        attempts = 0
+        try:
+            for attempt in self._retrying(tenacity.Retrying, time.sleep):
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    with _sync_semaphore(self.max_concurrency):
+                        response = litellm.completion(**request, api_key=api_key)
+        except Exception as exc:  # noqa: BLE001 - classified in _failure, never swallowed
+            raise self._failure(exc, attempts, api_key) from None
         return self._finish(response, cache_key, started)
 
     # -- async --------------------------------------------------------------
@@ -471,18 +470,15 @@ class LlmClient:
                 return self._from_cache(hit, started)
         api_key = self._api_key()
         litellm = import_litellm()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                async with _async_semaphore(self.max_concurrency):
-                    response = await litellm.acompletion(**request, api_key=api_key)
-                break
-            except Exception as exc:  # noqa: BLE001 - classified below, never swallowed
-                delay = self._retry_delay(exc, attempt)
-                if delay is None:
-                    raise self._failure(exc, attempt, api_key) from None
-                await asyncio.sleep(delay)
+        attempts = 0
+        try:
+            async for attempt in self._retrying(tenacity.AsyncRetrying, asyncio.sleep):
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    async with _async_semaphore(self.max_concurrency):
+                        response = await litellm.acompletion(**request, api_key=api_key)
+        except Exception as exc:  # noqa: BLE001 - classified in _failure, never swallowed
+            raise self._failure(exc, attempts, api_key) from None
         reply = self._reply(response, started)
         if cache_key is not None and reply.text:
             await asyncio.to_thread(self._store, cache_key, reply)
@@ -553,22 +549,36 @@ class LlmClient:
     def _character_toml(self) -> str:
         return f"data/familiars/{self.familiar_id or '<id>'}/character.toml"
 
-    def _retry_delay(self, exc: Exception, attempt: int) -> float | None:
-        """Seconds to wait before the next attempt, or None to give up."""
-        if not _is_transient(exc) or attempt > self.slot.max_retries:
-            return None
+    def _retrying(self, retrying: type, sleep: Any) -> Any:
+        """The retry policy, for ``tenacity.Retrying`` (sync) or ``AsyncRetrying``:
+        transient errors only, ``max_retries`` retries after the first attempt,
+        jittered exponential backoff; the last error is re-raised as it was."""
+        return retrying(
+            retry=tenacity.retry_if_exception(_is_transient),
+            stop=tenacity.stop_after_attempt(self.slot.max_retries + 1),
+            wait=self._backoff,
+            sleep=sleep,
+            before_sleep=self._count_retry,
+            reraise=True,
+        )
+
+    def _backoff(self, state: tenacity.RetryCallState) -> float:
+        """Half the exponential ceiling plus up to half again at random, so clients that
+        failed together do not retry together."""
+        ceiling = min(self.retry_max_delay_s, self.retry_base_delay_s * 2 ** (state.attempt_number - 1))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    def _count_retry(self, state: tenacity.RetryCallState) -> None:
+        """Runs only when a retry will happen: count it and say why."""
         self.usage.record_retry()
-        ceiling = min(self.retry_max_delay_s, self.retry_base_delay_s * 2 ** (attempt - 1))
-        delay = ceiling / 2 + random.uniform(0, ceiling / 2)
         log.warning(
             "LLM slot %s: %s on attempt %d/%d; retrying in %.2fs",
             self.slot.name,
-            type(exc).__name__,
-            attempt,
+            type(state.outcome.exception()).__name__,
+            state.attempt_number,
             self.slot.max_retries + 1,
-            delay,
+            state.upcoming_sleep,
         )
-        return delay
 
     def _failure(self, exc: Exception, attempts: int, api_key: str | None) -> LlmError:
         self.usage.record_error()

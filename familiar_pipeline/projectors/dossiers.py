@@ -36,7 +36,7 @@ from familiar_pipeline.projectors.facts import processed_batch
 from familiar_pipeline.projectors.spec import FACTS, DropRule, ProjectorSpec, knob
 from familiar_pipeline.storage.store import Fact
 
-from .horizon import current_at, fact_horizon, facts_in_range, retired_between, subject_fact_ids
+from .horizon import current_at
 
 PROJECTOR = "people_dossier"
 EGO_MIN_IMPORTANCE = 5
@@ -77,7 +77,7 @@ def plan_subject(store, key: str, step: Step, *, invalidated: bool, ego_label: s
     prior = store.get_dossier(key)
     rebuild = invalidated or prior is None
     after = 0 if rebuild else prior.last_fact_id
-    ids = subject_fact_ids(store, key, after_id=after, upto_id=step.horizon)
+    ids = store.fact_ids_for_subject(key, after_id=after, upto_id=step.horizon)
     facts = [f for f in store.facts_by_ids(ids) if current_at(f, step.horizon)]
     if not facts and not (rebuild and prior is not None):
         return None
@@ -104,7 +104,7 @@ def steps_pending(rt, store, watermark_turn: int, watermark_fact: int) -> list[S
         batch = processed_batch(turn_log, after, rich, cfg.memory.rich_note)
         if not batch:
             break
-        horizon = max(horizon, fact_horizon(store, batch[-1].id))
+        horizon = max(horizon, store.fact_horizon(batch[-1].id))
         if supersede_ready is not None and supersede_ready < horizon:
             break
         steps.append(Step(batch[-1].id, horizon))
@@ -153,9 +153,9 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     previous = mark.fact_id
     for step in steps:
         with rt.store() as store:
-            touched = {k for f in facts_in_range(store, previous, step.horizon) for k in f.subject_keys}
-            invalidated = {k for f in retired_between(store, previous, step.horizon) for k in f.subject_keys}
-            deferred = {k for f in retired_between(store, step.horizon, store.latest_fact_id()) for k in f.subject_keys}
+            touched = {k for f in store.facts_in_range(previous, step.horizon) for k in f.subject_keys}
+            invalidated = {k for f in store.facts_retired_between(previous, step.horizon) for k in f.subject_keys}
+            deferred = {k for f in store.facts_retired_between(step.horizon, store.latest_fact_id()) for k in f.subject_keys}
             report.drop("deferred_until_rebuild", len((touched | invalidated) & deferred))
             plans = [
                 p

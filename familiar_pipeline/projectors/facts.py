@@ -17,7 +17,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,6 +28,7 @@ from familiar_pipeline.prompts.common import MAX_FACT_CHARS
 from familiar_pipeline.prompts.facts import ManifestEntry, RawFact
 from familiar_pipeline.projectors.spec import TURNS, DropRule, ProjectorSpec, knob
 from familiar_pipeline.storage.store import FactDraft, Subject
+from familiar_pipeline.storage.times import parse_instant
 
 PROJECTOR = "rich_note"
 ACTIVITY_RETURN = "activity_return"
@@ -77,23 +78,6 @@ def is_self_capability(text: str, self_name: str) -> bool:
         return True
     name = re.escape(self_name.strip())
     return bool(name) and re.match(rf"^\s*{name}\s+{_INABILITY}", text, re.IGNORECASE) is not None
-
-
-def parse_instant(value: Any) -> datetime | None:
-    """An ISO-8601 date or datetime from the model, as aware UTC; None if absent or invalid."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    raw = value.strip()
-    try:
-        if len(raw) == 10:
-            d = date.fromisoformat(raw)
-            return datetime(d.year, d.month, d.day, tzinfo=timezone.utc)
-        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc)
 
 
 def close_batch(turns: Sequence, *, batch_size: int, quiet_s: float, quiet_for_s: float) -> list:
@@ -322,7 +306,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             rt.fts_facts().clear()
             rt.fts_facts().commit()
         watermark = store.get_watermark(PROJECTOR).turn_id
-        all_facts = store.conn.execute("SELECT id, text FROM facts ORDER BY id").fetchall()
+        all_facts = store.fact_texts()
     if rt.fts_facts().doc_count() != len(all_facts):
         # a killed run or a skipped commit left fts/facts out of step: the store is canonical
         rt.fts_facts().rebuild(all_facts)

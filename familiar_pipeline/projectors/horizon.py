@@ -17,20 +17,15 @@ Two rules give that:
 
 Facts written outside the extraction batches (no source turns) count from the
 first horizon past their id.
+
+The reads along the fact axis are store methods (``fact_horizon``,
+``facts_in_range``, ``fact_ids_for_subject``, ``facts_retired_between``,
+``facts_current_at_horizon``, whose SQL is the rule of :func:`current_at`).
 """
 
 from __future__ import annotations
 
-from familiar_pipeline.storage.store import Fact, ProjectionStore
-
-
-def fact_horizon(store: ProjectionStore, turn_id: int) -> int:
-    """Highest fact id whose source turns are all <= turn_id (0 when none)."""
-    row = store.conn.execute(
-        "SELECT coalesce(max(id), 0) FROM facts WHERE len(source_turn_ids) > 0 AND list_max(source_turn_ids) <= ?",
-        [turn_id],
-    ).fetchone()
-    return int(row[0])
+from familiar_pipeline.storage.store import Fact
 
 
 def current_at(fact: Fact, horizon: int) -> bool:
@@ -42,26 +37,3 @@ def current_at(fact: Fact, horizon: int) -> bool:
     if fact.superseded_at is None:
         return True
     return fact.superseded_by is not None and fact.superseded_by > horizon
-
-
-def subject_fact_ids(store: ProjectionStore, key: str, *, after_id: int, upto_id: int) -> list[int]:
-    """Ids of every fact naming `key` with after_id < id <= upto_id, retired and expired ones included."""
-    rows = store.conn.execute(
-        "SELECT fact_id FROM fact_subjects WHERE canonical_key = ? AND fact_id > ? AND fact_id <= ? ORDER BY fact_id",
-        [key, after_id, upto_id],
-    ).fetchall()
-    return [row[0] for row in rows]
-
-
-def facts_in_range(store: ProjectionStore, after_id: int, upto_id: int) -> list[Fact]:
-    """Every fact with after_id < id <= upto_id, ascending, whatever its status."""
-    rows = store.conn.execute("SELECT id FROM facts WHERE id > ? AND id <= ? ORDER BY id", [after_id, upto_id]).fetchall()
-    return store.facts_by_ids([row[0] for row in rows])
-
-
-def retired_between(store: ProjectionStore, after_id: int, upto_id: int) -> list[Fact]:
-    """Facts retired by a replacement with after_id < replacement id <= upto_id."""
-    rows = store.conn.execute(
-        "SELECT id FROM facts WHERE superseded_by > ? AND superseded_by <= ? ORDER BY id", [after_id, upto_id]
-    ).fetchall()
-    return store.facts_by_ids([row[0] for row in rows])

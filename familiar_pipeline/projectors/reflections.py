@@ -16,7 +16,7 @@ mark it stale); items with no valid citation are dropped; at most
 A window whose turns span several channels yields channel-agnostic rows
 (channel NULL). The watermark always advances past a window, even when the
 reply is `[]`, garbage, or the call failed: a window that produced nothing is
-never re-sent, so prompts cannot grow (reference §9.1.1).
+never re-sent, so prompts cannot grow without bound.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from familiar_pipeline.projectors.spec import FACTS, DropRule, ProjectorSpec, knob
 from familiar_pipeline.prompts import reflection as prompt
 
-from .horizon import current_at, fact_horizon
 
 PROJECTOR = "reflection"
 
@@ -45,18 +44,6 @@ def window_channel(turns) -> int | None:
     """The window's channel when all its turns share one, else None (channel-agnostic)."""
     channels = {t.channel_id for t in turns}
     return channels.pop() if len(channels) == 1 else None
-
-
-def facts_at(store, horizon: int, limit: int) -> list:
-    """The `limit` newest facts current at `horizon`, newest first."""
-    if limit <= 0 or horizon <= 0:
-        return []
-    rows = store.conn.execute(
-        "SELECT id FROM facts WHERE id <= ? AND (superseded_at IS NULL OR superseded_by > ?) ORDER BY id DESC LIMIT ?",
-        [horizon, horizon, limit],
-    ).fetchall()
-    facts = store.facts_by_ids([r[0] for r in rows])
-    return sorted((f for f in facts if current_at(f, horizon)), key=lambda f: -f.id)
 
 
 def filter_items(items, *, shown_turn_ids: set[int], known_fact_ids: set[int], limit: int, report):
@@ -98,12 +85,12 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             waiting = "facts have not reached this window yet"
             break
         with rt.store() as store:
-            horizon = max(fact_wm, fact_horizon(store, end))
+            horizon = max(fact_wm, store.fact_horizon(end))
             if supersede is not None and supersede < horizon:
                 waiting = "supersession has not reached this window yet"
                 break
-            facts = facts_at(store, horizon, knobs.recent_facts_limit)
-            known = {r[0] for r in store.conn.execute("SELECT id FROM facts WHERE id <= ?", [horizon]).fetchall()}
+            facts = store.facts_current_at_horizon(horizon, knobs.recent_facts_limit)
+            known = store.fact_ids_upto(horizon)
         shown = [t for t in window if not t.deleted][-knobs.max_turns_per_tick :]
         report.turns_read += len(window)
         report.batches += 1

@@ -74,7 +74,7 @@ class FamiliarRuntime:
         if not force and time.monotonic() - self._last_publish < PUBLISH_INTERVAL_S:
             self._unpublished = True
             return
-        manifest = publish_snapshot(store.conn, self.paths.serving_dir, store_watermark=store_watermark(store))
+        manifest = publish_snapshot(store.conn, self.paths.serving_dir, store_watermark=store.serving_watermark())
         self.published_version = manifest.version
         self._last_publish = time.monotonic()
         self._unpublished = False
@@ -110,14 +110,3 @@ class FamiliarRuntime:
         if self._turn_log is not None:
             self._turn_log.close()
             self._turn_log = None
-
-
-def store_watermark(store: ProjectionStore) -> dict:
-    """What the snapshot is in step with: every projector's watermark and the newest fact id."""
-    marks = {
-        row[0]: {"turn_id": int(row[1] or 0), "fact_id": int(row[2] or 0), "change_seq": int(row[3] or 0)}
-        for row in store.conn.execute(
-            "SELECT projector, turn_id, fact_id, change_seq FROM watermarks ORDER BY projector"
-        ).fetchall()
-    }
-    return {"projectors": marks, "latest_fact_id": store.latest_fact_id()}

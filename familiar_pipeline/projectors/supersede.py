@@ -2,8 +2,9 @@
 
 Every fact with an id past the watermark is evaluated, oldest first; the
 watermark lives in memory.duckdb and is written with the retirements, so a
-restart or a crash never skips a fact (the original kept it in memory, primed
-it to the newest fact at start, and looked only at the newest few facts).
+restart or a crash never skips a fact. (A watermark held in process memory and
+primed to the newest fact at start would silently skip every fact written while
+the process was down.)
 
 For each subject of the new fact, the model is shown that subject's newest
 `priors_max` current facts with a *smaller* id: a fact can only be retired by a
@@ -27,7 +28,6 @@ from familiar_pipeline.prompts import supersede as prompt
 from familiar_pipeline.projectors.spec import FACTS, DropRule, ProjectorSpec, knob
 from familiar_pipeline.storage.store import Fact, ProjectionStore
 
-from .horizon import facts_in_range, subject_fact_ids
 
 PROJECTOR = "fact_supersede"
 # Facts evaluated between two writes: each write is one short transaction plus a snapshot publish.
@@ -88,12 +88,12 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         if watermark >= latest or failure is not None:
             break
         with rt.store() as store:
-            chunk = facts_in_range(store, watermark, latest)[:FACTS_PER_WRITE]
+            chunk = store.facts_in_range(watermark, latest)[:FACTS_PER_WRITE]
             keys = sorted({k for f in chunk for k in f.subject_keys})
             upto = chunk[-1].id if chunk else watermark
             # Every status, then filtered in select_priors: world-time expiry is judged
             # against the new fact's valid_from, never the wall clock, so a rebuild sees the same priors.
-            by_subject = {k: store.facts_by_ids(subject_fact_ids(store, k, after_id=0, upto_id=upto)) for k in keys}
+            by_subject = {k: store.facts_by_ids(store.fact_ids_for_subject(k, after_id=0, upto_id=upto)) for k in keys}
         decisions: list[Decision] = []
         retired: set[int] = set()
         done_upto = watermark

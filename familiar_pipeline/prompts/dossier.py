@@ -3,7 +3,8 @@
 A dossier compounds: the prior text plus only the facts newer than it. The
 familiar's own record (`ego:<id>`) gets its own prompt: it is about stances and
 opinions the familiar holds, weighted by importance, and it is always injected,
-so low-importance texture is filtered out before the prompt (reference §9.1.7).
+so low-importance texture is filtered out before the prompt (it would crowd
+every reply's prompt with trivia about the familiar).
 Fact texts and the prior dossier are rendered as JSON strings: both derive from
 chat, and neither is an instruction.
 """

@@ -1,7 +1,7 @@
 """The fact-extraction prompt (projector `rich_note`) and its parser.
 
-The prompt enforces claim/event discipline learned the hard way (reference §9.1
-items 2, 3, 6, 14, 15): assertions about other people stay attributed claims,
+The prompt enforces claim/event discipline, each rule against a failure a
+looser prompt produces: assertions about other people stay attributed claims,
 roleplay is recorded as a bit and never as real events, identity is the
 participant's canonical key and never a name adopted in play, world trivia is
 not a fact about the speaker, `valid_to` is world time only, and statements

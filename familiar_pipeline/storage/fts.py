@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Self
 
 import tantivy
+import tenacity
 from tantivy import Filter, Occur, Query, TextAnalyzerBuilder, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,9 @@ COMMIT_RETRY_DELAYS_S = (0.05, 0.2, 0.5)
 
 MAX_ROW_ID = 2**64 - 1
 
-# The original list, kept word for word: chat filler that would otherwise match
-# half the log ("hey", "lol", "know") and drown the words that carry the cue.
+# Chat filler that would otherwise match half the log ("hey", "lol", "know")
+# and drown the words that carry the cue. Changing the list changes which turns
+# a cue retrieves, so retrieval figures measured before a change no longer hold.
 STOPWORDS: frozenset[str] = frozenset(
     """
     a about an and any anything are as at be been but by can could did do does
@@ -116,8 +118,8 @@ def _schema() -> tantivy.Schema:
 # --- commit retry policy ---------------------------------------------------
 
 # What a momentarily locked file looks like in tantivy's error text: Rust's
-# io::ErrorKind::PermissionDenied (Windows antivirus holding a fresh segment
-# file, as in the original's incident), Windows' "Access is denied" (os error
+# io::ErrorKind::PermissionDenied (e.g. a Windows antivirus scanner holding a
+# freshly written segment file), Windows' "Access is denied" (os error
 # 5), a sharing or lock violation (os error 32/33), or an EBUSY file. A writer
 # whose worker thread died on such an error reports only that it "was killed";
 # a rollback revives it, so that counts as transient too.
@@ -147,19 +149,24 @@ def retry_transient(
     retries are exhausted; a non-transient error is re-raised at once.
     """
     delays = list(delays)
-    for n in range(len(delays) + 1):
-        try:
-            attempt()
-            return True
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            if n == len(delays):
-                log.warning("[FTS] commit skipped after %d attempts err=%s", n + 1, exc)
-                return False
-            log.warning("[FTS] commit_retry=%d delay_s=%.2f err=%s", n + 1, delays[n], exc)
-            sleep(delays[n])
-    raise AssertionError("unreachable")
+
+    def log_retry(state: tenacity.RetryCallState) -> None:
+        log.warning("[FTS] commit_retry=%d delay_s=%.2f err=%s", state.attempt_number,
+                    state.next_action.sleep, state.outcome.exception())
+
+    def give_up(state: tenacity.RetryCallState) -> bool:
+        log.warning("[FTS] commit skipped after %d attempts err=%s", state.attempt_number, state.outcome.exception())
+        return False
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        stop=tenacity.stop_after_attempt(len(delays) + 1),
+        wait=tenacity.wait_chain(*(tenacity.wait_fixed(d) for d in delays)) if delays else tenacity.wait_none(),
+        sleep=sleep,
+        before_sleep=log_retry,
+        retry_error_callback=give_up,
+    )
+    return retrying(lambda: attempt() or True)
 
 
 # Tests replace this to run the retry policy without waiting.

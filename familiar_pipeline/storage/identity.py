@@ -31,6 +31,25 @@ def is_ego_key(key: str) -> bool:
     return isinstance(key, str) and key.startswith(EGO_PREFIX) and len(key) > len(EGO_PREFIX)
 
 
+def check_key(key: object, what: str = "canonical key") -> str:
+    """``key`` unchanged if it is a well-formed canonical key, else a ValueError naming ``what``.
+
+    Well-formed: a string ``platform:user_id`` (or ``ego:<id>``) with both parts
+    non-empty, no whitespace anywhere, and encodable as UTF-8 (no lone
+    surrogates), so it can be stored in SQLite and DuckDB alike.
+    """
+    if not isinstance(key, str):
+        raise ValueError(f"{what} must be a string like 'discord:1234', got {type(key).__name__}")
+    platform, sep, user = key.partition(":")
+    if not sep or not platform or not user or any(c.isspace() for c in key):
+        raise ValueError(f"malformed {what} {key!r}; expected 'platform:user_id'")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"malformed {what} {key!r}: it holds a lone UTF-16 surrogate") from None
+    return key
+
+
 def split_key(key: str) -> tuple[str, str]:
     """``"discord:42"`` -> ``("discord", "42")``; raises on a malformed key."""
     platform, sep, user = key.partition(":")

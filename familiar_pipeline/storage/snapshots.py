@@ -24,14 +24,15 @@ The reader (:class:`SnapshotReader`) re-reads the small manifest on ``refresh()`
 and loads the tables only when the published snapshot changed. Each loaded
 snapshot is an immutable :class:`Snapshot` (Arrow tables, queried with pyarrow
 compute), swapped in atomically, so callers on other threads keep a consistent
-view. Query helpers mirror the store's read semantics (reference §3.3–§3.4) and
-return plain dicts whose keys match the store's dataclass fields (see
-:class:`Snapshot`).
+view. Query helpers return the store's own records (``records.py``: Fact,
+Summary, Dossier, Reflection, Watermark) and select facts with the same
+``records.FactView`` the store's SQL uses, so the two read paths cannot drift.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -49,6 +50,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from familiar_pipeline.storage.records import (
+    Dossier,
+    Fact,
+    FactView,
+    Reflection,
+    Summary,
+    Watermark,
+    stored_subject,
+)
 
 try:  # POSIX only; without it a second concurrent publisher is not excluded.
     import fcntl
@@ -558,19 +569,6 @@ def empty_table(name: str) -> pa.Table:
     return pa.Table.from_batches([], schema=SERVING_SCHEMAS[name])
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    """Aware datetimes become UTC; naive ones are taken to be UTC already."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
-
-
-def _ts(value: datetime) -> pa.Scalar:
-    return pa.scalar(_utc(value), type=_TS)
-
-
 def _clean_ids(ids: Iterable[int]) -> pa.Array:
     return pa.array(sorted({int(i) for i in ids}), type=pa.int64())
 
@@ -584,16 +582,43 @@ def _where(table: pa.Table, mask: pa.Array | pa.ChunkedArray) -> pa.Table:
     return table.take(pc.indices_nonzero(pc.fill_null(mask, False)))
 
 
-def _dicts(table: pa.Table) -> list[dict[str, Any]]:
-    """Rows as plain dicts, datetimes as aware UTC (``datetime.timezone.utc``)."""
-    rows = table.to_pylist()
-    time_columns = [f.name for f in table.schema if pa.types.is_timestamp(f.type)]
-    for row in rows:
-        for column in time_columns:
-            value = row[column]
-            if value is not None:  # Arrow already gives UTC; only the tzinfo object differs
-                row[column] = value.replace(tzinfo=timezone.utc)
-    return rows
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _column_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """A column as Python values; timestamps as aware UTC datetimes.
+
+    Timestamps are read as their int64 microseconds (a zero-copy view) and
+    added to the epoch: Arrow's own conversion of a tz-aware timestamp was
+    measured at about 20 us per value, which made four timestamps per
+    candidate fact the largest cost of a reply's fact lookup.
+    """
+    if pa.types.is_timestamp(column.type):
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        return [None if v is None else _EPOCH + timedelta(microseconds=v)
+                for chunk in chunks for v in chunk.view(pa.int64()).to_pylist()]
+    if pa.types.is_list(column.type) and not pa.types.is_struct(column.type.value_type):
+        return [None if v is None else tuple(v) for v in column.to_pylist()]
+    return column.to_pylist()
+
+
+def _records(table: pa.Table, record: type, columns: list[str]) -> list[Any]:
+    """``record(*row)`` for each row of ``columns`` (in the record's field order)."""
+    values = [_column_values(table[name]) for name in columns]
+    return [record(*row) for row in zip(*values)]
+
+
+_FACT_COLUMNS = [f.name for f in dataclasses.fields(Fact)]
+
+
+def _facts(table: pa.Table) -> list[Fact]:
+    values = {name: _column_values(table[name]) for name in _FACT_COLUMNS}
+    values["subjects"] = [
+        tuple(stored_subject(s["canonical_key"], s["display_at_write"]) for s in subjects or ())
+        for subjects in values["subjects"]
+    ]
+    values["source_turn_ids"] = [ids or () for ids in values["source_turn_ids"]]
+    return [Fact(*row) for row in zip(*(values[name] for name in _FACT_COLUMNS))]
 
 
 class Snapshot:
@@ -604,10 +629,9 @@ class Snapshot:
     DuckDB was measured here at 20-150 ms per connect and ~1 ms per query;
     pyarrow answers these small lookups in well under a millisecond.)
 
-    Facts, reflections, summaries, dossiers and watermarks come back as plain
-    dicts whose keys are the store's dataclass field names; datetimes are aware
-    UTC, id lists are lists of ints, and a fact's ``subjects`` is a list of
-    ``{"canonical_key", "display_at_write"}`` dicts in write order.
+    Facts, reflections, summaries, dossiers and watermarks come back as the
+    store's records (``records.py``): datetimes aware UTC, id lists tuples, a
+    fact's ``subjects`` a tuple of ``Subject`` in write order.
     """
 
     def __init__(self, manifest: Manifest | None, tables: Mapping[str, pa.Table]):
@@ -637,55 +661,63 @@ class Snapshot:
             raise KeyError(f"no serving table {name!r}; known: {', '.join(self.table_names())}") from None
 
     # -- facts ---------------------------------------------------------------- #
+    # Same signatures and results as the store's reads of the same name.
 
-    def _valid(self, facts: pa.Table, as_of: datetime | None, now: datetime | None) -> pa.Array:
-        """Reference §3.3: current truth at ``now``, or the world-time slice at
-        ``as_of`` (half-open, superseded rows included, NULL bounds always valid)."""
-        valid_to = facts["valid_to"]
-        if as_of is not None:
-            at = _ts(as_of)
-            starts = pc.or_kleene(pc.is_null(facts["valid_from"]), pc.less_equal(facts["valid_from"], at))
-            return pc.and_kleene(starts, pc.or_kleene(pc.is_null(valid_to), pc.greater(valid_to, at)))
-        at = _ts(now or datetime.now(timezone.utc))
-        not_ended = pc.or_kleene(pc.is_null(valid_to), pc.greater(valid_to, at))
-        return pc.and_kleene(pc.is_null(facts["superseded_at"]), not_ended)
+    def _fact_rows(self, ids: Iterable[int]) -> pa.Table:
+        """The fact rows with these ids, ascending: a binary search of the sorted id
+        column, so a reply's few dozen candidates never scan every fact."""
+        cache = self.__dict__.setdefault("_fact_ids", [])
+        if not cache:
+            cache.append(self._tables["facts"]["id"].to_numpy())
+        known = cache[0]
+        wanted = np.unique(np.fromiter((int(i) for i in ids), dtype=np.int64))
+        at = np.searchsorted(known, wanted)
+        hit = at[(at < len(known)) & (known[np.minimum(at, len(known) - 1)] == wanted)] if len(known) else at[:0]
+        return self._tables["facts"].take(pa.array(hit, pa.int64()))
 
-    def facts_by_ids(self, ids: Iterable[int]) -> list[dict[str, Any]]:
+    def facts_by_ids(self, ids: Iterable[int]) -> list[Fact]:
         """Every row with these ids, superseded or expired included, ascending."""
-        wanted = _clean_ids(ids)
-        if len(wanted) == 0:
-            return []
-        facts = self._tables["facts"]
-        return _dicts(_where(facts, pc.is_in(facts["id"], value_set=wanted)))
+        return _facts(self._fact_rows(ids))
 
-    def current_facts(self, now: datetime | None = None) -> list[dict[str, Any]]:
-        """Current truth at ``now``: not superseded, not expired; ascending."""
-        facts = self._tables["facts"]
-        return _dicts(_where(facts, self._valid(facts, None, now)))
+    def current_facts(self, now: datetime | None = None, *, ids: Iterable[int] | None = None) -> list[Fact]:
+        """Current truth at ``now`` (``FactView``), ascending; with ``ids``, only among those."""
+        facts = self._tables["facts"] if ids is None else self._fact_rows(ids)
+        return _facts(_where(facts, FactView.of(now=now).arrow_mask(facts)))
 
     def recent_facts(
-        self, limit: int, as_of: datetime | None = None, *, now: datetime | None = None
-    ) -> list[dict[str, Any]]:
-        """Newest first: current truth, or the world-time slice at ``as_of``."""
+        self,
+        limit: int,
+        as_of: datetime | None = None,
+        *,
+        include_superseded: bool = False,
+        now: datetime | None = None,
+    ) -> list[Fact]:
+        """Newest first: the ``FactView`` of these arguments, at most ``limit`` rows."""
         if limit <= 0:
             return []
         facts = self._tables["facts"]
-        visible = pc.indices_nonzero(pc.fill_null(self._valid(facts, as_of, now), False))
+        view = FactView.of(as_of=as_of, include_superseded=include_superseded, now=now)
+        visible = pc.indices_nonzero(view.arrow_mask(facts))
         newest = visible.slice(max(len(visible) - int(limit), 0))
-        return _dicts(facts.take(newest))[::-1]
+        return _facts(facts.take(newest))[::-1]
 
     def facts_for_subject(
-        self, key: str, as_of: datetime | None = None, *, now: datetime | None = None
-    ) -> list[dict[str, Any]]:
-        """Facts naming ``key`` as a subject (exact key match), ascending."""
+        self,
+        key: str,
+        as_of: datetime | None = None,
+        *,
+        include_superseded: bool = False,
+        now: datetime | None = None,
+    ) -> list[Fact]:
+        """Facts naming ``key`` as a subject (exact key match) in the ``FactView``, ascending."""
         subjects = self._tables["fact_subjects"]
         ids = _where(subjects, pc.equal(subjects["canonical_key"], pa.scalar(key, pa.string())))["fact_id"]
         if len(ids) == 0:
             return []
         facts = self._tables["facts"]
         named = pc.is_in(facts["id"], value_set=ids.combine_chunks())
-        mask = pc.and_kleene(named, self._valid(facts, as_of, now))
-        return _dicts(_where(facts, mask))
+        view = FactView.of(as_of=as_of, include_superseded=include_superseded, now=now)
+        return _facts(_where(facts, pc.and_(named, view.arrow_mask(facts))))
 
     def superseded_fact_ids(self, ids: Iterable[int]) -> set[int]:
         wanted = _clean_ids(ids)
@@ -702,29 +734,32 @@ class Snapshot:
 
     # -- the other projections ------------------------------------------------ #
 
-    def summary(self, scope: str = SUMMARY_SCOPE) -> dict[str, Any] | None:
-        """``{summary_text, last_turn_id, created_at}`` or None."""
+    def summary(self, scope: str = SUMMARY_SCOPE) -> Summary | None:
         summaries = self._tables["summaries"]
-        rows = _dicts(
-            _where(summaries, pc.equal(summaries["scope"], pa.scalar(scope, pa.string())))
-            .select(["summary_text", "last_turn_id", "created_at"])
+        rows = _records(
+            _where(summaries, pc.equal(summaries["scope"], pa.scalar(scope, pa.string()))),
+            Summary,
+            ["summary_text", "last_turn_id", "created_at"],
         )
         return rows[0] if rows else None
 
-    def dossier(self, key: str) -> dict[str, Any] | None:
-        """``{canonical_key, dossier_text, last_fact_id, created_at}`` or None."""
+    def dossier(self, key: str) -> Dossier | None:
         return self.dossiers([key]).get(key)
 
-    def dossiers(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+    def dossiers(self, keys: Iterable[str]) -> dict[str, Dossier]:
         """``{key: dossier}`` for the keys that have one."""
         wanted = pa.array(sorted({str(k) for k in keys}), type=pa.string())
         if len(wanted) == 0:
             return {}
         dossiers = self._tables["people_dossiers"]
-        rows = _dicts(_where(dossiers, pc.is_in(dossiers["canonical_key"], value_set=wanted)))
-        return {r["canonical_key"]: r for r in rows}
+        rows = _records(
+            _where(dossiers, pc.is_in(dossiers["canonical_key"], value_set=wanted)),
+            Dossier,
+            ["canonical_key", "dossier_text", "last_fact_id", "created_at"],
+        )
+        return {r.canonical_key: r for r in rows}
 
-    def recent_reflections(self, channel_id: int | None, limit: int) -> list[dict[str, Any]]:
+    def recent_reflections(self, channel_id: int | None = None, limit: int = 10) -> list[Reflection]:
         """Newest first: that channel's rows plus channel-agnostic (NULL) rows;
         with ``channel_id=None`` every row."""
         if limit <= 0:
@@ -736,20 +771,17 @@ class Snapshot:
             mask = pc.or_kleene(pc.is_null(channel), here)
             reflections = _where(reflections, mask)
         newest = reflections.slice(max(reflections.num_rows - int(limit), 0))
-        return _dicts(newest)[::-1]
+        return _records(newest, Reflection, [f.name for f in dataclasses.fields(Reflection)])[::-1]
 
-    def watermark(self, projector: str) -> dict[str, Any]:
-        """``{projector, turn_id, fact_id, change_seq, updated_at}``; zeros when absent."""
+    def watermark(self, projector: str) -> Watermark:
+        """How far ``projector`` had read; zeros (and no time) when it never ran."""
         marks = self._tables["watermarks"]
-        rows = _dicts(_where(marks, pc.equal(marks["projector"], pa.scalar(projector, pa.string()))))
-        row = rows[0] if rows else {"projector": projector, "updated_at": None}
-        return {
-            "projector": projector,
-            "turn_id": row.get("turn_id") or 0,
-            "fact_id": row.get("fact_id") or 0,
-            "change_seq": row.get("change_seq") or 0,
-            "updated_at": row["updated_at"],
-        }
+        rows = _records(
+            _where(marks, pc.equal(marks["projector"], pa.scalar(projector, pa.string()))),
+            Watermark,
+            [f.name for f in dataclasses.fields(Watermark)],
+        )
+        return rows[0] if rows else Watermark(projector)
 
     def embeddings_for(self, model: str, fact_ids: Iterable[int]) -> dict[int, np.ndarray]:
         """``{fact_id: float32 vector}`` of ``model`` only; facts without one are absent."""
@@ -936,48 +968,16 @@ class SnapshotReader:
     def manifest(self) -> Manifest | None:
         return self._snapshot.manifest
 
-    def table(self, name: str) -> pa.Table:
-        return self._snapshot.table(name)
+    # The queries answer from the snapshot current at the call: each call may
+    # see a newer one than the last. They are the Snapshot's own methods, looked
+    # up here rather than restated one forwarder each.
+    QUERIES = frozenset({
+        "table", "facts_by_ids", "current_facts", "recent_facts", "facts_for_subject",
+        "superseded_fact_ids", "latest_fact_id", "summary", "dossier", "dossiers",
+        "recent_reflections", "watermark", "embeddings_for", "turn_matrix",
+    })
 
-    def facts_by_ids(self, ids: Iterable[int]) -> list[dict[str, Any]]:
-        return self._snapshot.facts_by_ids(ids)
-
-    def current_facts(self, now: datetime | None = None) -> list[dict[str, Any]]:
-        return self._snapshot.current_facts(now)
-
-    def recent_facts(
-        self, limit: int, as_of: datetime | None = None, *, now: datetime | None = None
-    ) -> list[dict[str, Any]]:
-        return self._snapshot.recent_facts(limit, as_of, now=now)
-
-    def facts_for_subject(
-        self, key: str, as_of: datetime | None = None, *, now: datetime | None = None
-    ) -> list[dict[str, Any]]:
-        return self._snapshot.facts_for_subject(key, as_of, now=now)
-
-    def superseded_fact_ids(self, ids: Iterable[int]) -> set[int]:
-        return self._snapshot.superseded_fact_ids(ids)
-
-    def latest_fact_id(self) -> int:
-        return self._snapshot.latest_fact_id()
-
-    def summary(self, scope: str = SUMMARY_SCOPE) -> dict[str, Any] | None:
-        return self._snapshot.summary(scope)
-
-    def dossier(self, key: str) -> dict[str, Any] | None:
-        return self._snapshot.dossier(key)
-
-    def dossiers(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
-        return self._snapshot.dossiers(keys)
-
-    def recent_reflections(self, channel_id: int | None, limit: int) -> list[dict[str, Any]]:
-        return self._snapshot.recent_reflections(channel_id, limit)
-
-    def watermark(self, projector: str) -> dict[str, Any]:
-        return self._snapshot.watermark(projector)
-
-    def embeddings_for(self, model: str, fact_ids: Iterable[int]) -> dict[int, np.ndarray]:
-        return self._snapshot.embeddings_for(model, fact_ids)
-
-    def turn_matrix(self, model: str) -> tuple[np.ndarray, np.ndarray]:
-        return self._snapshot.turn_matrix(model)
+    def __getattr__(self, name: str) -> Any:
+        if name in SnapshotReader.QUERIES:
+            return getattr(self._snapshot, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

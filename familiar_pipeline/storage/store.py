@@ -10,10 +10,12 @@ process per file, so the bot reads Parquet snapshots instead).
 Rules that matter to callers:
 
 * Every timestamp is stored as a UTC ``TIMESTAMPTZ`` and returned as an aware
-  UTC ``datetime``. Inputs may be aware datetimes in any offset, naive
-  datetimes (taken as UTC), dates (UTC midnight) or ISO-8601 strings. The
-  original stored offset strings and compared them as text, which broke on
-  ``-05:00`` values; here comparisons are on instants.
+  UTC ``datetime`` (``times.as_utc`` reads the inputs: aware datetimes in any
+  offset, naive datetimes taken as UTC, dates as UTC midnight, ISO-8601
+  strings). Comparisons are on instants, never on offset text, so ``-05:00``
+  values order correctly.
+* Rows come back as the records of ``records.py`` (the snapshot reader returns
+  the same ones), and which facts a read sees is ``records.FactView``.
 * Writes validate their input before touching the database, so bad input
   raises a clear error and never dooms a surrounding transaction.
 * ``transaction()`` groups writes, e.g. a projection's outputs and its
@@ -38,15 +40,25 @@ import unicodedata
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import date, datetime, timezone
-from functools import lru_cache
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Callable
 
 import duckdb
 
 from familiar_pipeline.storage import store_schema
-from familiar_pipeline.storage.identity import split_key
+from familiar_pipeline.storage.identity import check_key
+from familiar_pipeline.storage.records import (
+    Dossier,
+    Fact,
+    FactView,
+    Reflection,
+    Subject,
+    Summary,
+    Watermark,
+    stored_subject,
+)
+from familiar_pipeline.storage.times import as_utc, now_or
 
 SUMMARY_SCOPE = "conversation"
 
@@ -82,53 +94,6 @@ class ReadOnlyStoreError(StoreError):
 # --------------------------------------------------------------------------- values
 
 
-def check_key(key: Any) -> str:
-    """A canonical key as stored: ``platform:user_id`` or ``ego:<id>``, no whitespace."""
-    if not isinstance(key, str) or any(c.isspace() for c in key):
-        raise ValueError(f"invalid subject key {key!r}: expected 'platform:user_id'")
-    split_key(key)
-    return key
-
-
-@dataclass(frozen=True)
-class Subject:
-    """Who a fact is about: a stable canonical key plus the name shown at write time."""
-
-    canonical_key: str
-    display_at_write: str
-
-    def __post_init__(self) -> None:
-        key = check_key(self.canonical_key)
-        if not isinstance(self.display_at_write, str):
-            raise TypeError(
-                f"display_at_write for {key} must be a string, got {type(self.display_at_write).__name__}"
-            )
-
-
-@dataclass(frozen=True)
-class Fact:
-    id: int
-    channel_id: int | None
-    text: str
-    source_turn_ids: tuple[int, ...]
-    subjects: tuple[Subject, ...]
-    importance: int | None
-    created_at: datetime
-    superseded_at: datetime | None
-    superseded_by: int | None
-    valid_from: datetime | None
-    valid_to: datetime | None
-
-    @property
-    def current(self) -> bool:
-        """Not retired (system time). World-time expiry is a read filter, not this."""
-        return self.superseded_at is None
-
-    @property
-    def subject_keys(self) -> tuple[str, ...]:
-        return tuple(s.canonical_key for s in self.subjects)
-
-
 @dataclass(frozen=True)
 class FactDraft:
     """A fact to write. Lists are accepted and frozen into tuples."""
@@ -154,46 +119,10 @@ class SupersedeResult:
     dropped_dossiers: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Reflection:
-    id: int
-    channel_id: int | None
-    text: str
-    cited_turn_ids: tuple[int, ...]
-    cited_fact_ids: tuple[int, ...]
-    last_turn_id: int
-    last_fact_id: int
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class Summary:
-    summary_text: str
-    last_turn_id: int
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class Dossier:
-    canonical_key: str
-    dossier_text: str
-    last_fact_id: int
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class Watermark:
-    projector: str
-    turn_id: int = 0
-    fact_id: int = 0
-    change_seq: int = 0
-    updated_at: datetime | None = None
-
-
 # --------------------------------------------------------------------------- normalisation
 
-# Straight, curly, low-9 and angle quotes: the same sentence quoted differently
-# is the same fact. (The original removed only ' and ".)
+# Straight, curly, low-9 and angle quotes, not only ' and ": the same sentence
+# quoted differently (a phone keyboard types curly quotes) is the same fact.
 _QUOTES = "'\"\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u00ab\u00bb\u2039\u203a"
 _QUOTE_TABLE = str.maketrans("", "", _QUOTES)
 _EDGE_CHARS = ".,!?;:()[]{}\u2026 \t\n"
@@ -220,33 +149,6 @@ def subject_set_key(keys: Iterable[str]) -> str:
 
 
 # --------------------------------------------------------------------------- input checks
-
-
-def as_utc(value: datetime | date | str | None, *, what: str = "timestamp") -> datetime | None:
-    """Any accepted time input as an aware UTC datetime (None stays None).
-
-    Naive datetimes and offset-less strings are taken as UTC: every time this
-    project writes is UTC, so a missing offset means UTC rather than the
-    host's local zone.
-    """
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise ValueError(f"{what}: {value!r} is not an ISO-8601 date or timestamp") from None
-    if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
-    if isinstance(value, date):
-        return datetime(value.year, value.month, value.day, tzinfo=timezone.utc)
-    raise TypeError(f"{what}: expected a datetime, date or ISO string, got {type(value).__name__}")
-
-
-def _now(now: datetime | date | str | None) -> datetime:
-    return as_utc(now, what="now") if now is not None else datetime.now(timezone.utc)
 
 
 def _int(value: Any, what: str, *, minimum: int | None = None) -> int:
@@ -374,20 +276,6 @@ _FACT_SELECT = """
 """
 
 
-def _utc_or_none(value: datetime | None) -> datetime | None:
-    """A stored time as aware UTC: naive values are UTC wall-clock by construction."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc)
-
-
-@lru_cache(maxsize=4096)
-def _stored_subject(key: str, display: str) -> Subject:
-    return Subject(key, display)
-
-
 def _fact(row: tuple, subjects: tuple[Subject, ...]) -> Fact:
     return Fact(
         id=row[0],
@@ -396,12 +284,18 @@ def _fact(row: tuple, subjects: tuple[Subject, ...]) -> Fact:
         source_turn_ids=tuple(row[3]),
         subjects=subjects,
         importance=row[4],
-        created_at=_utc_or_none(row[5]),
-        superseded_at=_utc_or_none(row[6]),
+        created_at=as_utc(row[5]),
+        superseded_at=as_utc(row[6]),
         superseded_by=row[7],
-        valid_from=_utc_or_none(row[8]),
-        valid_to=_utc_or_none(row[9]),
+        valid_from=as_utc(row[8]),
+        valid_to=as_utc(row[9]),
     )
+
+
+_REFLECTION_SELECT = (
+    "SELECT id, channel_id, text, cited_turn_ids, cited_fact_ids, last_turn_id, last_fact_id, created_at "
+    "FROM reflections"
+)
 
 
 def _reflection(row: tuple) -> Reflection:
@@ -413,30 +307,8 @@ def _reflection(row: tuple) -> Reflection:
         cited_fact_ids=tuple(row[4]),
         last_turn_id=row[5],
         last_fact_id=row[6],
-        created_at=_utc_or_none(row[7]),
+        created_at=as_utc(row[7]),
     )
-
-
-def _validity(
-    *, include_superseded: bool, as_of: Any, now: datetime
-) -> tuple[str, list[Any]]:
-    """SQL (on alias ``f``) for the bi-temporal read filters, with its parameters.
-
-    Default: current truth (not retired, not expired at ``now``); expired rows
-    stay hidden even with ``include_superseded``. ``as_of``: the half-open
-    world-time slice ``[valid_from, valid_to)`` at that instant, retired rows
-    included, NULL bounds open.
-    """
-    if as_of is not None:
-        at = as_utc(as_of, what="as_of")
-        return (
-            "(f.valid_from IS NULL OR f.valid_from <= ?) AND (f.valid_to IS NULL OR f.valid_to > ?)",
-            [at, at],
-        )
-    sql = "(f.valid_to IS NULL OR f.valid_to > ?)"
-    if not include_superseded:
-        sql = "f.superseded_at IS NULL AND " + sql
-    return sql, [now]
 
 
 # --------------------------------------------------------------------------- the store
@@ -590,7 +462,7 @@ class ProjectionStore:
         fact. Importance is clamped to 1..10; ``valid_from`` defaults to
         ``now``; every time is stored in UTC.
         """
-        at = _now(now)
+        at = now_or(now)
         prepared = _prepare(draft, at)
         with self.transaction():
             if dedup and prepared.valid_to is None:
@@ -607,7 +479,7 @@ class ProjectionStore:
         Same rules, applied in order, so a draft that repeats an earlier draft
         of the same batch is suppressed too. Returns ``(fact, inserted)`` per draft.
         """
-        at = _now(now)
+        at = now_or(now)
         prepared = [_prepare(d, at) for d in drafts]
         if not prepared:
             return []
@@ -620,8 +492,9 @@ class ProjectionStore:
                     "WHERE dedup_key IN (SELECT unnest(?::VARCHAR[]))",
                     [keys],
                 ).fetchall() if keys else []
+                view = FactView(at)
                 for fact_id, key, superseded_at, valid_to in sorted(rows):
-                    if superseded_at is None and (valid_to is None or _utc_or_none(valid_to) > at):
+                    if view.admits_times(superseded_at, None, as_utc(valid_to)):
                         twins.setdefault(key, fact_id)
             plan: list[tuple[_PreparedFact, int | None]] = []
             fresh: list[_PreparedFact] = []
@@ -691,8 +564,9 @@ class ProjectionStore:
             "SELECT id, superseded_at::TIMESTAMP, valid_to::TIMESTAMP FROM facts WHERE dedup_key = ?",
             [dedup_key],
         ).fetchall()
+        view = FactView(at)
         for fact_id, superseded_at, valid_to in sorted(rows):
-            if superseded_at is None and (valid_to is None or _utc_or_none(valid_to) > at):
+            if view.admits_times(superseded_at, None, as_utc(valid_to)):
                 return self.facts_by_ids([fact_id])[0]
         return None
 
@@ -751,7 +625,7 @@ class ProjectionStore:
         actually retired, so they rebuild from current facts; the
         replacement's subjects and everyone else's dossiers are untouched.
         """
-        at = _now(now)
+        at = now_or(now)
         ids = _ids(obsolete_ids, "obsolete_ids")
         if new_fact is None or isinstance(new_fact, FactDraft):
             replacement_id = None
@@ -821,9 +695,9 @@ class ProjectionStore:
         now: Any = None,
     ) -> int:
         """Log one supersession decision (what was shown, what was retired); returns its id."""
-        at = _now(now)
+        at = now_or(now)
         fact_id = _int(new_fact_id, "new_fact_id")
-        check_key(subject_key)
+        check_key(subject_key, "subject key")
         shown = list(_ids(shown_prior_ids, "shown_prior_ids"))
         retired = list(_ids(retired_ids, "retired_ids"))
         skipped_list = []
@@ -861,7 +735,7 @@ class ProjectionStore:
             f"WHERE fact_id IN (SELECT id FROM ({sql})) ORDER BY fact_id, position",
             params,
         ).fetchall():
-            grouped.setdefault(fact_id, []).append(_stored_subject(key, display))
+            grouped.setdefault(fact_id, []).append(stored_subject(key, display))
         return [_fact(row, tuple(grouped.get(row[0], ()))) for row in rows]
 
     def facts_by_ids(self, ids: Iterable[int]) -> list[Fact]:
@@ -871,18 +745,21 @@ class ProjectionStore:
             return []
         return self._facts("f.id IN (SELECT unnest(?))", [wanted])
 
-    def current_facts(self, *, now: Any = None) -> list[Fact]:
-        where, params = _validity(include_superseded=False, as_of=None, now=_now(now))
+    def current_facts(self, *, now: Any = None, ids: Iterable[int] | None = None) -> list[Fact]:
+        """Current truth at ``now`` (``FactView``), ascending; with ``ids``, only among those."""
+        where, params = FactView.of(now=now).sql()
+        if ids is not None:
+            where, params = f"f.id IN (SELECT unnest(?::BIGINT[])) AND {where}", [list(_ids(ids, "ids")), *params]
         return self._facts(where, params)
 
     def recent_facts(
         self, limit: int, *, include_superseded: bool = False, as_of: Any = None, now: Any = None
     ) -> list[Fact]:
-        """Newest first. ``as_of`` overrides ``include_superseded`` (see ``_validity``)."""
+        """Newest first. ``as_of`` overrides ``include_superseded`` (see ``FactView``)."""
         limit = _int(limit, "limit")
         if limit <= 0:
             return []
-        where, params = _validity(include_superseded=include_superseded, as_of=as_of, now=_now(now))
+        where, params = FactView.of(as_of=as_of, include_superseded=include_superseded, now=now).sql()
         return self._facts(where, params, order="f.id DESC", limit=limit)
 
     def facts_for_subject(
@@ -895,7 +772,7 @@ class ProjectionStore:
         now: Any = None,
     ) -> list[Fact]:
         """Facts whose subjects include ``key`` exactly, ascending by id."""
-        where, params = _validity(include_superseded=include_superseded, as_of=as_of, now=_now(now))
+        where, params = FactView.of(as_of=as_of, include_superseded=include_superseded, now=now).sql()
         return self._facts(
             "f.id IN (SELECT fact_id FROM fact_subjects WHERE canonical_key = ?) AND f.id > ? AND " + where,
             [key, _int(min_id_exclusive, "min_id_exclusive"), *params],
@@ -903,7 +780,7 @@ class ProjectionStore:
 
     def subjects_with_facts(self, *, now: Any = None) -> dict[str, int]:
         """Each subject key with its newest current fact id, sorted by key."""
-        where, params = _validity(include_superseded=False, as_of=None, now=_now(now))
+        where, params = FactView.of(now=now).sql()
         rows = self._q(
             "SELECT s.canonical_key, max(f.id) FROM fact_subjects s JOIN facts f ON f.id = s.fact_id "
             f"WHERE {where} GROUP BY s.canonical_key ORDER BY s.canonical_key",
@@ -931,13 +808,86 @@ class ProjectionStore:
         """The rows ``fact_id`` directly replaced (one hop), ascending by id."""
         return self._facts("f.superseded_by = ?", [_int(fact_id, "fact_id")])
 
+    # ----------------------------------------------------------------- facts: the fact axis
+    # Dossiers and reflections replay facts by id ("horizons", see
+    # projectors/horizon.py): these reads select by position on that axis.
+
+    def fact_horizon(self, turn_id: int) -> int:
+        """Highest fact id whose source turns are all <= ``turn_id`` (0 when none)."""
+        row = self._q(
+            "SELECT coalesce(max(id), 0) FROM facts WHERE len(source_turn_ids) > 0 AND list_max(source_turn_ids) <= ?",
+            [_int(turn_id, "turn_id")],
+        ).fetchone()
+        return int(row[0])
+
+    def facts_in_range(self, after_id: int, upto_id: int) -> list[Fact]:
+        """Every fact with ``after_id < id <= upto_id``, ascending, retired and expired ones included."""
+        return self._facts("f.id > ? AND f.id <= ?", [_int(after_id, "after_id"), _int(upto_id, "upto_id")])
+
+    def fact_ids_for_subject(self, key: str, *, after_id: int, upto_id: int) -> list[int]:
+        """Ids of every fact naming ``key`` with ``after_id < id <= upto_id``, retired and expired ones included."""
+        rows = self._q(
+            "SELECT fact_id FROM fact_subjects WHERE canonical_key = ? AND fact_id > ? AND fact_id <= ? ORDER BY fact_id",
+            [key, _int(after_id, "after_id"), _int(upto_id, "upto_id")],
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    def facts_retired_between(self, after_id: int, upto_id: int) -> list[Fact]:
+        """Facts retired by a replacement with ``after_id < superseded_by <= upto_id``, ascending."""
+        return self._facts(
+            "f.superseded_by > ? AND f.superseded_by <= ?", [_int(after_id, "after_id"), _int(upto_id, "upto_id")]
+        )
+
+    def facts_current_at_horizon(self, horizon: int, limit: int) -> list[Fact]:
+        """The ``limit`` newest facts with id <= ``horizon`` that were current right after fact
+        ``horizon`` was evaluated (not retired, or retired by a newer fact), newest first."""
+        limit, horizon = _int(limit, "limit"), _int(horizon, "horizon")
+        if limit <= 0 or horizon <= 0:
+            return []
+        return self._facts(
+            "f.id <= ? AND (f.superseded_at IS NULL OR f.superseded_by > ?)", [horizon, horizon],
+            order="f.id DESC", limit=limit,
+        )
+
+    def fact_ids_upto(self, upto_id: int) -> set[int]:
+        """Ids of the facts that exist with id <= ``upto_id``."""
+        return {row[0] for row in self._q("SELECT id FROM facts WHERE id <= ?", [_int(upto_id, "upto_id")]).fetchall()}
+
+    def fact_texts(self) -> list[tuple[int, str]]:
+        """``(id, text)`` of every fact, ascending: what the full-text index of facts holds."""
+        return self._q("SELECT id, text FROM facts ORDER BY id").fetchall()
+
+    # ----------------------------------------------------------------- integrity reads (asset checks)
+
+    def fact_source_turns(self) -> list[tuple[int, int]]:
+        """``(fact id, source turn id)`` for every citation, by fact id."""
+        return self._q("SELECT id, unnest(source_turn_ids) AS turn_id FROM facts ORDER BY id").fetchall()
+
+    def fact_subject_keys(self) -> list[tuple[int, str]]:
+        """``(fact id, subject key)`` for every subject of every fact, by fact id."""
+        return self._q("SELECT fact_id, canonical_key FROM fact_subjects ORDER BY fact_id").fetchall()
+
+    def facts_retired_more_than_once(self) -> list[tuple[int, int]]:
+        """``(fact id, times)`` for facts that more than one supersession decision retired."""
+        return self._q(
+            "SELECT fact_id, count(*) FROM (SELECT unnest(retired_ids) AS fact_id FROM supersede_decisions) "
+            "GROUP BY fact_id HAVING count(*) > 1 ORDER BY fact_id"
+        ).fetchall()
+
+    def dangling_replacements(self) -> list[tuple[int, int]]:
+        """``(fact id, superseded_by)`` where the replacement does not exist or is the fact itself."""
+        return self._q(
+            "SELECT f.id, f.superseded_by FROM facts f LEFT JOIN facts r ON r.id = f.superseded_by "
+            "WHERE f.superseded_by IS NOT NULL AND (r.id IS NULL OR r.id = f.id) ORDER BY f.id"
+        ).fetchall()
+
     # ----------------------------------------------------------------- summary and dossiers
 
     def put_summary(self, summary_text: str, last_turn_id: int, *, now: Any = None) -> None:
         """Replace the conversation summary. An empty text is refused: it would erase memory."""
         text = _text(summary_text, "summary_text")
         turn = _int(last_turn_id, "last_turn_id", minimum=0)
-        at = _now(now)
+        at = now_or(now)
         with self.transaction():
             self._q(
                 "INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?)", [SUMMARY_SCOPE, text, turn, at]
@@ -947,14 +897,14 @@ class ProjectionStore:
         row = self._q(
             "SELECT summary_text, last_turn_id, created_at FROM summaries WHERE scope = ?", [SUMMARY_SCOPE]
         ).fetchone()
-        return None if row is None else Summary(row[0], row[1], _utc_or_none(row[2]))
+        return None if row is None else Summary(row[0], row[1], as_utc(row[2]))
 
     def put_dossier(self, key: str, text: str, last_fact_id: int, *, now: Any = None) -> None:
         """Replace a subject's dossier. An empty text is refused (never overwrite with nothing)."""
-        check_key(key)
+        check_key(key, "subject key")
         body = _text(text, "dossier text")
         fact_id = _int(last_fact_id, "last_fact_id", minimum=0)
-        at = _now(now)
+        at = now_or(now)
         with self.transaction():
             self._q("INSERT OR REPLACE INTO people_dossiers VALUES (?, ?, ?, ?)", [key, body, fact_id, at])
 
@@ -964,14 +914,14 @@ class ProjectionStore:
             "WHERE canonical_key = ?",
             [key],
         ).fetchone()
-        return None if row is None else Dossier(row[0], row[1], row[2], _utc_or_none(row[3]))
+        return None if row is None else Dossier(row[0], row[1], row[2], as_utc(row[3]))
 
     def dossiers(self) -> list[Dossier]:
         rows = self._q(
             "SELECT canonical_key, dossier_text, last_fact_id, created_at FROM people_dossiers "
             "ORDER BY canonical_key"
         ).fetchall()
-        return [Dossier(r[0], r[1], r[2], _utc_or_none(r[3])) for r in rows]
+        return [Dossier(r[0], r[1], r[2], as_utc(r[3])) for r in rows]
 
     def delete_dossiers(self, keys: Iterable[str]) -> int:
         """Delete these subjects' dossiers; returns how many rows existed."""
@@ -1012,7 +962,7 @@ class ProjectionStore:
             raise ValueError("a reflection must cite at least one turn or fact")
         turn_wm = _int(last_turn_id, "last_turn_id", minimum=0)
         fact_wm = _int(last_fact_id, "last_fact_id", minimum=0)
-        at = _now(now)
+        at = now_or(now)
         with self.transaction():
             (reflection_id,) = self._q(
                 "INSERT INTO reflections VALUES (nextval('reflections_id_seq'), ?, ?, ?, ?, ?, ?, ?) RETURNING id",
@@ -1025,16 +975,17 @@ class ProjectionStore:
         limit = _int(limit, "limit")
         if limit <= 0:
             return []
-        sql = (
-            "SELECT id, channel_id, text, cited_turn_ids, cited_fact_ids, last_turn_id, last_fact_id, "
-            "created_at FROM reflections"
-        )
+        sql = _REFLECTION_SELECT
         params: list[Any] = []
         if channel_id is not None:
             sql += " WHERE channel_id = ? OR channel_id IS NULL"
             params.append(_int(channel_id, "channel_id"))
         sql += f" ORDER BY id DESC LIMIT {limit}"
         return [_reflection(row) for row in self._q(sql, params).fetchall()]
+
+    def all_reflections(self) -> list[Reflection]:
+        """Every reflection, ascending by id."""
+        return [_reflection(row) for row in self._q(f"{_REFLECTION_SELECT} ORDER BY id").fetchall()]
 
     # ----------------------------------------------------------------- embeddings
 
@@ -1051,7 +1002,7 @@ class ProjectionStore:
             raise ValueError("set_fact_embedding requires a non-empty vector")
         if not all(math.isfinite(x) for x in values):
             raise ValueError(f"embedding of fact {fid} under {model} holds NaN or infinity")
-        at = _now(now)
+        at = now_or(now)
         with self.transaction():
             if not self._q("SELECT 1 FROM facts WHERE id = ?", [fid]).fetchone():
                 raise ValueError(f"cannot embed unknown fact id={fid}")
@@ -1075,7 +1026,7 @@ class ProjectionStore:
         limit = _int(limit, "limit")
         if limit <= 0:
             return []
-        where, params = _validity(include_superseded=False, as_of=None, now=_now(now))
+        where, params = FactView.of(now=now).sql()
         return self._facts(
             f"{where} AND NOT EXISTS (SELECT 1 FROM fact_embeddings e WHERE e.fact_id = f.id AND e.model = ?)",
             [*params, model],
@@ -1105,7 +1056,7 @@ class ProjectionStore:
             rows.append((tid, model, len(values), values))
         if not rows:
             return 0
-        at = _now(now)
+        at = now_or(now)
         with self.transaction():
             self._q("DELETE FROM turn_embeddings WHERE model = ? AND turn_id IN (SELECT unnest(?))",
                     [model, [r[0] for r in rows]])
@@ -1148,7 +1099,23 @@ class ProjectionStore:
         ).fetchone()
         if row is None:
             return Watermark(name)
-        return Watermark(name, row[0], row[1], row[2], _utc_or_none(row[3]))
+        return Watermark(name, row[0], row[1], row[2], as_utc(row[3]))
+
+    def watermarks(self) -> list[Watermark]:
+        """Every projector's watermark, by projector name."""
+        rows = self._q(
+            "SELECT projector, turn_id, fact_id, change_seq, updated_at FROM watermarks ORDER BY projector"
+        ).fetchall()
+        return [Watermark(r[0], r[1] or 0, r[2] or 0, r[3] or 0, as_utc(r[4])) for r in rows]
+
+    def serving_watermark(self) -> dict:
+        """What a serving snapshot published now is in step with: every projector's
+        watermark and the newest fact id (recorded in the snapshot's manifest)."""
+        marks = {
+            m.projector: {"turn_id": int(m.turn_id), "fact_id": int(m.fact_id), "change_seq": int(m.change_seq)}
+            for m in self.watermarks()
+        }
+        return {"projectors": marks, "latest_fact_id": self.latest_fact_id()}
 
     def set_watermark(
         self,
@@ -1168,7 +1135,7 @@ class ProjectionStore:
         }
         if not given:
             raise ValueError("set_watermark needs at least one of turn_id, fact_id, change_seq")
-        at = _now(now)
+        at = now_or(now)
         with self.transaction():
             prior = self.get_watermark(name)
             mark = Watermark(

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import duckdb
 
+from familiar_pipeline.storage.records import validity_sql
+
 SCHEMA_VERSION = 3
 
 _V1 = (
@@ -185,7 +187,7 @@ _SUBJECTS_OF_F = """
 """
 
 NOTEBOOK_VIEWS: dict[str, str] = {
-    # Current truth at query time: not retired and not expired in world time.
+    # Current truth at query time (records.FactView): not retired, not expired in world time.
     "current_facts": f"""
         CREATE OR REPLACE VIEW current_facts AS
         SELECT f.id, f.channel_id, f.text,
@@ -194,7 +196,7 @@ NOTEBOOK_VIEWS: dict[str, str] = {
                          WHERE s.fact_id = f.id), []::VARCHAR[]) AS subject_keys,
                f.importance, f.source_turn_ids, f.created_at, f.valid_from, f.valid_to
         FROM facts f
-        WHERE f.superseded_at IS NULL AND (f.valid_to IS NULL OR f.valid_to > now())
+        WHERE {validity_sql("f", as_of=False, at="now()")}
     """,
     # World-time slice [valid_from, valid_to) at `ts`, retired rows included,
     # so an earlier belief can be reconstructed. `ts` may be a string; a string
@@ -206,8 +208,7 @@ NOTEBOOK_VIEWS: dict[str, str] = {
                f.importance, f.source_turn_ids, f.created_at, f.valid_from, f.valid_to,
                f.superseded_at, f.superseded_by
         FROM facts f
-        WHERE (f.valid_from IS NULL OR f.valid_from <= CAST(ts AS TIMESTAMPTZ))
-          AND (f.valid_to IS NULL OR f.valid_to > CAST(ts AS TIMESTAMPTZ))
+        WHERE {validity_sql("f", as_of=True, at="CAST(ts AS TIMESTAMPTZ)")}
     """,
     # One hop each way: what a fact replaced, and what (if anything) replaced it.
     # A plain retire has superseded_at set and superseded_by NULL.

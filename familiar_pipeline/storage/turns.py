@@ -23,11 +23,12 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from familiar_pipeline.storage.identity import is_ego_key
+from familiar_pipeline.storage.identity import check_key, is_ego_key
+from familiar_pipeline.storage.times import utc_text
 
 SCHEMA_VERSION = 2
 ROLES = ("user", "assistant", "system", "tool")
@@ -239,13 +240,10 @@ def _check_message_id(value: Any, field: str) -> str | None:
 
 
 def _check_key(key: Any, field: str = "canonical key") -> str:
-    if not isinstance(key, str):
-        raise TurnLogError(f"{field} must be a string like 'discord:1234', got {type(key).__name__}")
-    platform, sep, user = key.partition(":")
-    if not sep or not platform or not user or any(c.isspace() for c in key):
-        raise TurnLogError(f"malformed {field} {key!r}; expected 'platform:user_id'")
-    _check_text(key, field)
-    return key
+    try:
+        return check_key(key, field)
+    except ValueError as exc:
+        raise TurnLogError(str(exc)) from None
 
 
 def _check_ids(ids: Iterable[Any], field: str) -> list[int]:
@@ -253,23 +251,11 @@ def _check_ids(ids: Iterable[Any], field: str) -> list[int]:
 
 
 def _utc_text(value: Any, field: str) -> str:
-    """Any accepted timestamp -> fixed-width UTC text, so string order is time order."""
-    if value is None:
-        moment = datetime.now(timezone.utc)
-    elif isinstance(value, datetime):
-        moment = value
-    elif isinstance(value, str):
-        try:
-            moment = datetime.fromisoformat(value)
-        except ValueError:
-            raise TurnLogError(f"{field} {value!r} is not an ISO-8601 timestamp") from None
-    else:
-        raise TurnLogError(f"{field} must be a datetime, got {type(value).__name__}")
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)  # naive means UTC, by convention
-    else:
-        moment = moment.astimezone(timezone.utc)
-    return moment.isoformat(timespec="microseconds")
+    """Any accepted timestamp (None: now) -> fixed-width UTC text, so string order is time order."""
+    try:
+        return utc_text(value, what=field)
+    except (TypeError, ValueError) as exc:
+        raise TurnLogError(str(exc)) from None
 
 
 def _parse_time(text: str | None) -> datetime | None:

@@ -15,6 +15,7 @@ import argparse
 from datetime import datetime, timezone
 
 from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_pipeline.storage.times import parse_instant
 
 
 def parse_when(text: str) -> datetime:
@@ -22,46 +23,34 @@ def parse_when(text: str) -> datetime:
 
     The same reading the fact extractor gives a model's valid_from/valid_to.
     """
-    from familiar_pipeline.projectors.facts import parse_instant  # lazily: it loads the store (DuckDB)
-
     when = parse_instant(text)
     if when is None:
         raise CliError(f"--as-of {text!r} is not a date (YYYY-MM-DD) or ISO-8601 timestamp", EXIT_CONFIG)
     return when
 
 
-def select_facts(snapshot, *, subject: str | None, as_of: datetime | None, include_retired: bool, now: datetime | None = None) -> list[dict]:
-    """The rows to print, ascending by id."""
-    now = now or datetime.now(timezone.utc)
-    if as_of is not None:
-        rows = snapshot.recent_facts(10**9, as_of=as_of)[::-1]
-    elif include_retired:
-        rows = [
-            r for r in snapshot.table("facts").to_pylist()
-            if r["valid_to"] is None or r["valid_to"] > now
-        ]
-    else:
-        rows = snapshot.current_facts(now=now)
+def select_facts(snapshot, *, subject: str | None, as_of: datetime | None, include_retired: bool, now: datetime | None = None) -> list:
+    """The facts to print (``Fact`` records), ascending by id, in the snapshot's ``FactView`` of these options."""
     if subject:
-        rows = [r for r in rows if any(s["canonical_key"] == subject for s in r["subjects"] or [])]
-    return rows
+        return snapshot.facts_for_subject(subject, as_of, include_superseded=include_retired, now=now)
+    return snapshot.recent_facts(10**9, as_of, include_superseded=include_retired, now=now)[::-1]
 
 
 def _day(value: datetime | None) -> str:
     return value.astimezone(timezone.utc).strftime("%Y-%m-%d") if value else "…"
 
 
-def render_fact(row: dict, replaced: list[int]) -> str:
-    status = "current" if row["superseded_at"] is None else (
-        f"retired {_day(row['superseded_at'])}" + (f" by #{row['superseded_by']}" if row["superseded_by"] else "")
+def render_fact(fact, replaced: list[int]) -> str:
+    status = "current" if fact.superseded_at is None else (
+        f"retired {_day(fact.superseded_at)}" + (f" by #{fact.superseded_by}" if fact.superseded_by else "")
     )
-    subjects = ", ".join(f"{s['canonical_key']} ({s['display_at_write']})" for s in row["subjects"] or []) or "no subject"
-    importance = f"importance {row['importance']}" if row["importance"] is not None else "importance ?"
+    subjects = ", ".join(f"{s.canonical_key} ({s.display_at_write})" for s in fact.subjects) or "no subject"
+    importance = f"importance {fact.importance}" if fact.importance is not None else "importance ?"
     lineage = f"; replaces #{', #'.join(map(str, replaced))}" if replaced else ""
-    turns = ", ".join(map(str, row["source_turn_ids"] or [])) or "none"
+    turns = ", ".join(map(str, fact.source_turn_ids)) or "none"
     return (
-        f"#{row['id']} [{status}] {row['text']}\n"
-        f"    valid {_day(row['valid_from'])} → {_day(row['valid_to'])}; {importance}; about {subjects}; "
+        f"#{fact.id} [{status}] {fact.text}\n"
+        f"    valid {_day(fact.valid_from)} → {_day(fact.valid_to)}; {importance}; about {subjects}; "
         f"from turns {turns}{lineage}"
     )
 
@@ -94,14 +83,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"cannot read the snapshot in {paths.serving_dir}: {reader.last_error}")
     rows = select_facts(snapshot, subject=args.subject, as_of=as_of, include_retired=args.include_retired)
     replaced: dict[int, list[int]] = {}
-    for row in snapshot.table("facts").to_pylist():
+    lineage = snapshot.table("facts").select(["id", "superseded_by"]).to_pylist()
+    for row in lineage:
         if row["superseded_by"] is not None:
             replaced.setdefault(row["superseded_by"], []).append(row["id"])
     view = f"as of {as_of.isoformat()}" if as_of else ("current and retired" if args.include_retired else "current")
     scope = f" about {args.subject}" if args.subject else ""
     print(f"{len(rows)} fact(s){scope}, {view} (snapshot v{snapshot.version})")
-    for row in rows:
-        print(render_fact(row, sorted(replaced.get(row["id"], []))))
+    for fact in rows:
+        print(render_fact(fact, sorted(replaced.get(fact.id, []))))
     return 0
 
 

@@ -25,11 +25,11 @@ class ConversationSummaryLayer:
         if not row:
             return "none"
         cap = memory.config.budget_for(ctx.tier).summary_tokens
-        return f"t{row['last_turn_id']}|{row['created_at'].isoformat()}|cap{cap}"
+        return f"t{row.last_turn_id}|{row.created_at.isoformat()}|cap{cap}"
 
     def build(self, ctx, memory) -> str:
         row = _summary(memory)
-        text = (row or {}).get("summary_text") or ""
+        text = row.summary_text if row else ""
         text = neutralise_headers(text.strip())
         if not text:
             return ""

@@ -119,14 +119,14 @@ class PeopleDossierLayer:
         dossiers = memory.snapshot.dossiers([ego, *people])
         labels = memory.labels(ctx.guild_id)
         blocks = []
-        own = (dossiers.get(ego) or {}).get("dossier_text", "").strip()
+        own = dossiers[ego].dossier_text.strip() if ego in dossiers else ""
         if own:
             blocks.append(f"### {labels.ego}\n\n{neutralise_headers(own)}")
         shown = 0
         for key in people:
             if shown >= budget.max_dossier_people:
                 break
-            text = (dossiers.get(key) or {}).get("dossier_text", "").strip()
+            text = dossiers[key].dossier_text.strip() if key in dossiers else ""
             if not text:
                 continue
             shown += 1

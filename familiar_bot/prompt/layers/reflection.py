@@ -2,9 +2,9 @@
 
 A line reads ``- Crew morale dipped after Friday. [T#42, F#7]``; when any cited
 fact has since been retired it gains `` (stale)``, so the model weighs it less.
-The key includes the set of retired citations: the original keyed only on the
-newest reflection id, so a ``(stale)`` flag appeared only after the next
-reflection was written (reference §9.2).
+The invalidation key includes the set of retired citations, not only the
+newest reflection id: otherwise a ``(stale)`` flag would appear only after the
+next reflection was written.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ def _rows(ctx, memory):
 
     def compute():
         rows = snapshot.recent_reflections(ctx.channel_id, limit)
-        cited = {f for r in rows for f in (r["cited_fact_ids"] or [])}
+        cited = {f for r in rows for f in r.cited_fact_ids}
         return rows, (snapshot.superseded_fact_ids(cited) if cited else set())
 
     # A published snapshot never changes, so its version names these rows.
     return memory.memo(("reflections", snapshot.version, ctx.channel_id, limit), compute)
 
 
-def reflection_line(row: dict, stale: set[int]) -> str:
-    turns = row.get("cited_turn_ids") or []
-    facts = row.get("cited_fact_ids") or []
-    line = f"- {one_line(row['text'])}"
+def reflection_line(row, stale: set[int]) -> str:
+    """One ``Reflection`` as a bullet with its citations."""
+    turns, facts = row.cited_turn_ids, row.cited_fact_ids
+    line = f"- {one_line(row.text)}"
     crumbs = [f"T#{t}" for t in turns] + [f"F#{f}" for f in facts]
     if crumbs:
         line += f" [{', '.join(crumbs)}]"
@@ -46,14 +46,14 @@ class ReflectionLayer:
     def invalidation_key(self, ctx, memory) -> str:
         budget = memory.config.budget_for(ctx.tier)
         rows, stale = _rows(ctx, memory)
-        newest = rows[0]["id"] if rows else 0
+        newest = rows[0].id if rows else 0
         stale_part = ",".join(str(f) for f in sorted(stale))
         return (f"ch{ctx.channel_id}|r{newest}|n{len(rows)}|stale{stale_part}"
                 f"|cap{budget.max_reflections},{budget.reflection_tokens}")
 
     def build(self, ctx, memory) -> str:
         rows, stale = _rows(ctx, memory)
-        lines = [reflection_line(r, stale) for r in rows if one_line(r["text"])]
+        lines = [reflection_line(r, stale) for r in rows if one_line(r.text)]
         kept = cap_blocks(lines, memory.config.budget_for(ctx.tier).reflection_tokens)
         if not kept:
             return ""
