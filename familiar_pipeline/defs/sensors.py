@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,11 +189,30 @@ def evaluate_tick(
 TICK_JITTER_S = 1
 
 
-def _sensor_interval() -> int:
+@dataclass(frozen=True)
+class Cadence:
+    """The code location's sensor interval and whose config it came from.
+
+    One code location serves every familiar under the data root, but a sensor has one
+    interval: it is the `[pipeline]` of the familiar named by ``FAMILIAR_ID`` (the one
+    `familiar up --familiar X` serves; it sets that variable for its children), else
+    `data/familiars/_default`. ``FAMILIAR__PIPELINE__SENSOR_INTERVAL_S`` overrides both.
+    Per-familiar knobs (batch sizes, thresholds, `index_quiet_s`) are read per familiar
+    at every tick.
+    """
+
+    interval_s: int
+    source: str  # "familiar 'demo'" or "the defaults", for the UI
+    error: str | None = None  # the config error that made it fall back to the default
+
+
+def sensor_cadence() -> Cadence:
+    served = os.environ.get("FAMILIAR_ID") or None
+    source = f"familiar {served!r}" if served else "the defaults (no FAMILIAR_ID)"
     try:
-        return int(load_config(None).pipeline.sensor_interval_s)
-    except Exception:  # a broken config must not stop the code location from loading
-        return PipelineConfig.sensor_interval_s
+        return Cadence(int(load_config(served).pipeline.sensor_interval_s), source)
+    except Exception as exc:  # a broken config must not stop the code location from loading
+        return Cadence(PipelineConfig.sensor_interval_s, source, error=str(exc))
 
 
 def minimum_interval(interval_s: int) -> int:
@@ -201,7 +221,9 @@ def minimum_interval(interval_s: int) -> int:
 
 
 def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
-    interval = _sensor_interval()
+    cadence = sensor_cadence()
+    interval = cadence.interval_s
+    fallback = f" Config error, using the default: {cadence.error}" if cadence.error else ""
 
     @dg.sensor(
         name="turn_watermark_sensor",
@@ -209,10 +231,12 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.RUNNING,
         target=targets,
         description=(
-            f"Every {interval}s ([pipeline].sensor_interval_s): adds new familiars as partitions and requests "
-            "runs of turns_fts, rolling_summary and facts (with the active fact-driven assets in the same run) "
-            "for familiars whose thresholds are met."
+            f"Every {interval}s ([pipeline].sensor_interval_s of {cadence.source}, read when the code "
+            "location loads): adds new familiars as partitions and requests runs of turns_fts, "
+            "rolling_summary and facts (with the active fact-driven assets in the same run) for familiars "
+            f"whose thresholds are met.{fallback}"
         ),
+        metadata={"sensor_interval_s": interval, "cadence_from": cadence.source},
     )
     def turn_watermark_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         root = data_root()

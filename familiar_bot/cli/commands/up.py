@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(familiar_id)  # fail on bad config before starting anything
     transport = "none" if args.no_bot else ("discord" if config.secrets.discord_token else "console")
 
-    env = supervisor.child_env()
+    # The code location reads the served familiar's [pipeline] (sensor cadence, flood guard).
+    env = supervisor.child_env({"FAMILIAR_ID": familiar_id})
     log_path = Path(env["DAGSTER_HOME"]) / "familiar-up.log"
     stop = StopRequest()
     previous = {sig: signal.signal(sig, lambda signum, _frame: stop.request(
