@@ -11,6 +11,7 @@ nothing: the next tick re-dispatches and each asset processes only what is new.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -98,15 +99,19 @@ def read_state(paths: FamiliarPaths) -> FamiliarState:
     return FamiliarState(latest, change, age, version, marks)
 
 
-def due_assets(config, state: FamiliarState) -> list[str]:
-    """Asset names whose thresholds are met, per the familiar's effective config."""
+def due_assets(config, state: FamiliarState, *, hold: frozenset[str] = frozenset()) -> list[str]:
+    """Asset names whose thresholds are met, per the familiar's effective config.
+
+    `hold`: assets not to request (those that would only say "skipped" again).
+    """
     due = []
     active = set(config.memory.projectors)
     pending_summary = state.latest_turn_id - state.turn_watermark("rolling_summary")
-    if "rolling_summary" in active and pending_summary >= config.memory.rolling_summary.turns_threshold:
+    if "rolling_summary" in active and "rolling_summary" not in hold \
+            and pending_summary >= config.memory.rolling_summary.turns_threshold:
         due.append("rolling_summary")
     pending_facts = state.latest_turn_id - state.turn_watermark("rich_note")
-    if "rich_note" in active and pending_facts >= config.memory.rich_note.batch_size:
+    if "rich_note" in active and "facts" not in hold and pending_facts >= config.memory.rich_note.batch_size:
         due.append("facts")
         # The fact-driven assets ride in the same run: one process start instead of a second
         # queued run per batch. Automation still covers facts changed any other way.
@@ -124,6 +129,30 @@ def index_behind(state: FamiliarState) -> bool:
     return state.latest_turn_id > int(mark.get("turn_id", 0)) or state.latest_change_seq > int(mark.get("change_seq", 0))
 
 
+# Cursor key (never a familiar id: those start with a letter or digit) of the familiars whose
+# model-needing assets already ran once without a model: familiar id -> config fingerprint.
+TOLD_NO_MODEL = "~told_no_model"
+
+
+def config_fingerprint(config) -> str:
+    """Changes whenever the familiar's effective config does (secrets are masked in the rendering)."""
+    from familiar_pipeline.config import render_config
+
+    return hashlib.sha256(render_config(config).encode()).hexdigest()[:16]
+
+
+def held_for_no_model(config, told: dict, familiar_id: str, model_assets: frozenset[str]) -> frozenset[str]:
+    """The model-needing assets to leave out: they already reported "skipped" under this config.
+
+    The first run without a model shows, per asset, "skipped: no model configured ..." with the
+    setting to change; requesting them again would only repeat it. A config change (a model
+    set, or anything else) lets them run again.
+    """
+    if config.llm.slot("background").configured or told.get(familiar_id) != config_fingerprint(config):
+        return frozenset()
+    return model_assets
+
+
 def evaluate_tick(
     cursor: dict,
     familiars: list[str],
@@ -132,11 +161,16 @@ def evaluate_tick(
     root: Path,
     in_flight: dict[str, InFlightRun],
     max_requests: int,
+    model_assets: frozenset[str] = frozenset(),
 ) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
-    """Pure tick logic: (run requests, new partitions, new cursor, log lines)."""
+    """Pure tick logic: (run requests, new partitions, new cursor, log lines).
+
+    `model_assets`: the assets that need the background model (kind "llm").
+    """
     requests: list[dg.RunRequest] = []
     notes: list[str] = []
     new_cursor = dict(cursor)
+    told = dict(cursor.get(TOLD_NO_MODEL, {}))
     new_partitions = [f for f in familiars if f not in known_partitions]
     for familiar_id in familiars:
         paths = FamiliarPaths.for_id(familiar_id, root)
@@ -152,7 +186,7 @@ def evaluate_tick(
         if running is not None and not running.leaves_a_full_batch(config, state):
             notes.append(f"{familiar_id}: a run is already queued or running; will look again")
             continue
-        assets = due_assets(config, state)
+        assets = due_assets(config, state, hold=held_for_no_model(config, told, familiar_id, model_assets))
         if not assets:
             if not index_behind(state):  # else the index waits for quiet: look again next tick
                 new_cursor[familiar_id] = state.signature()
@@ -179,6 +213,15 @@ def evaluate_tick(
             )
         )
         new_cursor[familiar_id] = state.signature()
+        if config.llm.slot("background").configured:
+            told.pop(familiar_id, None)
+        elif model_assets.intersection(assets):
+            told[familiar_id] = config_fingerprint(config)
+    told = {f: mark for f, mark in told.items() if f in familiars}
+    if told:
+        new_cursor[TOLD_NO_MODEL] = told
+    else:
+        new_cursor.pop(TOLD_NO_MODEL, None)
     return requests, new_partitions, new_cursor, notes
 
 
@@ -222,6 +265,9 @@ def minimum_interval(interval_s: int) -> int:
 
 def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
     cadence = sensor_cadence()
+    model_assets = frozenset(
+        spec.key.path[-1] for asset in targets for spec in asset.specs if "llm" in spec.kinds
+    )
     interval = cadence.interval_s
     fallback = f" Config error, using the default: {cadence.error}" if cadence.error else ""
 
@@ -259,7 +305,8 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         except ConfigError:
             max_requests = 20
         requests, new_partitions, new_cursor, notes = evaluate_tick(
-            cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests
+            cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests,
+            model_assets=model_assets,
         )
         for note in notes:
             context.log.info(note)
