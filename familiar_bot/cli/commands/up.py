@@ -40,7 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "login, so expose it only behind something that has one)")
     parser.add_argument("--no-bot", action="store_true", help="run only Dagster (UI, sensors, runs)")
     parser.add_argument("--as", dest="speaker", metavar="NAME",
-                        help="console chat only: who you are (default: your login name)")
+                        help="console chat only: who you are (default: the name you gave on first "
+                             "start, asked once per familiar)")
     parser.add_argument("--channel", type=int, default=None, metavar="N",
                         help="console chat only: channel number to record turns under (default 1)")
 
@@ -72,13 +73,14 @@ def say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_bot.cli.commands.chat import check_channel, ensure_familiar, familiar_id_from
+    from familiar_bot.cli.commands.chat import check_channel, check_speaker, ensure_familiar, familiar_id_from
     from familiar_pipeline.config import load_config
 
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be 1-65535, got {args.port}", EXIT_CONFIG)
     familiar_id = familiar_id_from(args)
     channel = check_channel(args.channel)
+    check_speaker(args.speaker)
     if supervisor.port_in_use(args.host if args.host not in ("0.0.0.0", "") else "127.0.0.1", args.port):
         raise CliError(f"port {args.port} is already in use (another `familiar up` or `dagster dev`?); "
                        "stop it or pick another with --port")
@@ -146,22 +148,21 @@ def start_console(familiar_id: str, config, speaker_name: str | None, channel: i
                   stop: StopRequest) -> threading.Thread:
     """The console chat in a thread, so the main thread stays free to watch children and signals."""
     from familiar_bot.cli.commands.chat import _login_name
-    from familiar_bot.transports.console import console_person, run_console
+    from familiar_bot.transports.console import resolve_speaker, run_console
     from familiar_bot.responder import open_responder
     from familiar_pipeline.storage.paths import FamiliarPaths
 
-    try:
-        speaker = console_person(speaker_name or _login_name())
-    except ValueError as exc:
-        raise CliError(f"--as: {exc}", EXIT_CONFIG) from None
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                             format="%(levelname)s %(name)s: %(message)s")
-    handle = open_responder(FamiliarPaths.for_id(familiar_id), config)
+    paths = FamiliarPaths.for_id(familiar_id)
+    handle = open_responder(paths, config)
 
     def chat() -> None:
         try:
-            asyncio.run(run_console(handle.responder, speaker=speaker, channel_id=channel))
+            speaker = resolve_speaker(paths.dir, speaker_name, fallback=_login_name())
+            if speaker is not None:
+                asyncio.run(run_console(handle.responder, speaker=speaker, channel_id=channel))
             stop.request("end of console input", 0)
         except BaseException as exc:  # a bug in the chat must still stop the group, visibly
             say(f"console chat failed: {exc!r}")
