@@ -65,6 +65,23 @@ def check_speaker(name: str | None) -> None:
             raise CliError(f"--as: {exc}", EXIT_CONFIG) from None
 
 
+def refuse_scripted_models(config, familiar_id: str) -> None:
+    """A `fake/` model outside the demo is a mistake: refuse it with one line naming the flag.
+
+    The scripted models run only where FAMILIAR_FAKE_LLM names their script: in tests, and
+    in `familiar up --demo`, which sets it (and the models) for its own processes only.
+    """
+    from familiar_pipeline.testing.fake_llm import FAKE_LLM_ENV
+
+    if os.environ.get(FAKE_LLM_ENV):
+        return
+    for name, slot in sorted(config.llm.slots.items()):
+        if slot.model.startswith("fake/"):
+            where = paths.FamiliarPaths.for_id(familiar_id).character_toml
+            raise CliError(f"[llm.{name}].model = {slot.model!r} is the scripted offline model, which runs only "
+                           f"under `familiar up --demo`; use that flag, or set a real model ({where})", EXIT_CONFIG)
+
+
 def run(args: argparse.Namespace) -> int:
     from familiar_bot.transports.console import resolve_speaker, run_console
     from familiar_bot.responder import open_responder
@@ -75,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     if ensure_familiar(familiar_id):
         print(f"created familiar {familiar_id!r} from the defaults", file=sys.stderr)
     config = load_config(familiar_id)
+    refuse_scripted_models(config, familiar_id)
     speaker = resolve_speaker(paths.FamiliarPaths.for_id(familiar_id).dir, args.speaker, fallback=_login_name())
     if speaker is None:  # end of input before a name was given
         return 0

@@ -28,6 +28,10 @@ from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
 
 EXIT_CHILD_DIED = 1
 POLL_S = 0.2
+DEMO_FAMILIAR = "offline-demo"
+DEMO_NOTICE = ("demo mode: replies, facts, summaries and dossiers come from a scripted offline model "
+               "(familiar_pipeline/testing/scripted.py), not a language model; nothing leaves this machine. "
+               "Settings for this run only; no file is changed.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +48,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "start, asked once per familiar)")
     parser.add_argument("--channel", type=int, default=None, metavar="N",
                         help="console chat only: channel number to record turns under (default 1)")
+    parser.add_argument("--demo", action="store_true",
+                        help="offline demo: replies and memory come from a scripted model (no LLM, no "
+                             f"network), with small batches so facts show within a minute; familiar "
+                             f"'{DEMO_FAMILIAR}' unless --familiar is given")
 
 
 @dataclass
@@ -73,11 +81,14 @@ def say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_bot.cli.commands.chat import check_channel, check_speaker, ensure_familiar, familiar_id_from
+    from familiar_bot.cli.commands.chat import (check_channel, check_speaker, ensure_familiar, familiar_id_from,
+                                                refuse_scripted_models)
     from familiar_pipeline.config import load_config
 
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be 1-65535, got {args.port}", EXIT_CONFIG)
+    if args.demo:
+        enter_demo(args)
     familiar_id = familiar_id_from(args)
     channel = check_channel(args.channel)
     check_speaker(args.speaker)
@@ -87,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if ensure_familiar(familiar_id):
         say(f"created familiar {familiar_id!r} from the defaults")
     config = load_config(familiar_id)  # fail on bad config before starting anything
+    refuse_scripted_models(config, familiar_id)
     transport = "none" if args.no_bot else ("discord" if config.secrets.discord_token else "console")
 
     # The code location reads the served familiar's [pipeline] (sensor cadence, flood guard).
@@ -132,6 +144,20 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(stop.status)
+
+
+def enter_demo(args: argparse.Namespace) -> None:
+    """Point this process and its children at the scripted model; say so once.
+
+    Only the environment of this process changes (the children inherit it): no
+    character.toml names a scripted model, so nothing outlives the run.
+    """
+    from familiar_pipeline.testing.scripted import DEMO_ENV
+
+    if not args.familiar:
+        args.familiar = DEMO_FAMILIAR
+    os.environ.update(DEMO_ENV)
+    say(DEMO_NOTICE)
 
 
 def watch(children: list[supervisor.Child], stop: StopRequest) -> None:
