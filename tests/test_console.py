@@ -129,3 +129,24 @@ def test_chat_prompt_shows_the_remembered_speaker(tmp_path):
     turns, people = turns_of(tmp_path, "owl")
     assert {t.author_key for t in turns} == {"console:sam"}
     assert [(p.canonical_key, p.global_name) for p in people] == [("console:sam", "Sam")]
+
+
+def test_a_scripted_model_outside_the_demo_is_refused_in_one_line(tmp_path):
+    (tmp_path / "owl").mkdir()
+    (tmp_path / "owl" / "character.toml").write_text('[llm.reply]\nmodel = "fake/reply"\n')
+    result = chat(tmp_path, "hello\n", "--familiar", "owl", "--as", "Sam",
+                  env_extra={"FAMILIAR_FAKE_LLM": ""})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "`familiar up --demo`" in lines[0] and "fake/reply" in lines[0]
+    assert not (tmp_path / "owl" / "turns.db").exists() or not turns_of(tmp_path, "owl")[0]
+
+
+def test_demo_model_answers_replies_plainly_labelled_and_projections_as_the_careful_model():
+    from familiar_pipeline.testing.scripted import DEMO_REPLY_PREFIX, careful_model, demo_model
+
+    reply = demo_model([{"role": "system", "content": "You are Fam.\n\n## Replying\nYou are Fam."},
+                        {"role": "user", "content": "[10:00 Sam] I moved to Porto."}])
+    assert reply.startswith(DEMO_REPLY_PREFIX) and '"I moved to Porto"' in reply
+    facts_prompt = [{"role": "system", "content": "Extract atomic facts"}, {"role": "user", "content": "nothing"}]
+    assert demo_model(facts_prompt) == careful_model(facts_prompt)

@@ -175,3 +175,23 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
                 os.killpg(session, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_demo_sets_the_scripted_models_for_this_process_only(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from familiar_bot.cli.commands.up import DEMO_FAMILIAR, enter_demo
+    from familiar_pipeline.config import load_config
+    from familiar_pipeline.testing.scripted import DEMO_ENV
+
+    for name in DEMO_ENV:
+        monkeypatch.setenv(name, "")  # so monkeypatch restores (removes) what enter_demo sets
+        monkeypatch.delenv(name)
+    args = argparse.Namespace(familiar=None)
+    enter_demo(args)
+    assert args.familiar == DEMO_FAMILIAR
+    assert capsys.readouterr().err.count("scripted offline model") == 1
+    config = load_config(DEMO_FAMILIAR, root=tmp_path)
+    assert (config.llm.slot("reply").model, config.llm.slot("background").model) == ("fake/demo-reply", "fake/careful")
+    assert config.memory.rich_note.batch_size == 4
+    assert not list(tmp_path.iterdir()), "no file names the scripted model"

@@ -242,7 +242,7 @@ DEMO_ENV = {
 def canned_reply(user_text: str) -> str:
     """The demo's reply: says plainly that it is scripted, and echoes what it will remember."""
     said = re.sub(r"^\[[^\]]*\]\s*", "", user_text.strip())  # drop the "[10:00 Sam] " history prefix
-    return (f"{DEMO_REPLY_PREFIX} Noted: \"{_first_sentence(said, 100)}\". "
+    return (f"{DEMO_REPLY_PREFIX} Noted: \"{_first_sentence(said, 100).rstrip('.!?')}\". "
             "Memory is built in the background; /context shows what I know.")
 
 
