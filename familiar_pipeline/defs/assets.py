@@ -132,7 +132,7 @@ def output_version(context: dg.AssetExecutionContext, report: ProjectionReport, 
     whose facts were all dropped) keeps the partition's previous version.
     """
     if report.rows_written > 0 or rebuild:
-        return dg.DataVersion(context.run_id)
+        return dg.DataVersion(context.run.run_id)
     from dagster._core.definitions.data_version import extract_data_version_from_entry
 
     record = context.instance.get_latest_data_version_record(context.asset_key, partition_key=context.partition_key)
