@@ -109,4 +109,6 @@ def test_an_hour_of_chat_launches_no_run_that_does_nothing(tmp_path, monkeypatch
     offline_llm = [r for r in runs if r["partition"] == "offline" and "facts" in r["assets"]]
     assert len(offline_llm) == 1 and offline_llm[0]["assets"]["facts"][0].startswith("skipped"), report
     assert any(r["partition"] == "offline" and "turns_fts" in r["assets"] for r in runs[1:]), "the index still follows"
-    print(f"{len(runs)} runs over {TICKS} ticks: {len(online_runs)} online, {len(runs) - len(online_runs)} offline")
+    automated = [r for r in runs if r["trigger"] == fact_automation_sensor.name]
+    print(f"{len(runs)} runs over {TICKS} ticks: {len(online_runs)} online, {len(runs) - len(online_runs)} offline, "
+          f"{len(automated)} by automation, {len(noops)} that read and wrote nothing")
