@@ -6,6 +6,10 @@ runs the bot: on Discord (a child process) when DISCORD_TOKEN is set, otherwise 
 console chat in the foreground of this terminal. Dagster's own output goes to a log
 file, so the console stays readable.
 
+The code location reads the served familiar's `[pipeline]` (FAMILIAR_ID is set for the
+children). `--demo` points this process and its children, through their environment
+only, at the scripted offline model, and says so once.
+
 Stopping: Ctrl-C, SIGTERM, or the end of console input (Ctrl-D, or a closed pipe)
 stops every child within 10 s. A child that exits on its own is reported and the
 rest are stopped with a non-zero status: nothing restarts silently.
