@@ -404,7 +404,9 @@ class Responder:
         """The `/context` report: which layers said what, with token counts."""
         from familiar_bot.prompt.assembly import render_sections
 
-        return render_sections(await self.inspect(channel_id, guild_id=guild_id, cue=cue))
+        report = render_sections(await self.inspect(channel_id, guild_id=guild_id, cue=cue))
+        snapshot = getattr(getattr(self.assembler, "memory", None), "snapshot", None)
+        return report + ("\n\n" + retired_facts_report(snapshot) if snapshot is not None else "")
 
     # -- composing
 
@@ -506,6 +508,28 @@ class _NotConfigured(Exception):
 
 class _ReplyFailed(Exception):
     pass
+
+
+def retired_facts_report(snapshot, limit: int = 5) -> str:
+    """How many facts memory holds, and the newest retired ones with what replaced them.
+
+    The prompt shows only current facts; this is where `/context` shows supersession at work.
+    """
+    import pyarrow.compute as pc
+
+    try:
+        facts = snapshot.table("facts")
+    except (KeyError, OSError, ValueError):
+        return "=== memory: no facts published yet ==="
+    retired = facts.filter(pc.is_valid(facts["superseded_at"]))
+    lines = [f"=== memory: {facts.num_rows - retired.num_rows} current facts, {retired.num_rows} retired ==="]
+    rows = retired.to_pylist()[-limit:]
+    by_id = {f["id"]: f for f in snapshot.facts_by_ids([r["superseded_by"] for r in rows if r["superseded_by"]])}
+    for row in reversed(rows):
+        newer = by_id.get(row["superseded_by"])
+        lines.append(f"retired #{row['id']} {row['text']!r}"
+                     + (f" <- replaced by #{newer['id']} {newer['text']!r}" if newer else ""))
+    return "\n".join(lines)
 
 
 def build_messages(prompt: Any, message: IncomingMessage, display_name: str) -> list[dict[str, Any]]:

@@ -131,7 +131,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_walk_sees_every_kind_of_import():
     # Guards the checker itself: a relative import, an in-function import and a TYPE_CHECKING import.
-    assert "familiar_pipeline.projectors.horizon" in GRAPH["familiar_pipeline.projectors.supersede"]
+    assert "familiar_pipeline.projectors.horizon" in GRAPH["familiar_pipeline.projectors.dossiers"]
     assert "familiar_pipeline.testing.fake_llm" in GRAPH["familiar_pipeline.models.llm"]
     assert "familiar_pipeline.config" not in GRAPH["familiar_pipeline.models.embedders"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

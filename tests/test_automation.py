@@ -29,24 +29,29 @@ def test_sensor_is_running_and_targets_the_fact_driven_assets():
         assert all(spec.automation_condition is not None for spec in asset.specs)
 
 
+def changed(asset: str, partition: str, version: str) -> dg.AssetMaterialization:
+    """A materialization that changed the rows (a new data version), as a run that wrote some reports."""
+    return dg.AssetMaterialization(asset, partition=partition, tags={"dagster/data_version": version})
+
+
 def test_facts_update_requests_followers_for_that_partition_only():
     assets = defs  # the real code location: its resources and every asset
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("familiars", ["alpha", "beta"])
         first = dg.evaluate_automation_conditions(defs=assets, instance=instance)
         assert requested(first) == set(), "nothing changed yet"
-        instance.report_runless_asset_event(dg.AssetMaterialization("facts", partition="alpha"))
+        instance.report_runless_asset_event(changed("facts", "alpha", "v1"))
         second = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=first.cursor)
         assert requested(second) == {(name, "alpha") for name in FOLLOWERS}
         third = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=second.cursor)
         assert requested(third) == set(), "one request per change"
-        instance.report_runless_asset_event(dg.AssetMaterialization("fact_supersessions", partition="beta"))
+        instance.report_runless_asset_event(changed("fact_supersessions", "beta", "v2"))
         fourth = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=third.cursor)
         assert requested(fourth) == set(), "beta has no facts yet: a missing dependency holds its followers"
-        instance.report_runless_asset_event(dg.AssetMaterialization("facts", partition="beta"))
+        instance.report_runless_asset_event(changed("facts", "beta", "v3"))
         fifth = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=fourth.cursor)
         assert requested(fifth) == {(name, "beta") for name in FOLLOWERS}
-        instance.report_runless_asset_event(dg.AssetMaterialization("fact_supersessions", partition="beta"))
+        instance.report_runless_asset_event(changed("fact_supersessions", "beta", "v4"))
         sixth = dg.evaluate_automation_conditions(defs=assets, instance=instance, cursor=fifth.cursor)
         assert requested(sixth) == {("people_dossiers", "beta"), ("reflections", "beta")}
 
@@ -77,7 +82,8 @@ def test_a_sensor_run_that_already_included_the_followers_does_not_trigger_them_
     from .helpers import append_chat, make_familiar
 
     install_fake_llm().script(careful_model)
-    append_chat(make_familiar(tmp_path, "alpha"), 10)
+    paths = make_familiar(tmp_path, "alpha")
+    append_chat(paths, 10)
     resources = {"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource()}
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("familiars", ["alpha"])
@@ -86,7 +92,20 @@ def test_a_sensor_run_that_already_included_the_followers_does_not_trigger_them_
                        resources=resources, tags=FOLLOWERS_INCLUDED_TAG)
         second = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert requested(second) == set()
+        append_chat(paths, 10, start=10)  # new facts, extracted by a run without the tag
         dg.materialize([turns, facts], partition_key="alpha", instance=instance, selection=[facts.key],
                        resources=resources, tags={"trigger": "familiar backfill"})
         third = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=second.cursor)
         assert requested(third) == {(name, "alpha") for name in FOLLOWERS}
+
+
+def test_a_materialization_that_wrote_nothing_does_not_trigger_the_followers():
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("familiars", ["alpha"])
+        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        instance.report_runless_asset_event(changed("facts", "alpha", "v1"))
+        second = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+        assert requested(second) == {(name, "alpha") for name in FOLLOWERS}
+        instance.report_runless_asset_event(changed("facts", "alpha", "v1"))  # a no-op run keeps the version
+        third = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=second.cursor)
+        assert requested(third) == set()

@@ -81,7 +81,7 @@ def test_defaults_are_the_documented_values(tmp_path):
     assert cfg.embedding == EmbeddingConfig(backend="off", dim=256, fastembed_model="BAAI/bge-small-en-v1.5",
                                             fastembed_cache_dir=None, fastembed_model_path=None)
     assert dataclasses.asdict(cfg.history) == {
-        "voice_window_size": 100, "text_window_size": 200, "coalesce_max_gap_seconds": 45.0,
+        "voice_window_size": 100, "text_window_size": 200, "coalesce_max_gap_seconds": 8.0,
         "text_silence_gap_fold_seconds": 0.0}
     assert cfg.llm.max_concurrency == 4
     reply, background = cfg.llm.slot("reply"), cfg.llm.slot("background")

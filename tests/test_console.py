@@ -93,3 +93,60 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
 def test_console_person(name, key, shown):
     person = console_person(name)
     assert (person.key, person.label) == (key, shown)
+
+
+def test_the_speaker_is_asked_once_per_familiar_and_remembered(tmp_path):
+    import io
+
+    from familiar_bot.transports.console import SPEAKER_FILE, resolve_speaker
+
+    asked = io.StringIO()
+    person = resolve_speaker(tmp_path, None, fallback="root", stdin=io.StringIO("!!!\nSam Reyes\n"),
+                             stdout=asked, interactive=True)
+    assert (person.key, person.label) == ("console:sam-reyes", "Sam Reyes")
+    assert asked.getvalue().count("What name should I know you by?") == 2  # "!!!" was refused, asked again
+    assert (tmp_path / SPEAKER_FILE).read_text() == "Sam Reyes\n"
+    again = io.StringIO()
+    assert resolve_speaker(tmp_path, None, fallback="root", stdin=io.StringIO(""), stdout=again,
+                           interactive=True).label == "Sam Reyes"
+    assert again.getvalue() == "", "remembered: not asked a second time"
+    assert resolve_speaker(tmp_path, "Ana", fallback="root").label == "Ana"  # --as wins for this session
+    assert (tmp_path / SPEAKER_FILE).read_text() == "Sam Reyes\n"
+    fresh = tmp_path / "other"
+    assert resolve_speaker(fresh, None, fallback="root", stdin=io.StringIO("x\n"), interactive=False).label == "root"
+    assert resolve_speaker(fresh, None, fallback="root", stdin=io.StringIO(""), stdout=io.StringIO(),
+                           interactive=True) is None  # end of input before a name
+    assert not (fresh / SPEAKER_FILE).exists()
+
+
+def test_chat_prompt_shows_the_remembered_speaker(tmp_path):
+    from familiar_bot.transports.console import SPEAKER_FILE
+
+    (tmp_path / "owl").mkdir()
+    (tmp_path / "owl" / SPEAKER_FILE).write_text("Sam\n")
+    result = chat(tmp_path, "my sister Ana lives in Porto\n", "--familiar", "owl")
+    assert result.returncode == 0, result.stderr
+    turns, people = turns_of(tmp_path, "owl")
+    assert {t.author_key for t in turns} == {"console:sam"}
+    assert [(p.canonical_key, p.global_name) for p in people] == [("console:sam", "Sam")]
+
+
+def test_a_scripted_model_outside_the_demo_is_refused_in_one_line(tmp_path):
+    (tmp_path / "owl").mkdir()
+    (tmp_path / "owl" / "character.toml").write_text('[llm.reply]\nmodel = "fake/reply"\n')
+    result = chat(tmp_path, "hello\n", "--familiar", "owl", "--as", "Sam",
+                  env_extra={"FAMILIAR_FAKE_LLM": ""})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "`familiar up --demo`" in lines[0] and "fake/reply" in lines[0]
+    assert not (tmp_path / "owl" / "turns.db").exists() or not turns_of(tmp_path, "owl")[0]
+
+
+def test_demo_model_answers_replies_plainly_labelled_and_projections_as_the_careful_model():
+    from familiar_pipeline.testing.scripted import DEMO_REPLY_PREFIX, careful_model, demo_model
+
+    reply = demo_model([{"role": "system", "content": "You are Fam.\n\n## Replying\nYou are Fam."},
+                        {"role": "user", "content": "[10:00 Sam] I moved to Porto."}])
+    assert reply.startswith(DEMO_REPLY_PREFIX) and '"I moved to Porto"' in reply
+    facts_prompt = [{"role": "system", "content": "Extract atomic facts"}, {"role": "user", "content": "nothing"}]
+    assert demo_model(facts_prompt) == careful_model(facts_prompt)

@@ -55,7 +55,7 @@ def test_import_writes_turns_participants_and_channels(tmp_path, monkeypatch, ca
         assert log.count() == 6
 
 
-def test_bad_lines_are_skipped_with_line_numbers_and_a_failing_status(tmp_path, monkeypatch, capsys):
+def test_bad_lines_are_skipped_with_line_numbers_and_the_good_ones_kept(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
     paths = make_familiar(tmp_path, "seed")
     transcript = tmp_path / "talk.jsonl"
@@ -71,9 +71,16 @@ def test_bad_lines_are_skipped_with_line_numbers_and_a_failing_status(tmp_path, 
         GOOD[1],
     ]) + "\n")
 
-    assert main(["import", "--familiar", "seed", str(transcript)]) == 1
+    assert main(["import", "--familiar", "seed", "--strict", str(transcript)]) == 1
+    strict = capsys.readouterr()
+    assert "--strict: 7 bad lines (2, 3, 4, 5, 6, 7, 8); nothing was imported" in strict.err
+    assert "line 2: not valid JSON" in strict.err
+    with TurnLog(paths.turns_db, readonly=True) as log:
+        assert log.count() == 0
+
+    assert main(["import", "--familiar", "seed", str(transcript)]) == 0  # a partial import: the good lines kept
     captured = capsys.readouterr()
-    assert "imported 2 turns" in captured.out and "skipped 7 bad lines" in captured.out
+    assert "imported 2 turns" in captured.out and "skipped 7 bad lines: 2, 3, 4, 5, 6, 7, 8" in captured.out
     err = captured.err
     assert "line 2: not valid JSON" in err
     assert "line 3: timestamp 'yesterday' is not ISO-8601" in err
@@ -118,3 +125,15 @@ def test_channel_names_map_to_stable_numbers():
     assert channel_number("general")[0] != channel_number("random")[0]
     assert channel_number("42") == (42, None)
     assert 0 < channel_number("general")[0] < 2**63
+
+
+def test_nothing_usable_fails_and_help_shows_the_record_format(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    make_familiar(tmp_path, "seed")
+    transcript = tmp_path / "bad.jsonl"
+    transcript.write_text("{nope\n")
+    assert main(["import", "--familiar", "seed", str(transcript)]) == 1
+    assert "skipped 1 bad lines: 1" in capsys.readouterr().out
+    assert main(["import", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert '"user_id": "discord:1234"' in shown and "PLATFORM:ID" in shown and "--strict" in shown

@@ -211,7 +211,9 @@ def test_history_coalesces_voice_fragments_and_name_only(world):
         world.say(part, CASS, at=start + timedelta(seconds=2 * i), mode="voice")
     world.say("later", CASS, at=start + timedelta(seconds=120))
     messages = RecentHistoryLayer().messages(ctx(tier="voice"), view(world))
-    assert [m.content for m in messages] == ["[01:35 Cass] I okay. So, Tam, you can jump in", "[01:37 Cass] later"]
+    # "I okay." ends a sentence: the next fragment starts a message of its own.
+    assert [m.content for m in messages] == ["[01:35 Cass] I okay.", "[01:35 Cass] So, Tam, you can jump in",
+                                             "[01:37 Cass] later"]
     env = {"FAMILIAR__CHANNELS__10__MESSAGE_RENDERING": '"name_only"',
            "FAMILIAR__PROVIDERS__HISTORY__COALESCE_MAX_GAP_SECONDS": "0"}
     plain = RecentHistoryLayer().messages(ctx(), view(world, env))
@@ -224,3 +226,31 @@ def test_history_reply_prefix(world):
     world.say("me!", CASS, platform_message_id=2, reply_to_message_id=1)
     messages = RecentHistoryLayer().messages(ctx(), view(world))
     assert messages[1].content.endswith("] ↩ Bo: who wants pizza me!")
+
+
+def test_console_lines_stay_their_own_messages(world):
+    # Console lines carry no platform message id, so only the gap and sentence rules keep them apart.
+    start = datetime(2026, 5, 1, 9, 0, tzinfo=timezone.utc)
+    for seconds, line in [(0, "hi, I'm Sam."), (3, "my sister Ana lives in Porto"),
+                          (20, "she visits in May"), (40, "so I was thinking"), (43, "we could go to Porto")]:
+        world.say(line, CASS, at=start + timedelta(seconds=seconds))
+    messages = RecentHistoryLayer().messages(ctx(), view(world))
+    assert [m.content for m in messages] == [
+        "[09:00 Cass] hi, I'm Sam.",  # a sentence end: never merged with what follows
+        "[09:00 Cass] my sister Ana lives in Porto",
+        "[09:00 Cass] she visits in May",  # 17 s later: beyond the 8 s default gap
+        "[09:00 Cass] so I was thinking we could go to Porto",  # fragments seconds apart, mid-sentence
+    ]
+
+
+def test_imported_turns_keep_their_dates_and_sort_by_timestamp(world):
+    live = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+    world.say("live line", CASS, at=live)
+    world.say("an old line, imported later", BO, at=datetime(2024, 5, 1, 10, 0, tzinfo=timezone.utc))
+    world.say("the day before", MIA, at=live - timedelta(days=1))
+    messages = RecentHistoryLayer().messages(ctx(), view(world))
+    assert [m.content for m in messages] == [
+        "[2024-05-01 10:00 Bo] an old line, imported later",
+        "[2026-04-30 12:00 Mia] the day before",
+        "[12:00 Cass] live line",  # the newest turn's day ("today") shows the time alone
+    ]

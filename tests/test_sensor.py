@@ -188,3 +188,34 @@ def test_sensor_ticks_at_the_configured_interval_within_the_daemon_loop(tmp_path
     sensor = build_turn_watermark_sensor(TURN_DRIVEN_ASSETS)
     assert sensor.minimum_interval_seconds == 29
     assert "Every 30s" in sensor.description
+
+
+def test_cadence_follows_the_served_familiar_and_a_reload_sees_an_edit(tmp_path, monkeypatch):
+    # `familiar up --familiar demo` sets FAMILIAR_ID for the code location; a reload in the UI
+    # builds the Definitions afresh, which is what re-importing the module does here.
+    import importlib
+
+    import familiar_pipeline.definitions as definitions
+
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    monkeypatch.delenv("FAMILIAR__PIPELINE__SENSOR_INTERVAL_S", raising=False)
+    paths = make_familiar(tmp_path, "demo", extra_toml="[pipeline]\nsensor_interval_s = 30\n")
+    make_familiar(tmp_path, "other", extra_toml="[pipeline]\nsensor_interval_s = 90\n")
+
+    def served_sensor():
+        return importlib.reload(definitions).defs.resolve_sensor_def("turn_watermark_sensor")
+
+    monkeypatch.delenv("FAMILIAR_ID", raising=False)
+    sensor = served_sensor()
+    assert sensor.minimum_interval_seconds == 4 and "of the defaults" in sensor.description
+    monkeypatch.setenv("FAMILIAR_ID", "demo")
+    sensor = served_sensor()
+    assert sensor.minimum_interval_seconds == 29
+    assert "Every 30s ([pipeline].sensor_interval_s of familiar 'demo'" in sensor.description
+    assert sensor.metadata["sensor_interval_s"].value == 30
+    paths.character_toml.write_text("[pipeline]\nsensor_interval_s = 60\n")
+    sensor = served_sensor()
+    assert sensor.minimum_interval_seconds == 59 and "Every 60s" in sensor.description
+    paths.character_toml.write_text("[pipeline]\nsensor_interval_s = 1\n")  # invalid: the location still loads
+    sensor = served_sensor()
+    assert sensor.minimum_interval_seconds == 4 and "sensor_interval_s = 1" in sensor.description

@@ -47,6 +47,9 @@ query Runs($partition: String!) {
   }
 }"""
 
+SENSORS_QUERY = """
+{ repositoriesOrError { ... on RepositoryConnection { nodes { sensors { name description } } } } }"""
+
 LATEST_MATERIALIZATION = """
 query Latest($asset: [String!]!, $partition: String!) {
   assetOrError(assetKey: {path: $asset}) {
@@ -154,6 +157,10 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
 
         # The asset is materialized before the run's asset checks finish: wait for the run.
         assert wait_for(lambda: run_status(fact_run["run_id"]), 60, "the facts run to end", process, err_log) == "SUCCESS"
+        # The code location serves the familiar `up` was started for: its cadence is shown in the UI.
+        sensors = graphql(port, SENSORS_QUERY)["repositoriesOrError"]["nodes"][0]["sensors"]
+        described = {s["name"]: s["description"] for s in sensors}
+        assert "Every 5s ([pipeline].sensor_interval_s of familiar 'e2e'" in described["turn_watermark_sensor"]
         runs = graphql(port, RUNS_QUERY, partition="e2e")["runsOrError"]["results"]
         triggers = {t["value"] for r in runs for t in r["tags"] if t["key"] == "trigger"}
         assert "turn_watermark_sensor" in triggers
@@ -186,3 +193,23 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
                 os.killpg(session, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_demo_sets_the_scripted_models_for_this_process_only(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from familiar_bot.cli.commands.up import DEMO_FAMILIAR, enter_demo
+    from familiar_pipeline.config import load_config
+    from familiar_pipeline.testing.scripted import DEMO_ENV
+
+    for name in DEMO_ENV:
+        monkeypatch.setenv(name, "")  # so monkeypatch restores (removes) what enter_demo sets
+        monkeypatch.delenv(name)
+    args = argparse.Namespace(familiar=None)
+    enter_demo(args)
+    assert args.familiar == DEMO_FAMILIAR
+    assert capsys.readouterr().err.count("scripted offline model") == 1
+    config = load_config(DEMO_FAMILIAR, root=tmp_path)
+    assert (config.llm.slot("reply").model, config.llm.slot("background").model) == ("fake/demo-reply", "fake/careful")
+    assert config.memory.rich_note.batch_size == 4
+    assert not list(tmp_path.iterdir()), "no file names the scripted model"

@@ -8,6 +8,10 @@ the console scriptable (`printf 'hi\\n' | familiar chat`).
 
 A line starting with `/context` prints the assembled prompt report for the rest
 of the line as the cue, and `/quit` ends the session; neither is recorded.
+
+Who is speaking: `--as NAME`, else the name chosen the first time this familiar
+was chatted with in a terminal (asked once, remembered in the familiar's
+`console_speaker` file), else, when input is not a terminal, the login name.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from familiar_bot.responder import IncomingMessage, Person, Responder
@@ -31,6 +36,45 @@ def console_person(name: str) -> Person:
     if not slug:
         raise ValueError(f"cannot make a console speaker name out of {name!r}; use letters or digits")
     return Person(key=canonical_key(CONSOLE_PLATFORM, slug), username=slug, global_name=shown)
+
+
+SPEAKER_FILE = "console_speaker"  # in the familiar's folder: the name chosen on first start
+
+
+def resolve_speaker(familiar_dir: Path, given: str | None, *, fallback: str, stdin: TextIO | None = None,
+                    stdout: TextIO | None = None, interactive: bool | None = None) -> Person | None:
+    """The console speaker: `given` (--as), the remembered name, else asked once (None at end of input).
+
+    Raises ValueError for a `given` name that has no letters or digits. Without a terminal to
+    ask on, `fallback` (the login name) is used and nothing is remembered.
+    """
+    if given is not None:
+        return console_person(given)
+    remembered_file = familiar_dir / SPEAKER_FILE
+    try:
+        remembered = remembered_file.read_text(encoding="utf-8").strip()
+        if remembered:
+            return console_person(remembered)
+    except (OSError, ValueError):
+        pass
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    if not (stdin.isatty() if interactive is None else interactive):
+        return console_person(fallback)
+    while True:
+        stdout.write("What name should I know you by? (asked once; `--as NAME` for another) ")
+        stdout.flush()
+        line = stdin.readline()
+        if not line:
+            return None
+        try:
+            person = console_person(line.strip())
+        except ValueError as exc:
+            stdout.write(f"{exc}\n")
+            continue
+        remembered_file.parent.mkdir(parents=True, exist_ok=True)
+        remembered_file.write_text(person.label + "\n", encoding="utf-8")
+        return person
 
 
 async def run_console(

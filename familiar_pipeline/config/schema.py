@@ -231,7 +231,7 @@ DEFAULT_BUDGETS: Mapping[str, TierBudget] = FrozenDict({
 class HistoryConfig:
     voice_window_size: int = knob(100, minimum=1)
     text_window_size: int = knob(200, minimum=1)
-    coalesce_max_gap_seconds: float = knob(45.0, minimum=0.0)
+    coalesce_max_gap_seconds: float = knob(8.0, minimum=0.0)
     text_silence_gap_fold_seconds: float = knob(0.0, minimum=0.0)
 
 

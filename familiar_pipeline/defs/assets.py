@@ -127,24 +127,41 @@ def materialize_projection(
         finally:
             runtime.close()
     context.log.info(report.summary_line())
-    return dg.MaterializeResult(metadata=report_metadata(report, usage, knobs))
+    return dg.MaterializeResult(metadata=report_metadata(report, usage, knobs),
+                                data_version=output_version(context, report, rebuild=config.rebuild))
+
+
+def output_version(context: dg.AssetExecutionContext, report: ProjectionReport, *, rebuild: bool) -> dg.DataVersion:
+    """A data version that changes only when the run changed the projection's rows.
+
+    The followers' automation condition fires on a changed data version, not on any
+    materialization: a facts run that wrote nothing (skipped, disabled, no-op, a batch
+    whose facts were all dropped) keeps the partition's previous version.
+    """
+    if report.rows_written > 0 or rebuild:
+        return dg.DataVersion(context.run.run_id)
+    from dagster._core.definitions.data_version import extract_data_version_from_entry
+
+    record = context.instance.get_latest_data_version_record(context.asset_key, partition_key=context.partition_key)
+    previous = extract_data_version_from_entry(record.event_log_entry) if record else None
+    return previous or dg.DataVersion("empty")
 
 
 # Run after `facts` (or supersession) changed, for that familiar's partition only:
-# a dependency newly updated (or requested in the same tick), none missing or in
-# progress. `turns` is an external asset Dagster never sees materialized, so it
-# is ignored; what is new in the turn log is each projection's own watermark.
-# Runs the turn sensor launches with the fact-driven assets already in them carry this tag;
-# their updates do not trigger the followers a second time.
+# a dependency's data version changed (only a run that wrote rows changes it: see
+# output_version), none missing or in progress. `turns` is an external asset Dagster
+# never sees materialized, so it is ignored; what is new in the turn log is each
+# projection's own watermark. Runs the turn sensor launches with the fact-driven assets
+# already in them carry this tag; their updates do not trigger the followers a second time.
 FOLLOWERS_INCLUDED_TAG = {"familiar/followers": "included"}
 
 FOLLOWS_FACTS = (
     dg.AutomationCondition.any_deps_match(
-        dg.AutomationCondition.newly_updated()
+        dg.AutomationCondition.data_version_changed()
         & ~dg.AutomationCondition.executed_with_tags(tag_values=FOLLOWERS_INCLUDED_TAG)
     )
     .ignore(dg.AssetSelection.assets("turns"))
-    .with_label("facts changed outside a run that already included the followers")
+    .with_label("facts changed (rows written) outside a run that already included the followers")
     & ~dg.AutomationCondition.any_deps_missing().ignore(dg.AssetSelection.assets("turns"))
     & ~dg.AutomationCondition.any_deps_in_progress()
     & ~dg.AutomationCondition.in_progress()

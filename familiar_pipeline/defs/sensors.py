@@ -11,8 +11,10 @@ nothing: the next tick re-dispatches and each asset processes only what is new.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,13 +113,16 @@ def _closed_early(turn_log, config, latest: int, marks: dict, now: datetime):
             yield spec.name
 
 
-def due_assets(config, state: FamiliarState) -> list[str]:
-    """Asset names whose thresholds are met, per the familiar's effective config."""
+def due_assets(config, state: FamiliarState, *, hold: frozenset[str] = frozenset()) -> list[str]:
+    """Asset names whose thresholds are met, per the familiar's effective config.
+
+    `hold`: assets not to request (those that would only say "skipped" again).
+    """
     due = []
     active = set(config.memory.projectors)
     for spec in _triggered(TURNS):
         pending = state.latest_turn_id - state.turn_watermark(spec.name)
-        if spec.name in active and (pending >= getattr(config.memory.knobs(spec.name), spec.batch_knob)
+        if spec.name in active and spec.asset not in hold and (pending >= getattr(config.memory.knobs(spec.name), spec.batch_knob)
                                     or spec.name in state.closed):
             due.append(spec.asset)
     if "facts" in due:
@@ -135,6 +140,30 @@ def index_behind(state: FamiliarState) -> bool:
     return state.latest_turn_id > int(mark.get("turn_id", 0)) or state.latest_change_seq > int(mark.get("change_seq", 0))
 
 
+# Cursor key (never a familiar id: those start with a letter or digit) of the familiars whose
+# model-needing assets already ran once without a model: familiar id -> config fingerprint.
+TOLD_NO_MODEL = "~told_no_model"
+
+
+def config_fingerprint(config) -> str:
+    """Changes whenever the familiar's effective config does (secrets are masked in the rendering)."""
+    from familiar_pipeline.config import render_config
+
+    return hashlib.sha256(render_config(config).encode()).hexdigest()[:16]
+
+
+def held_for_no_model(config, told: dict, familiar_id: str, model_assets: frozenset[str]) -> frozenset[str]:
+    """The model-needing assets to leave out: they already reported "skipped" under this config.
+
+    The first run without a model shows, per asset, "skipped: no model configured ..." with the
+    setting to change; requesting them again would only repeat it. A config change (a model
+    set, or anything else) lets them run again.
+    """
+    if config.llm.slot("background").configured or told.get(familiar_id) != config_fingerprint(config):
+        return frozenset()
+    return model_assets
+
+
 def evaluate_tick(
     cursor: dict,
     familiars: list[str],
@@ -143,11 +172,16 @@ def evaluate_tick(
     root: Path,
     in_flight: dict[str, InFlightRun],
     max_requests: int,
+    model_assets: frozenset[str] = frozenset(),
 ) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
-    """Pure tick logic: (run requests, new partitions, new cursor, log lines)."""
+    """Pure tick logic: (run requests, new partitions, new cursor, log lines).
+
+    `model_assets`: the assets that need the background model (kind "llm").
+    """
     requests: list[dg.RunRequest] = []
     notes: list[str] = []
     new_cursor = dict(cursor)
+    told = dict(cursor.get(TOLD_NO_MODEL, {}))
     new_partitions = [f for f in familiars if f not in known_partitions]
     for familiar_id in familiars:
         paths = FamiliarPaths.for_id(familiar_id, root)
@@ -163,7 +197,7 @@ def evaluate_tick(
         if running is not None and not running.leaves_a_full_batch(config, state):
             notes.append(f"{familiar_id}: a run is already queued or running; will look again")
             continue
-        assets = due_assets(config, state)
+        assets = due_assets(config, state, hold=held_for_no_model(config, told, familiar_id, model_assets))
         if not assets:
             if not index_behind(state):  # else the index waits for quiet: look again next tick
                 new_cursor[familiar_id] = state.signature()
@@ -187,6 +221,15 @@ def evaluate_tick(
             )
         )
         new_cursor[familiar_id] = state.signature()
+        if config.llm.slot("background").configured:
+            told.pop(familiar_id, None)
+        elif model_assets.intersection(assets):
+            told[familiar_id] = config_fingerprint(config)
+    told = {f: mark for f, mark in told.items() if f in familiars}
+    if told:
+        new_cursor[TOLD_NO_MODEL] = told
+    else:
+        new_cursor.pop(TOLD_NO_MODEL, None)
     return requests, new_partitions, new_cursor, notes
 
 
@@ -197,11 +240,30 @@ def evaluate_tick(
 TICK_JITTER_S = 1
 
 
-def _sensor_interval() -> int:
+@dataclass(frozen=True)
+class Cadence:
+    """The code location's sensor interval and whose config it came from.
+
+    One code location serves every familiar under the data root, but a sensor has one
+    interval: it is the `[pipeline]` of the familiar named by ``FAMILIAR_ID`` (the one
+    `familiar up --familiar X` serves; it sets that variable for its children), else
+    `data/familiars/_default`. ``FAMILIAR__PIPELINE__SENSOR_INTERVAL_S`` overrides both.
+    Per-familiar knobs (batch sizes, thresholds, `index_quiet_s`) are read per familiar
+    at every tick.
+    """
+
+    interval_s: int
+    source: str  # "familiar 'demo'" or "the defaults", for the UI
+    error: str | None = None  # the config error that made it fall back to the default
+
+
+def sensor_cadence() -> Cadence:
+    served = os.environ.get("FAMILIAR_ID") or None
+    source = f"familiar {served!r}" if served else "the defaults (no FAMILIAR_ID)"
     try:
-        return int(load_config(None).pipeline.sensor_interval_s)
-    except Exception:  # a broken config must not stop the code location from loading
-        return PipelineConfig.sensor_interval_s
+        return Cadence(int(load_config(served).pipeline.sensor_interval_s), source)
+    except Exception as exc:  # a broken config must not stop the code location from loading
+        return Cadence(PipelineConfig.sensor_interval_s, source, error=str(exc))
 
 
 def minimum_interval(interval_s: int) -> int:
@@ -210,7 +272,12 @@ def minimum_interval(interval_s: int) -> int:
 
 
 def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
-    interval = _sensor_interval()
+    cadence = sensor_cadence()
+    model_assets = frozenset(
+        spec.key.path[-1] for asset in targets for spec in asset.specs if "llm" in spec.kinds
+    )
+    interval = cadence.interval_s
+    fallback = f" Config error, using the default: {cadence.error}" if cadence.error else ""
 
     @dg.sensor(
         name="turn_watermark_sensor",
@@ -218,10 +285,12 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.RUNNING,
         target=targets,
         description=(
-            f"Every {interval}s ([pipeline].sensor_interval_s): adds new familiars as partitions and requests "
-            "runs of turns_fts, rolling_summary and facts (with the active fact-driven assets in the same run) "
-            "for familiars whose thresholds are met."
+            f"Every {interval}s ([pipeline].sensor_interval_s of {cadence.source}, read when the code "
+            "location loads): adds new familiars as partitions and requests runs of turns_fts, "
+            "rolling_summary and facts (with the active fact-driven assets in the same run) for familiars "
+            f"whose thresholds are met.{fallback}"
         ),
+        metadata={"sensor_interval_s": interval, "cadence_from": cadence.source},
     )
     def turn_watermark_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         root = data_root()
@@ -244,7 +313,8 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         except ConfigError:
             max_requests = 20
         requests, new_partitions, new_cursor, notes = evaluate_tick(
-            cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests
+            cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests,
+            model_assets=model_assets,
         )
         for note in notes:
             context.log.info(note)

@@ -219,3 +219,36 @@ def careful_model(messages: list[dict]) -> str:
     if "reflections" in system:
         return json.dumps(write_reflections(system, user))
     return "[]"
+
+
+# --------------------------------------------------------------------------- the offline demo
+
+DEMO_RESPONDER = "familiar_pipeline.testing.scripted:demo_model"
+DEMO_REPLY_PREFIX = "(scripted demo reply)"
+
+# What `familiar up --demo` sets for itself and its children (never written to any file):
+# both model slots on the scripted model, and small batches so memory shows within a minute.
+DEMO_ENV = {
+    "FAMILIAR_FAKE_LLM": DEMO_RESPONDER,
+    "FAMILIAR__LLM__REPLY__MODEL": '"fake/demo-reply"',
+    "FAMILIAR__LLM__BACKGROUND__MODEL": '"fake/careful"',
+    "FAMILIAR__LLM__BACKGROUND__MAX_RETRIES": "0",
+    "FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE": "4",
+    "FAMILIAR__PROVIDERS__MEMORY__ROLLING_SUMMARY__TURNS_THRESHOLD": "4",
+    "FAMILIAR__PROVIDERS__MEMORY__REFLECTION__TURNS_THRESHOLD": "8",
+}
+
+
+def canned_reply(user_text: str) -> str:
+    """The demo's reply: says plainly that it is scripted, and echoes what it will remember."""
+    said = re.sub(r"^\[[^\]]*\]\s*", "", user_text.strip())  # drop the "[10:00 Sam] " history prefix
+    return (f"{DEMO_REPLY_PREFIX} Noted: \"{_first_sentence(said, 100).rstrip('.!?')}\". "
+            "Memory is built in the background; /context shows what I know.")
+
+
+def demo_model(messages: list[dict]) -> str:
+    """The scripted model of `familiar up --demo`: projector prompts as `careful_model`, replies canned."""
+    system = messages[0]["content"] if messages else ""
+    if "## Replying" in system:  # the reply prompt (familiar_bot's reply instructions)
+        return canned_reply(messages[-1]["content"] if messages else "")
+    return careful_model(messages)

@@ -33,7 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from familiar_bot.transports.discord_adapter import serve
     from familiar_bot.responder import open_responder
 
+    from familiar_bot.cli.commands.chat import refuse_scripted_models
+
     config = load_config(args.familiar)
+    refuse_scripted_models(config, config.familiar_id)
     token = config.secrets.discord_token
     if not token:
         raise CliError(NO_TOKEN, EXIT_CONFIG)

@@ -21,8 +21,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="familiar id (default: $FAMILIAR_ID, else 'familiar'); created from the "
                              "defaults if it does not exist yet")
     parser.add_argument("--as", dest="speaker", metavar="NAME",
-                        help="who you are in the conversation (default: your login name); "
-                             "recorded as the participant console:<name>")
+                        help="who you are in the conversation (default: the name you gave on first start, "
+                             "asked once per familiar; your login name when input is not a "
+                             "terminal); recorded as the participant console:<name>")
     parser.add_argument("--channel", type=int, default=None, metavar="N",
                         help="channel number the turns are recorded under (default 1); use different "
                              "numbers for separate conversations")
@@ -53,19 +54,48 @@ def check_channel(channel: int | None) -> int:
     return channel
 
 
+def check_speaker(name: str | None) -> None:
+    """Refuse an unusable --as before anything is created."""
+    from familiar_bot.transports.console import console_person
+
+    if name is not None:
+        try:
+            console_person(name)
+        except ValueError as exc:
+            raise CliError(f"--as: {exc}", EXIT_CONFIG) from None
+
+
+def refuse_scripted_models(config, familiar_id: str) -> None:
+    """A `fake/` model outside the demo is a mistake: refuse it with one line naming the flag.
+
+    The scripted models run only where FAMILIAR_FAKE_LLM names their script: in tests, and
+    in `familiar up --demo`, which sets it (and the models) for its own processes only.
+    """
+    from familiar_pipeline.testing.fake_llm import FAKE_LLM_ENV
+
+    if os.environ.get(FAKE_LLM_ENV):
+        return
+    for name, slot in sorted(config.llm.slots.items()):
+        if slot.model.startswith("fake/"):
+            where = paths.FamiliarPaths.for_id(familiar_id).character_toml
+            raise CliError(f"[llm.{name}].model = {slot.model!r} is the scripted offline model, which runs only "
+                           f"under `familiar up --demo`; use that flag, or set a real model ({where})", EXIT_CONFIG)
+
+
 def run(args: argparse.Namespace) -> int:
-    from familiar_bot.transports.console import console_person, run_console
+    from familiar_bot.transports.console import resolve_speaker, run_console
     from familiar_bot.responder import open_responder
 
     familiar_id = familiar_id_from(args)
     channel = check_channel(args.channel)
-    try:
-        speaker = console_person(args.speaker or _login_name())
-    except ValueError as exc:
-        raise CliError(f"--as: {exc}", EXIT_CONFIG) from None
+    check_speaker(args.speaker)
     if ensure_familiar(familiar_id):
         print(f"created familiar {familiar_id!r} from the defaults", file=sys.stderr)
     config = load_config(familiar_id)
+    refuse_scripted_models(config, familiar_id)
+    speaker = resolve_speaker(paths.FamiliarPaths.for_id(familiar_id).dir, args.speaker, fallback=_login_name())
+    if speaker is None:  # end of input before a name was given
+        return 0
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                             format="%(levelname)s %(name)s: %(message)s")

@@ -8,12 +8,16 @@ One JSON object per line:
 `speaker`, `text` and `timestamp` (ISO-8601; no offset means UTC) are required;
 `channel` (an integer, or a name that is mapped to a stable number) and `user_id`
 (a canonical key `platform:id`) are optional. A speaker without `user_id` becomes
-the participant `import:<slug of the name>`. Everything is recorded as user turns.
+the participant `import:<slug of the name>`. Everything is recorded as user turns,
+with the transcript's timestamps (the history shows them dated and in time order).
 
-Bad lines are reported with their line number and skipped; good lines are written
-in chunks, each chunk one transaction, so an interrupted import leaves whole chunks
-and never half a line. Importing the same file twice appends its turns twice: the
-turn log is append-only and has no natural key for a transcript line.
+Bad lines are reported with their line number and skipped; the good ones are kept
+and the command exits 0 with a summary ("skipped 2 bad lines: 4, 9"), or 1 when no
+line was usable. `--strict` checks every line first and writes nothing if any is bad.
+Good lines are written in chunks, each chunk one transaction, so an interrupted
+import leaves whole chunks and never half a line. Importing the same file twice
+appends its turns twice: the turn log is append-only and has no natural key for a
+transcript line.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class ImportResult:
     imported: int = 0
     skipped: int = 0
     errors: list[str] = field(default_factory=list)  # "line N: why", first MAX_SHOWN only
+    skipped_lines: list[int] = field(default_factory=list)  # every bad line's number
     first_turn_id: int | None = None
     last_turn_id: int | None = None
     participants: set[str] = field(default_factory=set)
@@ -144,6 +149,7 @@ def read_transcript(lines: Iterable[str], result: ImportResult, default_channel:
             parsed, channel_name = parse_line(raw, line_no, default_channel)
         except BadLine as exc:
             result.skipped += 1
+            result.skipped_lines.append(line_no)
             if len(result.errors) < MAX_SHOWN_ERRORS:
                 result.errors.append(f"line {line_no}: {exc}")
             continue
@@ -204,8 +210,29 @@ def import_transcript(turn_log, lines: Iterable[str], *, default_channel: int = 
 # --------------------------------------------------------------------------- command
 
 
+RECORD_HELP = """\
+record format, one JSON object per line:
+  {"speaker": "Sam", "text": "I moved to Porto", "timestamp": "2024-05-01T10:00:00Z",
+   "channel": 7, "user_id": "discord:1234"}
+  speaker, text, timestamp (ISO-8601; no offset means UTC) are required.
+  channel: a number, or a name mapped to a stable number (default: --channel).
+  user_id: who the speaker is, as PLATFORM:ID, the key the bot itself records:
+    "discord:1234" (a Discord user id) or "console:sam" (a console chat name), so
+    imported turns and live ones are the same participant. Without it the speaker
+    becomes "import:<name>", e.g. "import:sam".
+bad lines: reported on stderr with their line numbers and skipped; the good lines
+are kept and the exit status is 0 ("skipped M bad lines: 4, 9"), or 1 when no line
+was usable. --strict writes nothing and exits 1 if any line is bad.
+imported turns keep their timestamps: the history shows them dated
+("[2024-05-01 10:00 Sam]") and in time order among live turns."""
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = RECORD_HELP
     parser.add_argument("--familiar", required=True, metavar="ID", help="familiar id (must exist: `familiar init`)")
+    parser.add_argument("--strict", action="store_true",
+                        help="check every line first; import nothing (exit 1) if any line is bad")
     parser.add_argument("--channel", type=int, default=DEFAULT_CHANNEL, metavar="N",
                         help=f"channel for lines without a channel field (default {DEFAULT_CHANNEL})")
     parser.add_argument("file", help="JSON Lines transcript: speaker, text, timestamp[, channel][, user_id]; "
@@ -245,7 +272,17 @@ def run(args: argparse.Namespace) -> int:
     # The bar shows lines written; it only draws on a terminal and for long files.
     bar = tqdm(total=total, unit="turn", file=sys.stderr, disable=None if (total or 0) >= 1000 else True)
     try:
-        result = import_transcript(turn_log, stream, default_channel=args.channel, progress=bar)
+        lines: Iterable[str] = stream
+        if args.strict:
+            lines = list(stream)
+            checked = ImportResult()
+            for _ in read_transcript(lines, checked, args.channel):
+                pass
+            if checked.skipped:
+                report_bad_lines(checked)
+                raise CliError(f"--strict: {checked.skipped} bad lines ({line_list(checked.skipped_lines)}); "
+                               "nothing was imported")
+        result = import_transcript(turn_log, lines, default_channel=args.channel, progress=bar)
     except UnicodeDecodeError as exc:
         raise CliError(f"{args.file} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
                        "whole chunks before the bad byte were imported") from None
@@ -254,18 +291,30 @@ def run(args: argparse.Namespace) -> int:
         turn_log.close()
         if stream is not sys.stdin:
             stream.close()
-    for error in result.errors:
-        print(f"skipped {error}", file=sys.stderr)
-    if result.skipped > len(result.errors):
-        print(f"... and {result.skipped - len(result.errors)} more bad lines", file=sys.stderr)
+    report_bad_lines(result)
     span = f" (turns {result.first_turn_id}-{result.last_turn_id})" if result.imported else ""
+    skipped = f"skipped {result.skipped} bad lines: {line_list(result.skipped_lines)}" if result.skipped \
+        else "skipped 0 bad lines"
     print(f"imported {result.imported} turns{span} from {len(result.participants)} speakers into "
-          f"{args.familiar!r}; skipped {result.skipped} bad lines")
+          f"{args.familiar!r}; {skipped}")
     for name, number in sorted(result.channels.items()):
         print(f"channel {name!r} -> {number}")
     if result.imported:
         print("note: importing the same file again appends its turns again (the turn log is append-only)")
-    return 0 if result.skipped == 0 else 1
+    return 1 if result.skipped and not result.imported else 0
+
+
+def report_bad_lines(result: ImportResult) -> None:
+    for error in result.errors:
+        print(f"skipped {error}", file=sys.stderr)
+    if result.skipped > len(result.errors):
+        print(f"... and {result.skipped - len(result.errors)} more bad lines", file=sys.stderr)
+
+
+def line_list(numbers: list[int], shown: int = MAX_SHOWN_ERRORS) -> str:
+    """"2, 3, 9" (the first `shown`, then "and N more")."""
+    head = ", ".join(str(n) for n in numbers[:shown])
+    return head + (f" and {len(numbers) - shown} more" if len(numbers) > shown else "")
 
 
 COMMAND = Command("import", "import a JSON Lines transcript (speaker, text, timestamp[, channel][, user_id]) "

@@ -6,6 +6,10 @@ runs the bot: on Discord (a child process) when DISCORD_TOKEN is set, otherwise 
 console chat in the foreground of this terminal. Dagster's own output goes to a log
 file, so the console stays readable.
 
+The code location reads the served familiar's `[pipeline]` (FAMILIAR_ID is set for the
+children). `--demo` points this process and its children, through their environment
+only, at the scripted offline model, and says so once.
+
 Stopping: Ctrl-C, SIGTERM, or the end of console input (Ctrl-D, or a closed pipe)
 stops every child within 10 s. A child that exits on its own is reported and the
 rest are stopped with a non-zero status: nothing restarts silently.
@@ -29,6 +33,10 @@ from familiar_pipeline.defs import webserver
 
 EXIT_CHILD_DIED = 1
 POLL_S = 0.2
+DEMO_FAMILIAR = "offline-demo"
+DEMO_NOTICE = ("demo mode: replies, facts, summaries and dossiers come from a scripted offline model "
+               "(familiar_pipeline/testing/scripted.py), not a language model; nothing leaves this machine. "
+               "Settings for this run only; no file is changed.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,9 +49,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "login, so expose it only behind something that has one)")
     parser.add_argument("--no-bot", action="store_true", help="run only Dagster (UI, sensors, runs)")
     parser.add_argument("--as", dest="speaker", metavar="NAME",
-                        help="console chat only: who you are (default: your login name)")
+                        help="console chat only: who you are (default: the name you gave on first "
+                             "start, asked once per familiar)")
     parser.add_argument("--channel", type=int, default=None, metavar="N",
                         help="console chat only: channel number to record turns under (default 1)")
+    parser.add_argument("--demo", action="store_true",
+                        help="offline demo: replies and memory come from a scripted model (no LLM, no "
+                             f"network), with small batches so facts show within a minute; familiar "
+                             f"'{DEMO_FAMILIAR}' unless --familiar is given")
 
 
 @dataclass
@@ -73,22 +86,28 @@ def say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_bot.cli.commands.chat import check_channel, ensure_familiar, familiar_id_from
+    from familiar_bot.cli.commands.chat import (check_channel, check_speaker, ensure_familiar, familiar_id_from,
+                                                refuse_scripted_models)
     from familiar_pipeline.config import load_config
 
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be 1-65535, got {args.port}", EXIT_CONFIG)
+    if args.demo:
+        enter_demo(args)
     familiar_id = familiar_id_from(args)
     channel = check_channel(args.channel)
+    check_speaker(args.speaker)
     if supervisor.port_in_use(args.host if args.host not in ("0.0.0.0", "") else "127.0.0.1", args.port):
         raise CliError(f"port {args.port} is already in use (another `familiar up` or `dagster dev`?); "
                        "stop it or pick another with --port")
     if ensure_familiar(familiar_id):
         say(f"created familiar {familiar_id!r} from the defaults")
     config = load_config(familiar_id)  # fail on bad config before starting anything
+    refuse_scripted_models(config, familiar_id)
     transport = "none" if args.no_bot else ("discord" if config.secrets.discord_token else "console")
 
-    env = supervisor.child_env()
+    # The code location reads the served familiar's [pipeline] (sensor cadence, flood guard).
+    env = supervisor.child_env({"FAMILIAR_ID": familiar_id})
     log_path = Path(env["DAGSTER_HOME"]) / "familiar-up.log"
     stop = StopRequest()
     previous = {sig: signal.signal(sig, lambda signum, _frame: stop.request(
@@ -135,6 +154,20 @@ def run(args: argparse.Namespace) -> int:
             os._exit(stop.status)
 
 
+def enter_demo(args: argparse.Namespace) -> None:
+    """Point this process and its children at the scripted model; say so once.
+
+    Only the environment of this process changes (the children inherit it): no
+    character.toml names a scripted model, so nothing outlives the run.
+    """
+    from familiar_pipeline.testing.scripted import DEMO_ENV
+
+    if not args.familiar:
+        args.familiar = DEMO_FAMILIAR
+    os.environ.update(DEMO_ENV)
+    say(DEMO_NOTICE)
+
+
 def watch(children: list[supervisor.Child], stop: StopRequest) -> None:
     """Return when a stop is requested or a child exits on its own (reported, non-zero status)."""
     while not stop.event.wait(POLL_S):
@@ -149,22 +182,21 @@ def start_console(familiar_id: str, config, speaker_name: str | None, channel: i
                   stop: StopRequest) -> threading.Thread:
     """The console chat in a thread, so the main thread stays free to watch children and signals."""
     from familiar_bot.cli.commands.chat import _login_name
-    from familiar_bot.transports.console import console_person, run_console
+    from familiar_bot.transports.console import resolve_speaker, run_console
     from familiar_bot.responder import open_responder
     from familiar_pipeline.storage.paths import FamiliarPaths
 
-    try:
-        speaker = console_person(speaker_name or _login_name())
-    except ValueError as exc:
-        raise CliError(f"--as: {exc}", EXIT_CONFIG) from None
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                             format="%(levelname)s %(name)s: %(message)s")
-    handle = open_responder(FamiliarPaths.for_id(familiar_id), config)
+    paths = FamiliarPaths.for_id(familiar_id)
+    handle = open_responder(paths, config)
 
     def chat() -> None:
         try:
-            asyncio.run(run_console(handle.responder, speaker=speaker, channel_id=channel))
+            speaker = resolve_speaker(paths.dir, speaker_name, fallback=_login_name())
+            if speaker is not None:
+                asyncio.run(run_console(handle.responder, speaker=speaker, channel_id=channel))
             stop.request("end of console input", 0)
         except BaseException as exc:  # a bug in the chat must still stop the group, visibly
             say(f"console chat failed: {exc!r}")

@@ -7,8 +7,12 @@ never more than the tier's ``max_history_turns``; deleted turns are left out.
 
 User turns become ``user`` messages with an API-safe ``name`` (from the
 canonical key) and, in the default ``prefixed`` rendering, a ``[HH:MM Name]``
-prefix in ``display_tz``; ``name_only`` drops the prefix. Voice fragments from
-one speaker a few seconds apart are merged; the text tier can fold away
+prefix in ``display_tz`` (``[YYYY-MM-DD HH:MM Name]`` for a turn not on the day of
+the newest turn shown, normally today: imported or old turns keep their dates);
+``name_only`` drops the prefix. Turns are shown in timestamp order, so imported
+turns sit where they happened, not after the live ones. Fragments from one speaker
+without platform message ids (voice, console lines) a few seconds apart are merged,
+never across a sentence end; the text tier can fold away
 everything before the last long silence. When over ``recent_history_tokens``
 the oldest messages go first and the newest is always kept. Tool results are
 replayed as user narration, never as ``tool``/``assistant`` messages (that would
@@ -20,6 +24,7 @@ the turns shown here, after merging, folding and trimming.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from familiar_bot.prompt.layers.common import Labels, clock_24h, one_line, sanitize_name
@@ -27,6 +32,8 @@ from familiar_bot.prompt.tokens import message_tokens
 from familiar_bot.prompt.types import Message
 
 REPLY_SNIPPET_CHARS = 80
+# A fragment ending like this ends a sentence: the next one starts a new message.
+_SENTENCE_END = re.compile(r"[.!?…]['\"’”)\]]*\s*$")
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ def _coalesce(turns, max_gap: float) -> list[_Run]:
             and not (t.platform_message_id or t.reply_to_message_id)
             and not (prev.turn.platform_message_id or prev.turn.reply_to_message_id)
             and 0 <= (t.created_at - prev.last_at).total_seconds() <= max_gap
+            and not _SENTENCE_END.search(prev.content)
         ):
             runs[-1] = _Run(prev.turn, prev.ids + (t.id,), f"{prev.content} {t.content}", t.created_at)
         else:
@@ -88,7 +96,14 @@ def _fold_silence(runs: list[_Run], threshold: float) -> list[_Run]:
     return runs[start:]
 
 
-def _render(run: _Run, labels: Labels, tz, rendering: str, by_message_id: dict) -> Message:
+def _stamp(moment, tz, today) -> str:
+    """``HH:MM`` on `today` (the newest turn's local date), else ``YYYY-MM-DD HH:MM``."""
+    local = moment.astimezone(tz)
+    clock = clock_24h(moment, tz)
+    return clock if local.date() == today else f"{local.date().isoformat()} {clock}"
+
+
+def _render(run: _Run, labels: Labels, tz, rendering: str, by_message_id: dict, today=None) -> Message:
     t = run.turn
     content = labels.rewrite_mentions(run.content)
     if t.revision:
@@ -109,12 +124,14 @@ def _render(run: _Run, labels: Labels, tz, rendering: str, by_message_id: dict) 
     name = sanitize_name(t.author_key) if t.author_key else None
     if rendering == "name_only" and name:
         return Message("user", prefix + content, name)
-    return Message("user", f"[{clock_24h(t.created_at, tz)} {labels.for_turn(t)}] {prefix}{content}", name)
+    return Message("user", f"[{_stamp(t.created_at, tz, today)} {labels.for_turn(t)}] {prefix}{content}", name)
 
 
 def _compute(ctx, memory) -> HistoryView:
     cfg = memory.config
-    turns = memory.channel_window(ctx.channel_id, window_size(ctx, memory))
+    # The window is the newest turns by id (arrival); shown in timestamp order.
+    turns = sorted(memory.channel_window(ctx.channel_id, window_size(ctx, memory)),
+                   key=lambda t: (t.created_at, t.id))
     window_ids = frozenset(t.id for t in turns)
     runs = _coalesce(turns, cfg.history.coalesce_max_gap_seconds)
     if ctx.tier == "text":
@@ -123,15 +140,16 @@ def _compute(ctx, memory) -> HistoryView:
     by_message_id = {t.platform_message_id: t for t in turns if t.platform_message_id}
     rendering = cfg.channel(ctx.channel_id).message_rendering
     tz = cfg.tz
+    today = turns[-1].created_at.astimezone(tz).date() if turns else None
     rendered = []
     for r in runs:
         parent = by_message_id.get(r.turn.reply_to_message_id) if r.turn.reply_to_message_id else None
         # Rendering 200 messages per reply adds up; a message is reused while nothing it shows changed.
         key = None if "<@" in r.content or parent is not None else (
-            "msg", r.ids, r.content, r.turn.revision, labels.for_turn(r.turn), rendering, cfg.display_tz)
+            "msg", r.ids, r.content, r.turn.revision, labels.for_turn(r.turn), rendering, cfg.display_tz, today)
         cached = memory.memo_get(key) if key else None
         if cached is None:
-            message = _render(r, labels, tz, rendering, by_message_id)
+            message = _render(r, labels, tz, rendering, by_message_id, today)
             cached = (message, message_tokens(message.content, message.name))
             if key:
                 memory.memo_put(key, cached, bulk=True)
