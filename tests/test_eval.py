@@ -23,6 +23,8 @@ TURNS_2 = [
     ("Ben", "Biscuit ate my running shoes this morning"),
     ("Ana", "Lucia found a flat in Montreal near the old port"),
     ("Ben", "I signed up for a marathon in Lisbon next spring"),
+    ("Ana", "Good luck with the training, Ben"),
+    ("Ben", "Thanks, I will need it"),
 ]
 
 
@@ -50,7 +52,7 @@ def fixture() -> list[dict]:
             {"question": "What instrument did Ana buy, a cello?", "evidence": ["D1:1"], "category": 4},
             {"question": "Where is Lucia moving, Montreal?", "evidence": ["D1:3; D2:3"], "category": 1},
             {"question": "When is the Lisbon marathon?", "evidence": ["D2:4", "D:9:9"], "category": 2},
-            {"question": "What did the greyhound Biscuit eat?", "evidence": ["D2:6"], "category": 3},  # no such turn
+            {"question": "What did the greyhound Biscuit eat?", "evidence": ["D2:9"], "category": 3},  # no such turn
             {"question": "Did Ben play the cello?", "evidence": ["D1:1"], "category": 5},  # adversarial: not scored
         ],
     }]
@@ -95,9 +97,51 @@ def test_eval_locomo_end_to_end(tmp_path, capsys, embedder):
     assert overall["any@5"] == 100.0 and overall["rendered_recall"] == 100.0
     assert results["by_category"]["single-hop"]["any@1"] == 100.0
     assert 0 < overall["rendered_tokens_mean"] <= 2400
-    assert results["setup"]["facts_loaded"] == 3
-    assert (out / "results.md").read_text().startswith("| scope |")
+    # The headline mode: turns only, named in every output.
+    assert results["setup"]["facts"] == "none" and results["setup"]["facts_loaded"] == 0
+    assert "facts mode: none" in printed
+    md = (out / "results.md").read_text()
+    assert md.startswith("facts mode: none") and "| scope |" in md
     assert (out / "recall_at_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib: dev dependency
+
+
+def test_eval_gold_facts_are_labelled_an_oracle(tmp_path, capsys):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    out = tmp_path / "out"
+    assert main(["eval", "locomo", "--data", str(data), "--facts", "gold", "--out", str(out),
+                 "--workdir", str(tmp_path / "work")]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["setup"]["facts"] == "gold" and results["setup"]["oracle_upper_bound"] is True
+    assert results["setup"]["facts_loaded"] == 3
+    assert "ORACLE UPPER BOUND" in printed and "ORACLE UPPER BOUND" in (out / "results.md").read_text()
+    # Each observation points at its evidence turn, so the facts carry recall on their own.
+    assert results["overall"]["facts_any@10"] > 0
+
+
+def test_eval_extracted_facts_run_the_facts_asset_with_the_background_model(tmp_path, capsys, monkeypatch, fake_llm):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    out = tmp_path / "out"
+    assert main(["eval", "locomo", "--data", str(data), "--facts", "extracted", "--background-model", "fake/careful",
+                 "--embedder", "hash", "--out", str(out), "--workdir", str(tmp_path / "work")]) == 0
+    printed = capsys.readouterr().out
+    setup = json.loads((out / "results.json").read_text())["setup"]
+    assert setup["facts"] == "extracted" and "oracle_upper_bound" not in setup
+    extraction = setup["extraction"]
+    assert extraction["model"] == "fake/careful"
+    # Ten turns make one full extraction batch (the shipped batch_size); the scripted model answered the facts asset's real prompts: calls and tokens were counted.
+    assert extraction["calls"] >= 1 and extraction["prompt_tokens"] > 0 and extraction["completion_tokens"] > 0
+    assert setup["facts_loaded"] >= 1 and len(fake_llm.calls) >= extraction["calls"]
+    assert "model fake/careful" in printed
+
+
+def test_eval_extracted_needs_a_background_model(tmp_path, capsys):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    assert main(["eval", "locomo", "--data", str(data), "--facts", "extracted"]) != 0
+    assert "needs --background-model" in capsys.readouterr().err
 
 
 def test_eval_refuses_a_missing_file(tmp_path, capsys):

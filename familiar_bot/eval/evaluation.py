@@ -1,14 +1,23 @@
 """Retrieval evaluation on LoCoMo-format conversations, through the bot's own retrieval path.
 
 Each conversation becomes a throwaway familiar: its turns are imported with
-their session times and speakers, the projections are materialized through
-Dagster (full-text index, and fact/turn embeddings when an embedder is on), and
-the file's ``observation`` lists are loaded through the store API as
-pre-extracted facts (speaker as subject, the dia id's turn as source), so fact
-retrieval is measured without an LLM. Every question of categories 1-4 is then
-put to ``rag_context``'s retrieval as the cue, at the text-tier budget, with no
-recent-window exclusion (the whole conversation counts as the past, so what is
-measured is retrieval alone).
+their session times and speakers and the projections are materialized through
+Dagster (full-text index, and turn/fact embeddings when an embedder is on).
+What the familiar knows besides its turns depends on the facts mode:
+
+* ``none`` (the default and the headline): turns and turn embeddings only, what a
+  familiar has before any extraction;
+* ``extracted``: the familiar's own ``facts`` asset is run through Dagster with
+  the ``[llm.background]`` model given to the evaluation (the scripted model in
+  tests), and the model, calls, tokens and cost are part of the results;
+* ``gold``: the file's ``observation`` lists are loaded through the store API
+  as facts (speaker as subject, the dia id's turn as source). They are the
+  dataset's own annotations, each already pointing at its evidence turn: an
+  **oracle upper bound**, not something a familiar could have.
+
+Every question of categories 1-4 is then put to ``rag_context``'s retrieval as
+the cue, at the text-tier budget, with no recent-window exclusion (the whole
+conversation counts as the past, so what is measured is retrieval alone).
 
 Two kinds of figures:
 
@@ -16,7 +25,7 @@ Two kinds of figures:
   where a unit is a turn hit or a fact (a fact counts as its source turns) and
   turns and facts alternate, best of each first. The ranking is read at depth
   50 (the same scoring with ``max_rag_turns``/``max_rag_facts`` raised to 50);
-  session any@5 asks whether a top-5 unit lies in a gold session.
+  session any@k asks whether a top-k unit lies in a gold session.
 * **rendered**: whether a gold evidence turn is in what the section actually
   shows at the real text-tier budget (turn hits with their neighbours, and the
   shown facts' source turns), the tokens the section used, and its latency.
@@ -44,6 +53,12 @@ KS = (1, 5, 10, 20, 50)
 RANK_DEPTH = 50
 EVAL_CHANNEL = 1
 EMBEDDER_MODES = ("hash", "fastembed", "off")
+FACT_MODES = ("none", "extracted", "gold")
+FACT_MODE_LABELS = {
+    "none": "turns only (no facts)",
+    "extracted": "facts extracted by the familiar's own facts asset",
+    "gold": "gold observations as facts: ORACLE UPPER BOUND, not a familiar's memory",
+}
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _DIA_ID = re.compile(r"^D(\d+):(\d+)$")
 
@@ -116,29 +131,38 @@ class PreparedConversation:
     evidence_skipped: int = 0  # unparseable pieces, or ids naming no turn
     questions_skipped: int = 0  # categories 1-4 with no usable evidence
     timings: dict[str, float] = field(default_factory=dict)
+    extraction: dict[str, Any] = field(default_factory=dict)  # LLM usage of the facts asset (mode extracted)
 
 
 # --------------------------------------------------------------------------- preparation
 
 
-def familiar_toml(embedder: str, model_path: Path | None) -> str:
-    """The throwaway familiar's own config: only the embedding switches; everything else is the shipped default."""
-    # One run drains each projection's whole backlog (the cap only paces a live familiar).
-    head = ["[pipeline]", "max_batches_per_run = 100000"]
-    if embedder == "off":
-        # The shipped weights may ask for vectors; with no embedder they must be off or config refuses.
-        return "\n".join(head + ["[memory.retrieval]", "embedding_weight = 0.0", "turn_embedding_weight = 0.0"]) + "\n"
-    lines = head + ["[providers.embedding]", f'backend = "{embedder}"']
-    if embedder == "hash":
-        lines.append("dim = 256")
-    else:
-        lines.append(f'fastembed_model = "{MINILM_NAME}"')
-        if model_path is not None:
-            lines.append(f"fastembed_model_path = {json.dumps(str(model_path))}")
+def familiar_toml(embedder: str, model_path: Path | None, facts: str = "none",
+                  background_model: str | None = None) -> str:
+    """The throwaway familiar's own config: the embedding switches, the projectors the facts mode
+    needs and (``extracted``) the background model; everything else is the shipped default."""
     from familiar_pipeline.projectors import registry
 
-    projectors = [p for p in ("fact_embedding", "turn_embedding") if p in registry.known_projectors()]
+    # One run drains each projection's whole backlog (the cap only paces a live familiar).
+    lines = ["[pipeline]", "max_batches_per_run = 100000"]
+    if embedder == "off":
+        # The shipped weights may ask for vectors; with no embedder they must be off or config refuses.
+        lines += ["[memory.retrieval]", "embedding_weight = 0.0", "turn_embedding_weight = 0.0"]
+    else:
+        lines += ["[providers.embedding]", f'backend = "{embedder}"']
+        if embedder == "hash":
+            lines.append("dim = 256")
+        else:
+            lines.append(f'fastembed_model = "{MINILM_NAME}"')
+            if model_path is not None:
+                lines.append(f"fastembed_model_path = {json.dumps(str(model_path))}")
+    wanted = ["turn_embedding"] + (["fact_embedding"] if facts != "none" else []) if embedder != "off" else []
+    if facts == "extracted":
+        wanted.insert(0, "rich_note")
+    projectors = [p for p in wanted if p in registry.known_projectors()]
     lines += ["[providers.memory]", f"projectors = {json.dumps(projectors)}"]
+    if facts == "extracted":
+        lines += ["[llm.background]", f"model = {json.dumps(background_model or '')}"]
     return "\n".join(lines) + "\n"
 
 
@@ -147,27 +171,56 @@ def _familiar_id(sample_id: str, index: int) -> str:
     return f"eval-{index}-{slug}"[:60] or f"eval-{index}"
 
 
+def load_gold_facts(sample: dict, paths, turn_of: Mapping[str, int], turns: list) -> int:
+    """The file's observations written as facts through the store API (mode ``gold``, the oracle)."""
+    from familiar_pipeline.projectors.runtime import store_watermark
+    from familiar_pipeline.storage.fts import FtsIndex
+    from familiar_pipeline.storage.snapshots import publish_snapshot
+    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+
+    drafts = []
+    at_turn = {t.dia_id: t.timestamp for t in turns}
+    for speaker, text, ids in observations_of(sample):
+        sources = [turn_of[i] for i in ids if i in turn_of]
+        if not text.strip() or not sources:
+            continue
+        drafts.append(FactDraft(text=text, source_turn_ids=sources, channel_id=EVAL_CHANNEL,
+                                subjects=[Subject(locomo.speaker_key(speaker), speaker)],
+                                valid_from=min(at_turn[i] for i in ids if i in at_turn)))
+    with ProjectionStore(paths.memory_db) as store:
+        facts = [f for f, inserted in store.append_facts(drafts) if inserted]
+        with FtsIndex(paths.fts_facts, writable=True) as index:
+            index.upsert_many((f.id, f.text) for f in facts)
+            index.commit()
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store_watermark(store))
+    return len(facts)
+
+
+EXTRACTION_COUNTS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd", "errors")
+
+
 def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
-                         instance) -> PreparedConversation:
-    """Import one conversation, load its observations as facts, and materialize the projections."""
+                         instance, facts: str = "none", background_model: str | None = None) -> PreparedConversation:
+    """Import one conversation, give it the facts its mode asks for, and materialize the projections."""
     import dagster as dg
 
     from familiar_pipeline.defs import assets
-    from familiar_pipeline.storage.fts import FtsIndex
-    from familiar_pipeline.storage.paths import FamiliarPaths
     from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
-    from familiar_pipeline.storage.snapshots import publish_snapshot
-    from familiar_pipeline.projectors.runtime import store_watermark
-    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+    from familiar_pipeline.storage.paths import FamiliarPaths
     from familiar_pipeline.storage.turns import TurnLog
 
+    if facts not in FACT_MODES:
+        raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
+    if facts == "extracted" and not (background_model or "").strip():
+        raise ValueError("--facts extracted needs a background model (--background-model, a litellm model string)")
     sample_id = str(sample.get("sample_id") or f"conv-{index}")
     familiar_id = _familiar_id(sample_id, index)
+    extraction: dict[str, Any] = {}
     paths = FamiliarPaths.for_id(familiar_id, root)
     if paths.dir.exists():
         shutil.rmtree(paths.dir)
     paths.dir.mkdir(parents=True)
-    paths.character_toml.write_text(familiar_toml(embedder, model_path))
+    paths.character_toml.write_text(familiar_toml(embedder, model_path, facts, background_model))
     timings: dict[str, float] = {}
 
     started = time.perf_counter()
@@ -186,26 +239,13 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     timings["import_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    drafts = []
-    at_turn = {t.dia_id: t.timestamp for t in turns}
-    for speaker, text, ids in observations_of(sample):
-        sources = [turn_of[i] for i in ids if i in turn_of]
-        if not text.strip() or not sources:
-            continue
-        drafts.append(FactDraft(text=text, source_turn_ids=sources, channel_id=EVAL_CHANNEL,
-                                subjects=[Subject(locomo.speaker_key(speaker), speaker)],
-                                valid_from=min(at_turn[i] for i in ids if i in at_turn)))
-    with ProjectionStore(paths.memory_db) as store:
-        facts = [f for f, inserted in store.append_facts(drafts) if inserted]
-        with FtsIndex(paths.fts_facts, writable=True) as index:
-            index.upsert_many((f.id, f.text) for f in facts)
-            index.commit()
-        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store_watermark(store))
+    loaded = load_gold_facts(sample, paths, turn_of, turns) if facts == "gold" else 0
     timings["facts_s"] = time.perf_counter() - started
 
-    selected = [assets.turns_fts]
+    # The facts asset runs before fact_embeddings in the same run (it is upstream of it).
+    selected = [assets.turns_fts] + ([assets.facts] if facts == "extracted" else [])
     if embedder != "off":
-        selected += [assets.fact_embeddings]
+        selected += [assets.fact_embeddings] if facts != "none" else []
         selected += [a for a in getattr(assets, "TURN_EMBEDDING_ASSETS", [])]
     started = time.perf_counter()
     instance.add_dynamic_partitions("familiars", [familiar_id])
@@ -223,6 +263,9 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
         if status.startswith(("skipped", "disabled")):
             raise RuntimeError(f"{name} did not run for {familiar_id}: {status}")
         timings[f"{name}_s"] = float(meta.get("duration_s", 0.0))
+        if name == "facts":
+            extraction = {k: meta.get(f"llm_{k}", 0) for k in EXTRACTION_COUNTS}
+            loaded = int(meta.get("rows_written", 0))
     timings["materialize_s"] = time.perf_counter() - started
 
     questions, evidence_skipped, questions_skipped = [], 0, 0
@@ -238,8 +281,8 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
             continue
         questions.append(Question(sample_id, category, str(qa["question"]), known))
     return PreparedConversation(sample_id, familiar_id, root, turn_of, session_of_turn, questions,
-                                facts_loaded=len(facts), evidence_skipped=evidence_skipped,
-                                questions_skipped=questions_skipped, timings=timings)
+                                facts_loaded=loaded, evidence_skipped=evidence_skipped,
+                                questions_skipped=questions_skipped, timings=timings, extraction=extraction)
 
 
 # --------------------------------------------------------------------------- configuration under test
@@ -393,6 +436,32 @@ TABLE_COLUMNS = ("n", "any@1", "any@5", "any@10", "any@20", "any@50", "all@10", 
                  "rendered_recall", "rendered_tokens_mean", "latency_ms_p50", "latency_ms_p95")
 
 
+def facts_setup(prepared: list[PreparedConversation], mode: str, background_model: str | None) -> dict[str, Any]:
+    """The facts mode and what it cost, for ``results.json``'s setup."""
+    out: dict[str, Any] = {"facts": mode, "facts_label": FACT_MODE_LABELS[mode],
+                           "facts_loaded": sum(p.facts_loaded for p in prepared)}
+    if mode == "gold":
+        out["oracle_upper_bound"] = True
+    if mode == "extracted":
+        totals = {k: sum(p.extraction.get(k, 0) for p in prepared) for k in EXTRACTION_COUNTS}
+        totals["cost_usd"] = round(totals["cost_usd"], 6)
+        out["extraction"] = {"model": background_model, **totals}
+    return out
+
+
+def mode_line(results: Mapping[str, Any]) -> str:
+    """One line naming the facts mode (and, for ``extracted``, the model and its cost)."""
+    setup = results.get("setup", {})
+    mode = setup.get("facts", "none")
+    line = f"facts mode: {mode}: {FACT_MODE_LABELS.get(mode, mode)}"
+    extraction = setup.get("extraction")
+    if extraction:
+        line += (f"; model {extraction['model']}, {extraction['calls']} calls ({extraction['cached_calls']} cached), "
+                 f"{extraction['prompt_tokens']}+{extraction['completion_tokens']} tokens, "
+                 f"${extraction['cost_usd']:.4f}")
+    return line
+
+
 def markdown_table(results: Mapping[str, Any]) -> str:
     header = "| scope | " + " | ".join(TABLE_COLUMNS) + " |"
     rows = [header, "|" + "---|" * (len(TABLE_COLUMNS) + 1)]
@@ -433,12 +502,13 @@ def write_outputs(results: Mapping[str, Any], out: Path) -> list[str]:
     """results.json, results.md and recall_at_k.png into ``out``; returns notes (e.g. why no plot)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(markdown_table(results) + "\n")
+    (out / "results.md").write_text(mode_line(results) + "\n\n" + markdown_table(results) + "\n")
     note = write_plot(results, out / "recall_at_k.png")
     return [note] if note else []
 
 
 def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | None = None,
+                facts: str = "none", background_model: str | None = None,
                 progress: Callable[[str], None] | None = None) -> list[PreparedConversation]:
     """Every conversation of ``data`` as a throwaway familiar under ``workdir`` (which gets the shipped defaults)."""
     from dagster import DagsterInstance
@@ -447,6 +517,10 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
 
     if embedder not in EMBEDDER_MODES:
         raise ValueError(f"unknown embedder {embedder!r}; valid: {', '.join(EMBEDDER_MODES)}")
+    if facts not in FACT_MODES:
+        raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
+    if facts == "extracted" and not (background_model or "").strip():
+        raise ValueError("--facts extracted needs a background model (--background-model, a litellm model string)")
     samples = locomo.load(data)
     workdir.mkdir(parents=True, exist_ok=True)
     # With no _default of its own, a data root falls back to the shipped defaults: what is measured.
@@ -457,8 +531,8 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
         for index, sample in enumerate(samples):
             if progress is not None:
                 progress(f"preparing {sample.get('sample_id', index)}")
-            prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder,
-                                                 model_path=model_path, instance=instance))
+            prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder, model_path=model_path,
+                                                 instance=instance, facts=facts, background_model=background_model))
     return prepared
 
 
