@@ -42,6 +42,7 @@ from familiar_pipeline.models.embedders import FastEmbedEmbedder  # noqa: E402
 from familiar_pipeline.storage.fts import FtsIndex  # noqa: E402
 from familiar_pipeline.models.minilm import MINILM_MODEL_NAME, ensure_local_minilm  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
+from familiar_pipeline.projectors.turns_index import search_text  # noqa: E402
 from familiar_pipeline.storage.snapshots import publish_snapshot  # noqa: E402
 from familiar_pipeline.storage.store import ProjectionStore, normalize_fact_text, subject_set_key  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
@@ -110,7 +111,7 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
                 log.append_turns(rows)
                 rows = []
         log.append_turns(rows)
-        all_turns = [(t.id, t.content) for t in log.turns_after(0)]
+        all_turns = [(t.id, search_text(t)) for t in log.turns_after(0)]
     print(f"  turn log: {n_turns} turns in {time.perf_counter() - t0:.1f}s")
 
     t0 = time.perf_counter()

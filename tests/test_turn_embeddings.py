@@ -171,10 +171,13 @@ def test_dense_turns_needs_the_projector_the_weight_and_vectors(tmp_path):
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
                                memo=lambda key, compute: compute(), warn_once=lambda *a: None)
 
-    found = _dense_turns("cue", memory(1.0), 2)
+    found = _dense_turns("cue", memory(1.0), 2, [])
     assert set(found) == {8, 9} and found[8] == pytest.approx(2 / np.linalg.norm([0, 2, 0.1]), rel=1e-5)
-    assert _dense_turns("cue", memory(0.0), 2) == {}
-    assert _dense_turns("cue", memory(1.0, projectors=()), 2) == {}
+    # A BM25 hit outside the nearest turns gets its own cosine, not a made-up neutral one.
+    with_hit = _dense_turns("cue", memory(1.0), 2, [7, 42])
+    assert set(with_hit) == {7, 8, 9} and with_hit[7] == pytest.approx(0.0, abs=1e-6)
+    assert _dense_turns("cue", memory(0.0), 2, [7]) == {}
+    assert _dense_turns("cue", memory(1.0, projectors=()), 2, [7]) == {}
 
 
 # ----------------------------------------------------------------------------- switches

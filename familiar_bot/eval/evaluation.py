@@ -345,8 +345,9 @@ def score_question(units: list[frozenset[int]], gold: set[int], gold_sessions: s
         seen = set().union(*units[:k]) if units else set()
         out[f"any@{k}"] = float(bool(seen & gold))
         out[f"all@{k}"] = float(gold <= seen)
-    top5 = set().union(*units[:5]) if units else set()
-    out["session_any@5"] = float(bool({session_of_turn.get(t) for t in top5} & gold_sessions))
+    for k in (5, 10):
+        top = set().union(*units[:k]) if units else set()
+        out[f"session_any@{k}"] = float(bool({session_of_turn.get(t) for t in top} & gold_sessions))
     out["rendered_recall"] = float(bool(shown & gold))
     out["rendered_all"] = float(gold <= shown)
     return out
@@ -411,7 +412,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 METRICS = (tuple(f"any@{k}" for k in KS) + tuple(f"all@{k}" for k in KS)
-           + ("session_any@5", "rendered_recall", "rendered_all", "turns_any@10", "facts_any@10"))
+           + ("session_any@5", "session_any@10", "rendered_recall", "rendered_all", "turns_any@10", "facts_any@10"))
 
 
 def aggregate(records: list[dict]) -> dict[str, float]:
@@ -432,7 +433,7 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     return {"overall": aggregate(records), "by_category": {k: v for k, v in by_category.items() if v["n"]}}
 
 
-TABLE_COLUMNS = ("n", "any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "session_any@5",
+TABLE_COLUMNS = ("n", "any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "session_any@5", "session_any@10",
                  "rendered_recall", "rendered_tokens_mean", "latency_ms_p50", "latency_ms_p95")
 
 

@@ -211,8 +211,11 @@ def fuse_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: f
 
     ``order`` is the union in first-seen order (BM25 hits first), which breaks
     ties. A turn outside the BM25 hits scores 0 on that signal (it ranked below
-    every hit); a turn with no vector gets the neutral 0.5 on the cosine one.
-    Measured on LoCoMo: this beat reciprocal rank fusion, see docs/benchmarks.md.
+    every hit). ``cosines`` should hold the cosine of *every* candidate, the
+    BM25-only ones too: a BM25 hit given a made-up neutral cosine instead of
+    its own lost 5 points any@10 on LoCoMo (docs/benchmarks.md). Only a turn
+    with no vector at all gets the neutral 0.5. Measured on LoCoMo: this beat
+    reciprocal rank fusion.
     """
     def normalised(values: dict[int, float]) -> dict[int, float]:
         if not values:
@@ -250,8 +253,9 @@ def rrf_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: fl
     return scored
 
 
-def _dense_turns(cue: str, memory, limit: int) -> dict[int, float]:
-    """Cosines of the ``limit`` turns nearest to the cue, when turn vectors are on and present."""
+def _dense_turns(cue: str, memory, limit: int, also: list[int]) -> dict[int, float]:
+    """Cosines of the ``limit`` turns nearest to the cue and of the turns ``also`` (the BM25 hits),
+    when turn vectors are on and present."""
     retrieval = memory.config.memory.retrieval
     embedder = memory.embedder
     if (retrieval.turn_embedding_weight <= 0 or embedder is None
@@ -272,17 +276,23 @@ def _dense_turns(cue: str, memory, limit: int) -> dict[int, float]:
     norm = float(np.linalg.norm(cue_vec))
     sims = matrix @ (cue_vec / (norm or 1.0))
     top = np.argpartition(-sims, min(limit, len(sims)) - 1)[:limit] if len(sims) > limit else np.arange(len(sims))
-    return {int(ids[i]): float(sims[i]) for i in top}
+    out = {int(ids[i]): float(sims[i]) for i in top}
+    if also:
+        for i in np.flatnonzero(np.isin(ids, np.asarray(also, dtype=np.int64))):
+            out[int(ids[i])] = float(sims[i])
+    return out
 
 
-def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int]) -> tuple[list, list[dict]]:
+def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
+                   token_budget: int | None = None) -> tuple[list, list[dict]]:
     """Hit turns (not excluded, not deleted, visible here) with their neighbours, ascending by id.
 
     Candidates are the union of the top ``turn_candidates`` BM25 hits and, when
     turn embeddings are on, the top ``turn_candidates`` turns by cosine; they
     are ranked by :func:`fuse_turns`. If exclusions and deletions leave fewer
     than the budget's ``max_rag_turns``, the candidate depth grows and the
-    ranking is redone.
+    ranking is redone. With ``token_budget``, hits join in rank order only
+    while they and their neighbours fit it (see :func:`fit_by_rank`).
     """
     retrieval = memory.config.memory.retrieval
     limit = budget.max_rag_turns
@@ -292,8 +302,8 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int]) -> tu
     ranked: list[dict] = []
     for _ in range(MAX_REFETCH_ROUNDS + 1):
         hits = memory.fts_turns.search(cue, fetch)
-        dense = _dense_turns(cue, memory, fetch)
         bm25 = dict(hits)
+        dense = _dense_turns(cue, memory, fetch, list(bm25))
         order = [tid for tid, _ in hits] + [tid for tid in sorted(dense, key=lambda t: -dense[t]) if tid not in bm25]
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
@@ -317,13 +327,41 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int]) -> tu
     span = max(NEIGHBOUR_SPAN, 3 * reach)
     around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0}
     nearby = [t for t in log.turns_by_ids(around) if not t.deleted and t.id not in exclude] if reach else []
-    chosen = {t.id: t for t in kept}
+    groups = []
     for hit in kept:
         same = [t for t in nearby if t.channel_id == hit.channel_id]
-        for t in [t for t in same if t.id < hit.id][-reach:] + [t for t in same if t.id > hit.id][:reach]:
-            chosen.setdefault(t.id, t)
+        groups.append([hit] + [t for t in same if t.id < hit.id][-reach:] + [t for t in same if t.id > hit.id][:reach])
+    chosen = fit_by_rank(groups, token_budget)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total")} for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
+
+
+GROUP_SLACK_TOKENS = 8  # a date header and a blank line a hit's group may add
+
+
+def fit_by_rank(groups: list[list], token_budget: int | None) -> dict[int, Any]:
+    """``{id: turn}`` of the hit groups (a hit and its neighbours, best hit first) that fit the budget.
+
+    The section is shown in time order and cut at the token budget, so without
+    this step the cut fell on the *latest* turns, whatever their rank: on
+    LoCoMo, 24 hits with neighbours lost 6 points of rendered recall to it
+    (docs/benchmarks.md). Whole groups are taken in rank order while their
+    estimated lines fit; the first group always comes (the renderer truncates it).
+    """
+    chosen: dict[int, Any] = {}
+    used = 0
+    for group in groups:
+        new = [t for t in group if t.id not in chosen]
+        if token_budget is not None:
+            cost = sum(estimate_tokens(f"> [12:00 pm {getattr(t, 'author_display', None) or ''}]: {t.content}")
+                       for t in new)
+            cost += GROUP_SLACK_TOKENS if new else 0
+            if chosen and used + cost > token_budget:
+                break
+            used += cost
+        for t in new:
+            chosen[t.id] = t
+    return chosen
 
 
 def _visible(turn, ctx) -> bool:
@@ -402,10 +440,12 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
     budget = memory.config.budget_for(ctx.tier)
     labels = memory.labels(ctx.guild_id)
     facts, debug = retrieve_facts(cue, memory, budget)
-    turns, turn_debug = retrieve_turns(cue, memory, ctx, budget, exclude)
+    fact_lines = [f"- {one_line(f['text'])}{rename_note(f, labels)}" for f in facts]
+    fact_tokens = sum(estimate_tokens(line) for line in cap_blocks(fact_lines, budget.rag_tokens))
+    turns, turn_debug = retrieve_turns(cue, memory, ctx, budget, exclude,
+                                       token_budget=max(0, budget.rag_tokens - fact_tokens))
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)
-    fact_lines = [f"- {one_line(f['text'])}{rename_note(f, labels)}" for f in facts]
     owned = owned_turn_lines(turns, labels, memory.config.tz)
     text, facts_kept, lines_kept = render_counted(fact_lines, [(k, line) for k, line, _ in owned],
                                                   budget.rag_tokens)
