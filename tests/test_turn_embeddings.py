@@ -180,6 +180,40 @@ def test_dense_turns_needs_the_projector_the_weight_and_vectors(tmp_path):
     assert _dense_turns("cue", memory(1.0, projectors=()), 2, [7]) == {}
 
 
+def test_dense_turns_blend_each_cosine_with_its_context_window():
+    ids = np.array([7, 8, 9])
+    matrix = np.eye(3, dtype=np.float32)
+    snapshot = SimpleNamespace(turn_matrix=lambda model: (ids, matrix))
+    embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 1.0, 0.0], dtype=np.float32)])
+
+    def memory(share):
+        retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share)
+        config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=lambda p: True))
+        return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
+                               memo=lambda key, compute: compute(), warn_once=lambda *a: None)
+
+    # Turn 7 says nothing like the cue (cosine 0) but sits right before turn 8 (cosine 1).
+    windows = lambda candidates: {7: [7, 8], 8: [7, 8, 9], 9: [8, 9], 42: [42]}  # noqa: E731
+    blended = _dense_turns("cue", memory(0.5), 3, [], windows)
+    assert blended[7] == pytest.approx(0.5 * 0.0 + 0.5 * 0.5)
+    assert blended[8] == pytest.approx(0.5 * 1.0 + 0.5 * (1 / 3))
+    assert blended[9] == pytest.approx(0.25)
+    assert _dense_turns("cue", memory(0.0), 3, [], windows) == {7: 0.0, 8: pytest.approx(1.0), 9: 0.0}
+
+
+def test_context_windows_stay_in_the_channel_and_skip_deleted_and_excluded_turns():
+    from familiar_bot.prompt.retrieval import _same_channel_windows
+
+    def turn(i, channel, deleted=False):
+        return SimpleNamespace(id=i, channel_id=channel, deleted=deleted)
+
+    rows = [turn(1, 10), turn(2, 20), turn(3, 10, deleted=True), turn(4, 10), turn(5, 10), turn(6, 10), turn(7, 10)]
+    log = SimpleNamespace(turns_by_ids=lambda wanted: [t for t in rows if t.id in set(wanted)])
+    windows = _same_channel_windows(log, 2, frozenset({6}))
+    assert windows([4]) == {4: [1, 4, 5, 7]}
+    assert windows([2]) == {2: [2]}
+
+
 # ----------------------------------------------------------------------------- switches
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -253,9 +253,17 @@ def rrf_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: fl
     return scored
 
 
-def _dense_turns(cue: str, memory, limit: int, also: list[int]) -> dict[int, float]:
+def _dense_turns(cue: str, memory, limit: int, also: list[int],
+                 windows: Callable[[list[int]], dict[int, list[int]]] | None = None) -> dict[int, float]:
     """Cosines of the ``limit`` turns nearest to the cue and of the turns ``also`` (the BM25 hits),
-    when turn vectors are on and present."""
+    when turn vectors are on and present.
+
+    With ``windows`` (candidate id -> the ids of its context window, itself
+    included) and ``turn_context > 0``, each candidate's cosine becomes
+    ``(1 - share) x own + share x mean over its window``: a reply is often
+    about what the turns just before it said ("Which one?" after a question
+    about dogs), and the window's cosines are already in the matrix product.
+    """
     retrieval = memory.config.memory.retrieval
     embedder = memory.embedder
     if (retrieval.turn_embedding_weight <= 0 or embedder is None
@@ -278,9 +286,43 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int]) -> dict[int, flo
     top = np.argpartition(-sims, min(limit, len(sims)) - 1)[:limit] if len(sims) > limit else np.arange(len(sims))
     out = {int(ids[i]): float(sims[i]) for i in top}
     if also:
-        for i in np.flatnonzero(np.isin(ids, np.asarray(also, dtype=np.int64))):
-            out[int(ids[i])] = float(sims[i])
+        out.update(_cosines_of(ids, sims, also))
+    if windows is None or retrieval.turn_context <= 0 or not out:
+        return out
+    share = retrieval.turn_context
+    window = windows(list(out))
+    around = _cosines_of(ids, sims, {t for members in window.values() for t in members})
+    for tid, own in out.items():
+        near = [around[t] for t in window.get(tid, ()) if t in around]
+        if near:
+            out[tid] = (1 - share) * own + share * float(np.mean(near))
     return out
+
+
+def _cosines_of(ids: np.ndarray, sims: np.ndarray, wanted) -> dict[int, float]:
+    """``{turn id: cosine}`` for the ``wanted`` ids that have a vector."""
+    rows = np.flatnonzero(np.isin(ids, np.fromiter(wanted, dtype=np.int64)))
+    return {int(ids[i]): float(sims[i]) for i in rows}
+
+
+def _same_channel_windows(log, span: int, exclude: frozenset[int]) -> Callable[[list[int]], dict[int, list[int]]]:
+    """For :func:`_dense_turns`: each candidate with its ``span`` nearest live same-channel turns each side."""
+    def windows(candidates: list[int]) -> dict[int, list[int]]:
+        reach = NEIGHBOUR_SPAN * span
+        rows = log.turns_by_ids({i for t in candidates for i in range(t - reach, t + reach + 1) if i > 0})
+        by_id = {t.id: t for t in rows}
+        live = [t for t in rows if not t.deleted]
+        out = {}
+        for tid in candidates:
+            hit = by_id.get(tid)
+            if hit is None:
+                continue
+            same = [t.id for t in live if t.channel_id == hit.channel_id and t.id not in exclude]
+            before = [i for i in same if i < tid][-span:]
+            after = [i for i in same if i > tid][:span]
+            out[tid] = before + [tid] + after
+        return out
+    return windows
 
 
 def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
@@ -303,7 +345,8 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     for _ in range(MAX_REFETCH_ROUNDS + 1):
         hits = memory.fts_turns.search(cue, fetch)
         bm25 = dict(hits)
-        dense = _dense_turns(cue, memory, fetch, list(bm25))
+        dense = _dense_turns(cue, memory, fetch, list(bm25),
+                             _same_channel_windows(log, retrieval.turn_context_span, exclude))
         order = [tid for tid, _ in hits] + [tid for tid in sorted(dense, key=lambda t: -dense[t]) if tid not in bm25]
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
