@@ -156,9 +156,26 @@ def test_sweep_measures_the_grid_then_variations_around_the_best(tmp_path, capsy
     assert main(["eval", "locomo", "--data", str(data), "--embedder", "hash", "--out", str(out), "--sweep",
                  "--workdir", str(tmp_path / "work")]) == 0
     sweep = json.loads((out / "sweep.json").read_text())
-    grid = len(evaluation.SWEEP_TURN_WEIGHTS) * len(evaluation.SWEEP_FACT_WEIGHTS)
+    grid = len(evaluation.SWEEP_TURN_WEIGHTS) * len(evaluation.SWEEP_TURN_CONTEXT)
     assert len(sweep["rows"]) == grid + len(evaluation.sweep_variations())
     assert sweep["best"]["any@10"] == max(r["any@10"] for r in sweep["rows"])
     rrf = next(r for r in sweep["rows"] if r["label"].endswith("turn_fusion=rrf"))
     assert rrf["retrieval"]["turn_fusion"] == "rrf"
     assert "**(best)**" in (out / "sweep.md").read_text()
+    # One conversation: nothing is left to tune on, so there is no rotation to report.
+    assert sweep["rotation"] == {"rotations": [], "pooled_held_out": {}}
+
+
+def test_held_out_rotation_tunes_on_the_others_and_scores_the_one_left_out():
+    def rec(conv, hit):
+        return {"conversation": conv, "category": 4, "any@10": float(hit), "any@5": float(hit),
+                "rendered_tokens": 0, "latency_ms": 0.0, **{m: 0.0 for m in evaluation.METRICS
+                                                             if m not in ("any@10", "any@5")}}
+    # "a" wins on c1 and c2, "b" only on c3.
+    records = {"a": [rec("c1", 1), rec("c2", 1), rec("c3", 0)], "b": [rec("c1", 0), rec("c2", 0), rec("c3", 1)]}
+    rotation = evaluation.held_out_rotation(records)
+    by_held = {r["held_out"]: r for r in rotation["rotations"]}
+    assert by_held["c3"]["chosen"] == "a" and by_held["c3"]["held_out_any@10"] == 0.0
+    assert by_held["c3"]["best_on_held_out"] == "b" and by_held["c3"]["best_on_held_out_any@10"] == 100.0
+    assert by_held["c1"]["chosen"] == "a" and by_held["c1"]["tuned_any@10"] == 50.0
+    assert rotation["pooled_held_out"]["any@10"] == round(100 * 2 / 3, 2)

@@ -539,15 +539,20 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
 
 # --------------------------------------------------------------------------- tuning sweep
 
-SWEEP_TURN_WEIGHTS = (0.0, 0.5, 1.0, 1.5)
-SWEEP_FACT_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 3.0)
-SWEEP_COLUMNS = ("any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "turns_any@10", "facts_any@10",
+SWEEP_TURN_WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0)
+SWEEP_TURN_CONTEXT = (0.0, 0.3, 0.5)
+SWEEP_COLUMNS = ("any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "session_any@10", "turns_any@10",
+                 "facts_any@10",
                  "rendered_recall", "rendered_tokens_mean", "latency_ms_p50")
 
 
 def sweep_variations() -> list[tuple[str, dict, dict]]:
     """One-at-a-time changes tried around the best weights: ``(label, retrieval knobs, text budget caps)``."""
     return [
+        ("embedding_weight=1.0", {"embedding_weight": 1.0}, {}),
+        ("embedding_weight=5.0", {"embedding_weight": 5.0}, {}),
+        ("turn_context_span=1", {"turn_context_span": 1}, {}),
+        ("turn_context_span=3", {"turn_context_span": 3}, {}),
         ("turn_fusion=rrf", {"turn_fusion": "rrf"}, {}),
         ("turn_candidates=20", {"turn_candidates": 20}, {}),
         ("turn_candidates=100", {"turn_candidates": 100}, {}),
@@ -569,32 +574,69 @@ def _sweep_key(row: Mapping[str, Any]) -> tuple:
 
 def run_sweep(prepared: list[PreparedConversation], *, progress: Callable[[str], None] | None = None,
               embedder_cache: dict | None = None) -> dict[str, Any]:
-    """Grid over the two embedding weights, then one-at-a-time variations around the best.
+    """Grid over the turn embedding weight and context share, then one-at-a-time variations around the best.
 
     Every row is the overall figures of one configuration, measured on ``prepared``
-    (tune on the dev file only). Returns ``{"rows": [...], "best": row}``.
+    (tune on the dev file only). The grid is also put through
+    :func:`held_out_rotation`, the figure to trust when choosing a default.
+    Returns ``{"rows": [...], "best": row, "rotation": {...}}``.
     """
     cache = embedder_cache if embedder_cache is not None else {}
     rows: list[dict] = []
+    grid_records: dict[str, list[dict]] = {}
 
     def measure(label: str, retrieval: dict, text_budget: dict) -> dict:
-        overall = summarize(evaluate(prepared, retrieval=retrieval, text_budget=text_budget or None,
-                                     embedder_cache=cache))["overall"]
+        records = evaluate(prepared, retrieval=retrieval, text_budget=text_budget or None, embedder_cache=cache)
+        overall = summarize(records)["overall"]
         row = {"label": label, "retrieval": retrieval, "text_budget": text_budget,
                **{c: overall[c] for c in SWEEP_COLUMNS}}
         rows.append(row)
         if progress is not None:
             progress(f"{label}: any@10 {row['any@10']:.1f}, rendered {row['rendered_recall']:.1f}")
-        return row
+        return row, records
 
     for tw in SWEEP_TURN_WEIGHTS:
-        for fw in SWEEP_FACT_WEIGHTS:
-            measure(f"turn_embedding_weight={tw} embedding_weight={fw}",
-                    {"turn_embedding_weight": tw, "embedding_weight": fw}, {})
+        for share in SWEEP_TURN_CONTEXT:
+            label = f"turn_embedding_weight={tw} turn_context={share}"
+            _, grid_records[label] = measure(label, {"turn_embedding_weight": tw, "turn_context": share}, {})
     best = max(rows, key=_sweep_key)
     for label, retrieval, text_budget in sweep_variations():
         measure(f"best + {label}", {**best["retrieval"], **retrieval}, text_budget)
-    return {"rows": rows, "best": max(rows, key=_sweep_key)}
+    return {"rows": rows, "best": max(rows, key=_sweep_key), "rotation": held_out_rotation(grid_records)}
+
+
+def held_out_rotation(records_by_label: Mapping[str, list[dict]]) -> dict[str, Any]:
+    """Tune on all conversations but one, report the one left out; every rotation.
+
+    For each held-out conversation: the configuration with the best any@10 (then
+    any@5) on the others, its any@10 there ("tuned") and on the held-out one, and
+    the best any@10 any configuration reached on the held-out one. ``pooled`` is
+    the held-out questions of every rotation together: what the selection rule
+    would score on conversations it never saw.
+    """
+    def on(label: str, convs: set[str]) -> list[dict]:
+        return [r for r in records_by_label[label] if r["conversation"] in convs]
+
+    def key(label: str, convs: set[str]) -> tuple:
+        figures = aggregate(on(label, convs))
+        return figures["any@10"], figures["any@5"]
+
+    labels = list(records_by_label)
+    convs = sorted({r["conversation"] for records in records_by_label.values() for r in records})
+    rotations, pooled = [], []
+    for held in convs:
+        tune = set(convs) - {held}
+        if not tune:
+            break
+        chosen = max(labels, key=lambda label: key(label, tune))
+        oracle = max(labels, key=lambda label: key(label, {held}))
+        held_records = on(chosen, {held})
+        pooled += held_records
+        rotations.append({"held_out": held, "n": len(held_records), "chosen": chosen,
+                          "tuned_any@10": aggregate(on(chosen, tune))["any@10"],
+                          "held_out_any@10": aggregate(held_records)["any@10"],
+                          "best_on_held_out": oracle, "best_on_held_out_any@10": aggregate(on(oracle, {held}))["any@10"]})
+    return {"rotations": rotations, "pooled_held_out": aggregate(pooled) if pooled else {}}
 
 
 def sweep_table(sweep: Mapping[str, Any]) -> str:
@@ -602,4 +644,12 @@ def sweep_table(sweep: Mapping[str, Any]) -> str:
     for row in sweep["rows"]:
         mark = " **(best)**" if row is sweep["best"] or row == sweep["best"] else ""
         lines.append(f"| {row['label']}{mark} | " + " | ".join(f"{row[c]:.1f}" for c in SWEEP_COLUMNS) + " |")
+    rotation = sweep.get("rotation") or {}
+    if rotation.get("rotations"):
+        lines += ["", "| held out (n) | chosen on the others | tuned any@10 | held-out any@10 | best on held-out |",
+                  "|---|---|---|---|---|"]
+        for r in rotation["rotations"]:
+            lines.append(f"| {r['held_out']} ({r['n']}) | {r['chosen']} | {r['tuned_any@10']:.1f} | "
+                         f"{r['held_out_any@10']:.1f} | {r['best_on_held_out']}: {r['best_on_held_out_any@10']:.1f} |")
+        lines.append(f"| pooled | | | {rotation['pooled_held_out']['any@10']:.1f} | |")
     return "\n".join(lines)

@@ -18,21 +18,25 @@ within the candidate batch, then weighted by ``[memory.retrieval]``:
 ``total = sum(weight x signal)``; ties keep BM25 order. Every candidate's signals
 go into the debug structure so ``/context`` can explain a ranking.
 
-Turns. Candidates are the top ``turn_candidates`` hits from ``fts/turns`` and,
-when the opt-in ``turn_embedding`` projection is active with
-``turn_embedding_weight > 0``, the top ``turn_candidates`` turns by cosine to the
-cue (one matrix product over the snapshot's turn vectors). Over that union each
-signal is min-max normalised and the two are summed with ``bm25_weight`` and
+Turns. Candidates are the top ``turn_candidates`` hits from ``fts/turns`` (which
+indexes "speaker: text") and, when the opt-in ``turn_embedding`` projection is
+active with ``turn_embedding_weight > 0``, the top ``turn_candidates`` turns by
+cosine to the cue (one matrix product over the snapshot's turn vectors). Every
+candidate gets its own cosine, BM25 hits included, blended with the mean cosine
+of its context window (``turn_context``: the turn and its ``turn_context_span``
+nearest same-channel turns each side). Over the union each signal is min-max
+normalised and the two are summed with ``bm25_weight`` and
 ``turn_embedding_weight`` (``turn_fusion = "rrf"`` swaps in reciprocal rank
 fusion, which measured worse on LoCoMo: docs/benchmarks.md). The ranked turns
 are then filtered: minus the turns ``recent_history`` already shows
 (the ids actually in that window, not id arithmetic: ids are global across
 channels) and minus deleted turns; in a guild channel only that guild's turns
 (a direct message is never quoted into a server). Each hit brings its
-``turn_neighbours`` nearest neighbours before and after in the same channel,
-and the lot is grouped by date in ``display_tz``. The debug structure records
-which facts and turns survived the token cut (``shown_fact_ids``,
-``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
+``turn_neighbours`` nearest neighbours before and after in the same channel;
+hits join in rank order while they and their neighbours fit the section's
+token budget, and the lot is grouped by date in ``display_tz``. The debug
+structure records which facts and turns survived the token cut
+(``shown_fact_ids``, ``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
 """
 
 from __future__ import annotations
