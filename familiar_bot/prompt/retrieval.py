@@ -41,6 +41,7 @@ structure records which facts and turns survived the token cut
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -299,7 +300,7 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     for tid, own in out.items():
         near = [around[t] for t in window.get(tid, ()) if t in around]
         if near:
-            out[tid] = (1 - share) * own + share * float(np.mean(near))
+            out[tid] = (1 - share) * own + share * sum(near) / len(near)
     return out
 
 
@@ -309,22 +310,43 @@ def _cosines_of(ids: np.ndarray, sims: np.ndarray, wanted) -> dict[int, float]:
     return {int(ids[i]): float(sims[i]) for i in rows}
 
 
-def _same_channel_windows(log, span: int, exclude: frozenset[int]) -> Callable[[list[int]], dict[int, list[int]]]:
+class _TurnRows:
+    """Turn rows read once per reply: the context windows, the ranked hits and their shown
+    neighbours mostly overlap, and reading rows was the largest cost of the windows."""
+
+    def __init__(self, log) -> None:
+        self.log = log
+        self.rows: dict[int, Any] = {}
+        self.asked: set[int] = set()
+
+    def get(self, ids) -> list:
+        wanted = {i for i in ids if i > 0}
+        missing = wanted - self.asked
+        if missing:
+            self.rows.update((t.id, t) for t in self.log.turns_by_ids(missing))
+            self.asked |= missing
+        return [self.rows[i] for i in sorted(wanted) if i in self.rows]
+
+
+def _same_channel_windows(rows_of: _TurnRows, span: int,
+                          exclude: frozenset[int]) -> Callable[[list[int]], dict[int, list[int]]]:
     """For :func:`_dense_turns`: each candidate with its ``span`` nearest live same-channel turns each side."""
     def windows(candidates: list[int]) -> dict[int, list[int]]:
         reach = NEIGHBOUR_SPAN * span
-        rows = log.turns_by_ids({i for t in candidates for i in range(t - reach, t + reach + 1) if i > 0})
-        by_id = {t.id: t for t in rows}
-        live = [t for t in rows if not t.deleted]
+        rows = rows_of.get({i for t in candidates for i in range(t - reach, t + reach + 1)})
+        channel_of = {t.id: t.channel_id for t in rows}
+        live: dict[int, list[int]] = {}
+        for t in rows:  # ascending by id
+            if not t.deleted and t.id not in exclude:
+                live.setdefault(t.channel_id, []).append(t.id)
         out = {}
         for tid in candidates:
-            hit = by_id.get(tid)
-            if hit is None:
+            if tid not in channel_of:
                 continue
-            same = [t.id for t in live if t.channel_id == hit.channel_id and t.id not in exclude]
-            before = [i for i in same if i < tid][-span:]
-            after = [i for i in same if i > tid][:span]
-            out[tid] = before + [tid] + after
+            same = live.get(channel_of[tid], [])
+            at = bisect_left(same, tid)
+            after = at + 1 if at < len(same) and same[at] == tid else at
+            out[tid] = same[max(0, at - span):at] + [tid] + same[after:after + span]
         return out
     return windows
 
@@ -342,7 +364,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     """
     retrieval = memory.config.memory.retrieval
     limit = budget.max_rag_turns
-    log = memory.turn_log
+    rows_of = _TurnRows(memory.turn_log)
     fetch = max(retrieval.turn_candidates, limit)
     kept: list = []
     ranked: list[dict] = []
@@ -350,12 +372,12 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         hits = memory.fts_turns.search(cue, fetch)
         bm25 = dict(hits)
         dense = _dense_turns(cue, memory, fetch, list(bm25),
-                             _same_channel_windows(log, retrieval.turn_context_span, exclude))
+                             _same_channel_windows(rows_of, retrieval.turn_context_span, exclude))
         order = [tid for tid, _ in hits] + [tid for tid in sorted(dense, key=lambda t: -dense[t]) if tid not in bm25]
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
         fused = [f for f in fused if f["turn_id"] not in exclude]
-        rows = {t.id: t for t in log.turns_by_ids([f["turn_id"] for f in fused])}
+        rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in fused)}
         kept, ranked = [], []
         for f in fused:
             turn = rows.get(f["turn_id"])
@@ -373,7 +395,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     reach = retrieval.turn_neighbours
     span = max(NEIGHBOUR_SPAN, 3 * reach)
     around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0}
-    nearby = [t for t in log.turns_by_ids(around) if not t.deleted and t.id not in exclude] if reach else []
+    nearby = [t for t in rows_of.get(around) if not t.deleted and t.id not in exclude] if reach else []
     groups = []
     for hit in kept:
         same = [t for t in nearby if t.channel_id == hit.channel_id]
