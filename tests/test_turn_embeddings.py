@@ -248,3 +248,15 @@ def test_without_an_embedder_both_embedding_projectors_skip_naming_the_settings(
         module.run(SimpleNamespace(embedder=None), report)
         assert report.status == "skipped"
         assert "[providers.embedding].backend" in report.reason and f"list {module.PROJECTOR} in" in report.reason
+
+
+def test_cosine_lookup_is_the_same_by_binary_search_and_by_membership():
+    from familiar_bot.prompt.retrieval import _cosines_of
+
+    ids = np.array([2, 5, 9, 14])
+    sims = np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32)
+    wanted = [14, 3, 2, 99]
+    expected = {14: pytest.approx(0.4), 2: pytest.approx(0.1)}
+    assert _cosines_of(ids, sims, wanted, ids_sorted=True) == expected
+    assert _cosines_of(ids[::-1].copy(), sims[::-1].copy(), wanted) == expected
+    assert _cosines_of(ids, sims, [], ids_sorted=True) == {}

@@ -258,8 +258,12 @@ def rrf_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: fl
     return scored
 
 
+MAX_CONTEXT_CANDIDATES = 200  # candidates whose cosine is blended with their window (the nearest first)
+
+
 def _dense_turns(cue: str, memory, limit: int, also: list[int],
-                 windows: Callable[[list[int]], dict[int, list[int]]] | None = None) -> dict[int, float]:
+                 windows: Callable[[list[int]], dict[int, list[int]]] | None = None,
+                 cache: dict | None = None) -> dict[int, float]:
     """Cosines of the ``limit`` turns nearest to the cue and of the turns ``also`` (the BM25 hits),
     when turn vectors are on and present.
 
@@ -268,35 +272,30 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     ``(1 - share) x own + share x mean over its window``: a reply is often
     about what the turns just before it said ("Which one?" after a question
     about dogs), and the window's cosines are already in the matrix product.
+    Only the ``MAX_CONTEXT_CANDIDATES`` nearest candidates are blended, so a
+    deep refetch does not read thousands of window rows. ``cache`` keeps the
+    matrix product for the next refetch round of the same reply.
     """
     retrieval = memory.config.memory.retrieval
     embedder = memory.embedder
     if (retrieval.turn_embedding_weight <= 0 or embedder is None
             or not memory.config.memory.is_active("turn_embedding")):
         return {}
-    turn_matrix = getattr(memory.snapshot, "turn_matrix", None)
-    if turn_matrix is None:
+    cache = {} if cache is None else cache
+    if "sims" not in cache:
+        cache["sims"] = _turn_similarities(cue, memory, embedder)
+    if cache["sims"] is None:
         return {}
-    ids, matrix = turn_matrix(embedder.name)
-    if len(ids) == 0:
-        return {}
-    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)), lambda: embedder.embed([cue])[0])
-    cue_vec = np.asarray(cue_vec, dtype=np.float32)
-    if cue_vec.shape[0] != matrix.shape[1]:
-        memory.warn_once("turn-dim", "turn vectors under %s have dim %d but the cue has %d; ignoring them",
-                         embedder.name, matrix.shape[1], cue_vec.shape[0])
-        return {}
-    norm = float(np.linalg.norm(cue_vec))
-    sims = matrix @ (cue_vec / (norm or 1.0))
+    ids, sims, ids_sorted = cache["sims"]
     top = np.argpartition(-sims, min(limit, len(sims)) - 1)[:limit] if len(sims) > limit else np.arange(len(sims))
     out = {int(ids[i]): float(sims[i]) for i in top}
     if also:
-        out.update(_cosines_of(ids, sims, also))
+        out.update(_cosines_of(ids, sims, also, ids_sorted))
     if windows is None or retrieval.turn_context <= 0 or not out:
         return out
     share = retrieval.turn_context
-    window = windows(list(out))
-    around = _cosines_of(ids, sims, {t for members in window.values() for t in members})
+    window = windows(sorted(out, key=lambda t: -out[t])[:MAX_CONTEXT_CANDIDATES])
+    around = _cosines_of(ids, sims, {t for members in window.values() for t in members}, ids_sorted)
     for tid, own in out.items():
         near = [around[t] for t in window.get(tid, ()) if t in around]
         if near:
@@ -304,9 +303,32 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     return out
 
 
-def _cosines_of(ids: np.ndarray, sims: np.ndarray, wanted) -> dict[int, float]:
-    """``{turn id: cosine}`` for the ``wanted`` ids that have a vector."""
-    rows = np.flatnonzero(np.isin(ids, np.fromiter(wanted, dtype=np.int64)))
+def _turn_similarities(cue: str, memory, embedder) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """``(turn ids, cosines to the cue, whether the ids ascend)``, or None without usable vectors."""
+    turn_matrix = getattr(memory.snapshot, "turn_matrix", None)
+    if turn_matrix is None:
+        return None
+    ids, matrix = turn_matrix(embedder.name)
+    if len(ids) == 0:
+        return None
+    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)), lambda: embedder.embed([cue])[0])
+    cue_vec = np.asarray(cue_vec, dtype=np.float32)
+    if cue_vec.shape[0] != matrix.shape[1]:
+        memory.warn_once("turn-dim", "turn vectors under %s have dim %d but the cue has %d; ignoring them",
+                         embedder.name, matrix.shape[1], cue_vec.shape[0])
+        return None
+    norm = float(np.linalg.norm(cue_vec))
+    return ids, matrix @ (cue_vec / (norm or 1.0)), bool(np.all(ids[1:] > ids[:-1]))
+
+
+def _cosines_of(ids: np.ndarray, sims: np.ndarray, wanted, ids_sorted: bool = False) -> dict[int, float]:
+    """``{turn id: cosine}`` for the ``wanted`` ids that have a vector (a binary search when ids ascend)."""
+    want = np.fromiter(wanted, dtype=np.int64)
+    if ids_sorted:
+        at = np.minimum(np.searchsorted(ids, want), len(ids) - 1)
+        rows = at[ids[at] == want]
+    else:
+        rows = np.flatnonzero(np.isin(ids, want))
     return {int(ids[i]): float(sims[i]) for i in rows}
 
 
@@ -365,6 +387,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     retrieval = memory.config.memory.retrieval
     limit = budget.max_rag_turns
     rows_of = _TurnRows(memory.turn_log)
+    dense_cache: dict = {}
     fetch = max(retrieval.turn_candidates, limit)
     kept: list = []
     ranked: list[dict] = []
@@ -372,7 +395,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         hits = memory.fts_turns.search(cue, fetch)
         bm25 = dict(hits)
         dense = _dense_turns(cue, memory, fetch, list(bm25),
-                             _same_channel_windows(rows_of, retrieval.turn_context_span, exclude))
+                             _same_channel_windows(rows_of, retrieval.turn_context_span, exclude), dense_cache)
         order = [tid for tid, _ in hits] + [tid for tid in sorted(dense, key=lambda t: -dense[t]) if tid not in bm25]
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
