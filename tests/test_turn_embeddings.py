@@ -201,21 +201,19 @@ def test_dense_turns_blend_each_cosine_with_its_context_window():
     assert _dense_turns("cue", memory(0.0), 3, [], windows) == {7: 0.0, 8: pytest.approx(1.0), 9: 0.0}
 
 
-def test_context_windows_stay_in_the_channel_and_skip_deleted_and_excluded_turns():
-    from familiar_bot.prompt.retrieval import _same_channel_windows, _TurnRows
+def test_context_windows_stay_in_the_channel_and_skip_deleted_and_excluded_turns(tmp_path):
+    from familiar_bot.prompt.retrieval import _same_channel_windows
+    from familiar_pipeline.storage.turns import TurnLog
 
-    def turn(i, channel, deleted=False):
-        return SimpleNamespace(id=i, channel_id=channel, deleted=deleted)
-
-    rows = [turn(1, 10), turn(2, 20), turn(3, 10, deleted=True), turn(4, 10), turn(5, 10), turn(6, 10), turn(7, 10)]
-    reads = []
-    log = SimpleNamespace(turns_by_ids=lambda wanted: reads.append(set(wanted)) or [t for t in rows if t.id in wanted])
-    rows_of = _TurnRows(log)
-    windows = _same_channel_windows(rows_of, 2, frozenset({6}))
-    assert windows([4]) == {4: [1, 4, 5, 7]}
-    assert windows([2]) == {2: [2]}
-    # Rows already read are not read again (the hits and their shown neighbours reuse them).
-    assert [t.id for t in rows_of.get([4, 5])] == [4, 5] and len(reads) == 1
+    with TurnLog(tmp_path / "turns.db") as log:
+        for i, channel in enumerate([10, 20, 10, 10, 10, 10, 10], start=1):
+            log.append_turn(channel_id=channel, role="user", author_key="discord:1", content=f"line {i}")
+        log.record_deletion(turn_id=3)
+        windows = _same_channel_windows(log, 2, frozenset({6}))
+        assert windows([4]) == {4: [1, 4, 5, 7]}
+        assert windows([2]) == {2: [2]}
+        assert windows([3]) == {}  # a deleted turn has no window
+        assert log.live_channels([1, 2, 3, 99]) == {1: 10, 2: 20}
 
 
 # ----------------------------------------------------------------------------- switches

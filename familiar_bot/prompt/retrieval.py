@@ -258,7 +258,7 @@ def rrf_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: fl
     return scored
 
 
-MAX_CONTEXT_CANDIDATES = 200  # candidates whose cosine is blended with their window (the nearest first)
+MAX_CONTEXT_CANDIDATES = 100  # candidates whose cosine is blended with their window (the nearest first)
 
 
 def _dense_turns(cue: str, memory, limit: int, also: list[int],
@@ -273,7 +273,7 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     about what the turns just before it said ("Which one?" after a question
     about dogs), and the window's cosines are already in the matrix product.
     Only the ``MAX_CONTEXT_CANDIDATES`` nearest candidates are blended, so a
-    deep refetch does not read thousands of window rows. ``cache`` keeps the
+    deep refetch does not look up thousands of windows. ``cache`` keeps the
     matrix product for the next refetch round of the same reply.
     """
     retrieval = memory.config.memory.retrieval
@@ -333,8 +333,7 @@ def _cosines_of(ids: np.ndarray, sims: np.ndarray, wanted, ids_sorted: bool = Fa
 
 
 class _TurnRows:
-    """Turn rows read once per reply: the context windows, the ranked hits and their shown
-    neighbours mostly overlap, and reading rows was the largest cost of the windows."""
+    """Turn rows read once per reply: the ranked hits and their shown neighbours overlap."""
 
     def __init__(self, log) -> None:
         self.log = log
@@ -350,17 +349,19 @@ class _TurnRows:
         return [self.rows[i] for i in sorted(wanted) if i in self.rows]
 
 
-def _same_channel_windows(rows_of: _TurnRows, span: int,
-                          exclude: frozenset[int]) -> Callable[[list[int]], dict[int, list[int]]]:
-    """For :func:`_dense_turns`: each candidate with its ``span`` nearest live same-channel turns each side."""
+def _same_channel_windows(log, span: int, exclude: frozenset[int]) -> Callable[[list[int]], dict[int, list[int]]]:
+    """For :func:`_dense_turns`: each candidate with its ``span`` nearest live same-channel turns each side.
+
+    Reads only ids and channels (``live_channels``): building full turn rows for
+    every window was most of the blend's cost at 100k turns.
+    """
     def windows(candidates: list[int]) -> dict[int, list[int]]:
         reach = NEIGHBOUR_SPAN * span
-        rows = rows_of.get({i for t in candidates for i in range(t - reach, t + reach + 1)})
-        channel_of = {t.id: t.channel_id for t in rows}
+        channel_of = log.live_channels({i for t in candidates for i in range(t - reach, t + reach + 1) if i > 0})
         live: dict[int, list[int]] = {}
-        for t in rows:  # ascending by id
-            if not t.deleted and t.id not in exclude:
-                live.setdefault(t.channel_id, []).append(t.id)
+        for tid in sorted(channel_of):
+            if tid not in exclude:
+                live.setdefault(channel_of[tid], []).append(tid)
         out = {}
         for tid in candidates:
             if tid not in channel_of:
@@ -395,7 +396,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         hits = memory.fts_turns.search(cue, fetch)
         bm25 = dict(hits)
         dense = _dense_turns(cue, memory, fetch, list(bm25),
-                             _same_channel_windows(rows_of, retrieval.turn_context_span, exclude), dense_cache)
+                             _same_channel_windows(memory.turn_log, retrieval.turn_context_span, exclude), dense_cache)
         order = [tid for tid, _ in hits] + [tid for tid in sorted(dense, key=lambda t: -dense[t]) if tid not in bm25]
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
