@@ -4,7 +4,7 @@ Builds one familiar with 100k turns (4 channels, 12 people, chat-shaped text)
 and 20k facts (subjects, importance, sources, a share retired), 12 dossiers,
 reflections and a summary, all filled directly into the real stores: turn log,
 projection store, published Parquet snapshot, and both tantivy indexes. Every
-fact also gets a real all-MiniLM-L6-v2 vector in the snapshot.
+fact and every turn also gets a real all-MiniLM-L6-v2 vector in the snapshot.
 
 Then, per mode, it plays the responder: append the user's message to the turn
 log (not timed), assemble the prompt for it (timed), with a new message every
@@ -12,7 +12,8 @@ time, so window-dependent layers and retrieval really rebuild. Modes:
 
 * ``embedding weight 0``: BM25 + importance fusion, no model call;
 * ``embedding weight > 0``: the cue is embedded with the real local MiniLM
-  (``FastEmbedEmbedder`` over ``ensure_local_minilm()``) for every message.
+  (``FastEmbedEmbedder`` over ``ensure_local_minilm()``) for every message, and
+  turns are ranked by BM25 and cosine with context windows (``turn_embedding`` on).
 
     uv run python benchmarks/assembly.py                 # 100k turns, 20k facts
     uv run python benchmarks/assembly.py --turns 20000 --facts 4000 --iterations 100
@@ -42,6 +43,7 @@ from familiar_pipeline.models.embedders import FastEmbedEmbedder  # noqa: E402
 from familiar_pipeline.storage.fts import FtsIndex  # noqa: E402
 from familiar_pipeline.models.minilm import MINILM_MODEL_NAME, ensure_local_minilm  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
+from familiar_pipeline.projectors.turns_index import search_text  # noqa: E402
 from familiar_pipeline.storage.snapshots import publish_snapshot  # noqa: E402
 from familiar_pipeline.storage.store import ProjectionStore, normalize_fact_text, subject_set_key  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
@@ -110,7 +112,7 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
                 log.append_turns(rows)
                 rows = []
         log.append_turns(rows)
-        all_turns = [(t.id, t.content) for t in log.turns_after(0)]
+        all_turns = [(t.id, search_text(t)) for t in log.turns_after(0)]
     print(f"  turn log: {n_turns} turns in {time.perf_counter() - t0:.1f}s")
 
     t0 = time.perf_counter()
@@ -171,6 +173,18 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
                                source_turn_ids, importance, created_at, created_at FROM b_facts""")
         conn.execute("INSERT INTO fact_subjects SELECT * FROM b_subjects")
         conn.execute("INSERT INTO fact_embeddings SELECT * FROM b_vectors")
+        # Every turn gets a vector too (a real MiniLM vector of a base statement: the dense turn
+        # search's cost is one matrix product over all of them, whatever they say).
+        turn_vectors = pa.table({
+            "turn_id": pa.array(range(1, n_turns + 1), pa.int64()),
+            "model": pa.array([embedder.name] * n_turns),
+            "dim": pa.array([pool_vectors.shape[1]] * n_turns, pa.int32()),
+            "vector": pa.array(list(pool_vectors[[rng.randrange(len(pool)) for _ in range(n_turns)]]),
+                               pa.list_(pa.float32())),
+            "created_at": pa.array([now] * n_turns, pa.timestamp("us", tz="UTC")),
+        })
+        conn.register("b_turn_vectors", turn_vectors)
+        conn.execute("INSERT INTO turn_embeddings SELECT * FROM b_turn_vectors")
         conn.execute(f"SELECT max(nextval('facts_id_seq')) FROM range({n_facts})")
         store.supersede(retired, None)
         print(f"  facts: {n_facts} in {time.perf_counter() - t0:.1f}s ({len(retired)} retired)")
@@ -242,7 +256,7 @@ def run_mode(label: str, paths: FamiliarPaths, env: dict, embedder, iterations: 
 
 SEMANTIC_ENV = {"FAMILIAR__PROVIDERS__EMBEDDING__BACKEND": '"fastembed"',
                 "FAMILIAR__PROVIDERS__EMBEDDING__FASTEMBED_MODEL": f'"{MINILM_MODEL_NAME}"',
-                "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding"]',
+                "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding", "turn_embedding"]',
                 "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "0.5"}
 
 

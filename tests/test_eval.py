@@ -23,6 +23,8 @@ TURNS_2 = [
     ("Ben", "Biscuit ate my running shoes this morning"),
     ("Ana", "Lucia found a flat in Montreal near the old port"),
     ("Ben", "I signed up for a marathon in Lisbon next spring"),
+    ("Ana", "Good luck with the training, Ben"),
+    ("Ben", "Thanks, I will need it"),
 ]
 
 
@@ -50,7 +52,7 @@ def fixture() -> list[dict]:
             {"question": "What instrument did Ana buy, a cello?", "evidence": ["D1:1"], "category": 4},
             {"question": "Where is Lucia moving, Montreal?", "evidence": ["D1:3; D2:3"], "category": 1},
             {"question": "When is the Lisbon marathon?", "evidence": ["D2:4", "D:9:9"], "category": 2},
-            {"question": "What did the greyhound Biscuit eat?", "evidence": ["D2:6"], "category": 3},  # no such turn
+            {"question": "What did the greyhound Biscuit eat?", "evidence": ["D2:9"], "category": 3},  # no such turn
             {"question": "Did Ben play the cello?", "evidence": ["D1:1"], "category": 5},  # adversarial: not scored
         ],
     }]
@@ -95,8 +97,11 @@ def test_eval_locomo_end_to_end(tmp_path, capsys, embedder):
     assert overall["any@5"] == 100.0 and overall["rendered_recall"] == 100.0
     assert results["by_category"]["single-hop"]["any@1"] == 100.0
     assert 0 < overall["rendered_tokens_mean"] <= 2400
-    assert results["setup"]["facts_loaded"] == 3
-    assert (out / "results.md").read_text().startswith("| scope |")
+    # The headline mode: turns only, named in every output.
+    assert results["setup"]["facts"] == "none" and results["setup"]["facts_loaded"] == 0
+    assert "facts mode: none" in printed
+    md = (out / "results.md").read_text()
+    assert md.startswith("facts mode: none") and "| scope |" in md
     assert (out / "recall_at_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib: dev dependency
 
 
@@ -120,6 +125,50 @@ def test_locomo_path_from_the_argument_else_the_environment(tmp_path):
         locomo.locate(None, env={})
 
 
+def test_eval_gold_facts_are_labelled_an_oracle(tmp_path, capsys):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    out = tmp_path / "out"
+    assert main(["eval", "locomo", "--data", str(data), "--facts", "gold", "--out", str(out),
+                 "--workdir", str(tmp_path / "work")]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["setup"]["facts"] == "gold" and results["setup"]["oracle_upper_bound"] is True
+    assert results["setup"]["facts_loaded"] == 3
+    assert "ORACLE UPPER BOUND" in printed and "ORACLE UPPER BOUND" in (out / "results.md").read_text()
+    # Each observation points at its evidence turn, so the facts carry recall on their own.
+    assert results["overall"]["facts_any@10"] > 0
+
+
+def test_eval_extracted_facts_run_the_facts_asset_with_the_background_model(tmp_path, capsys, monkeypatch, fake_llm):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    out = tmp_path / "out"
+    assert main(["eval", "locomo", "--data", str(data), "--facts", "extracted", "--background-model", "fake/careful",
+                 "--embedder", "hash", "--out", str(out), "--workdir", str(tmp_path / "work")]) == 0
+    printed = capsys.readouterr().out
+    setup = json.loads((out / "results.json").read_text())["setup"]
+    assert setup["facts"] == "extracted" and "oracle_upper_bound" not in setup
+    extraction = setup["extraction"]
+    assert extraction["model"] == "fake/careful"
+    # Ten turns make one full extraction batch (the shipped batch_size); the scripted model answered the facts asset's real prompts: calls and tokens were counted.
+    assert extraction["calls"] >= 1 and extraction["prompt_tokens"] > 0 and extraction["completion_tokens"] > 0
+    assert setup["facts_loaded"] >= 1 and len(fake_llm.calls) >= extraction["calls"]
+    assert "model fake/careful" in printed
+
+
+def test_eval_extracted_needs_a_background_model(tmp_path, capsys):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    assert main(["eval", "locomo", "--data", str(data), "--facts", "extracted"]) != 0
+    assert "needs --background-model" in capsys.readouterr().err
+
+
+def test_eval_refuses_a_missing_file(tmp_path, capsys):
+    assert main(["eval", "locomo", "--data", str(tmp_path / "nope.json")]) != 0
+    assert "no such file" in capsys.readouterr().err
+
+
 def test_sweep_measures_the_grid_then_variations_around_the_best(tmp_path, capsys):
     data = tmp_path / "tiny-locomo.json"
     data.write_text(json.dumps(fixture()))
@@ -127,9 +176,26 @@ def test_sweep_measures_the_grid_then_variations_around_the_best(tmp_path, capsy
     assert main(["eval", "locomo", "--data", str(data), "--embedder", "hash", "--out", str(out), "--sweep",
                  "--workdir", str(tmp_path / "work")]) == 0
     sweep = json.loads((out / "sweep.json").read_text())
-    grid = len(evaluation.SWEEP_TURN_WEIGHTS) * len(evaluation.SWEEP_FACT_WEIGHTS)
+    grid = len(evaluation.SWEEP_TURN_WEIGHTS) * len(evaluation.SWEEP_TURN_CONTEXT)
     assert len(sweep["rows"]) == grid + len(evaluation.sweep_variations())
     assert sweep["best"]["any@10"] == max(r["any@10"] for r in sweep["rows"])
     rrf = next(r for r in sweep["rows"] if r["label"].endswith("turn_fusion=rrf"))
     assert rrf["retrieval"]["turn_fusion"] == "rrf"
     assert "**(best)**" in (out / "sweep.md").read_text()
+    # One conversation: nothing is left to tune on, so there is no rotation to report.
+    assert sweep["rotation"] == {"rotations": [], "pooled_held_out": {}}
+
+
+def test_held_out_rotation_tunes_on_the_others_and_scores_the_one_left_out():
+    def rec(conv, hit):
+        return {"conversation": conv, "category": 4, "any@10": float(hit), "any@5": float(hit),
+                "rendered_tokens": 0, "latency_ms": 0.0, **{m: 0.0 for m in evaluation.METRICS
+                                                             if m not in ("any@10", "any@5")}}
+    # "a" wins on c1 and c2, "b" only on c3.
+    records = {"a": [rec("c1", 1), rec("c2", 1), rec("c3", 0)], "b": [rec("c1", 0), rec("c2", 0), rec("c3", 1)]}
+    rotation = evaluation.held_out_rotation(records)
+    by_held = {r["held_out"]: r for r in rotation["rotations"]}
+    assert by_held["c3"]["chosen"] == "a" and by_held["c3"]["held_out_any@10"] == 0.0
+    assert by_held["c3"]["best_on_held_out"] == "b" and by_held["c3"]["best_on_held_out_any@10"] == 100.0
+    assert by_held["c1"]["chosen"] == "a" and by_held["c1"]["tuned_any@10"] == 50.0
+    assert rotation["pooled_held_out"]["any@10"] == round(100 * 2 / 3, 2)

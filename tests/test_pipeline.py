@@ -182,6 +182,19 @@ def test_turns_fts_follows_edits_and_deletions(tmp_path, instance, fake_llm):
     assert 2 not in [i for i, _ in index.search("Pixel plants", 10)]
 
 
+def test_turns_fts_finds_a_turn_by_its_speaker(tmp_path, instance, fake_llm):
+    """The index holds "speaker: text", so a question naming a person reaches that person's turns."""
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 6)  # Cass, Bo, Mia, Cass, Bo, Mia
+    run_assets(tmp_path, "fam", instance, [turns_fts])
+    with TurnLog(paths.turns_db) as log:
+        log.record_edit(turn_id=2, new_content="an edited line")
+    run_assets(tmp_path, "fam", instance, [turns_fts])
+    index = FtsIndex(paths.fts_turns)
+    assert sorted(i for i, _ in index.search("Bo", 10)) == [2, 5]  # the edit kept the speaker in the index
+    assert [i for i, _ in index.search("edited", 10)] == [2]
+
+
 def test_turns_fts_repairs_a_deleted_index(tmp_path, instance, fake_llm):
     import shutil
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from familiar_bot.prompt.layers.rag_context import RagContextLayer
-from familiar_bot.prompt.retrieval import Weights, fuse_facts, render
+from familiar_bot.prompt.retrieval import GROUP_SLACK_TOKENS, Weights, fit_by_rank, fuse_facts, render
 from familiar_bot.prompt.tokens import estimate_tokens
 from tests.test_assembly import BO, CASS, World, ctx, section
 
@@ -260,3 +260,23 @@ def test_rag_budget_and_key(world):
     assert layer.invalidation_key(ctx("lime"), memory) != key
     world.say("a new turn")
     assert layer.invalidation_key(ctx("lemon"), memory) != key
+
+
+def test_fit_by_rank_keeps_whole_hit_groups_in_rank_order_within_the_budget():
+    from types import SimpleNamespace
+
+    def turn(i, words):
+        return SimpleNamespace(id=i, author_display="Ana", content=" ".join(["word"] * words))
+
+    late_hit, early_hit, middle_hit = turn(90, 40), turn(10, 40), turn(50, 40)
+    shared = turn(11, 40)
+    groups = [[late_hit], [early_hit, shared], [middle_hit, shared]]
+    cost = estimate_tokens(f"> [12:00 pm Ana]: {late_hit.content}") + GROUP_SLACK_TOKENS
+    # Room for two groups of one turn: the best hit is kept although it is the latest in time,
+    # and the second group cannot come without its neighbour.
+    assert set(fit_by_rank(groups, 2 * cost)) == {90}
+    # A neighbour already shown costs nothing again.
+    assert set(fit_by_rank(groups, 4 * cost)) == {90, 10, 11, 50}
+    # The best group always comes, even when alone it is over the budget (the renderer truncates it).
+    assert set(fit_by_rank(groups, 1)) == {90}
+    assert set(fit_by_rank(groups, None)) == {90, 10, 11, 50}

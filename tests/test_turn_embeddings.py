@@ -172,10 +172,49 @@ def test_dense_turns_needs_the_projector_the_weight_and_vectors(tmp_path):
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
                                memo=lambda key, compute: compute(), warn_once=lambda *a: None)
 
-    found = _dense_turns("cue", memory(1.0), 2)
+    found = _dense_turns("cue", memory(1.0), 2, [])
     assert set(found) == {8, 9} and found[8] == pytest.approx(2 / np.linalg.norm([0, 2, 0.1]), rel=1e-5)
-    assert _dense_turns("cue", memory(0.0), 2) == {}
-    assert _dense_turns("cue", memory(1.0, projectors=()), 2) == {}
+    # A BM25 hit outside the nearest turns gets its own cosine, not a made-up neutral one.
+    with_hit = _dense_turns("cue", memory(1.0), 2, [7, 42])
+    assert set(with_hit) == {7, 8, 9} and with_hit[7] == pytest.approx(0.0, abs=1e-6)
+    assert _dense_turns("cue", memory(0.0), 2, [7]) == {}
+    assert _dense_turns("cue", memory(1.0, projectors=()), 2, [7]) == {}
+
+
+def test_dense_turns_blend_each_cosine_with_its_context_window():
+    ids = np.array([7, 8, 9])
+    matrix = np.eye(3, dtype=np.float32)
+    snapshot = SimpleNamespace(turn_matrix=lambda model: (ids, matrix))
+    embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 1.0, 0.0], dtype=np.float32)])
+
+    def memory(share):
+        retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share)
+        config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=lambda p: True))
+        return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
+                               memo=lambda key, compute: compute(), warn_once=lambda *a: None)
+
+    # Turn 7 says nothing like the cue (cosine 0) but sits right before turn 8 (cosine 1).
+    windows = lambda candidates: {7: [7, 8], 8: [7, 8, 9], 9: [8, 9], 42: [42]}  # noqa: E731
+    blended = _dense_turns("cue", memory(0.5), 3, [], windows)
+    assert blended[7] == pytest.approx(0.5 * 0.0 + 0.5 * 0.5)
+    assert blended[8] == pytest.approx(0.5 * 1.0 + 0.5 * (1 / 3))
+    assert blended[9] == pytest.approx(0.25)
+    assert _dense_turns("cue", memory(0.0), 3, [], windows) == {7: 0.0, 8: pytest.approx(1.0), 9: 0.0}
+
+
+def test_context_windows_stay_in_the_channel_and_skip_deleted_and_excluded_turns(tmp_path):
+    from familiar_bot.prompt.retrieval import _same_channel_windows
+    from familiar_pipeline.storage.turns import TurnLog
+
+    with TurnLog(tmp_path / "turns.db") as log:
+        for i, channel in enumerate([10, 20, 10, 10, 10, 10, 10], start=1):
+            log.append_turn(channel_id=channel, role="user", author_key="discord:1", content=f"line {i}")
+        log.record_deletion(turn_id=3)
+        windows = _same_channel_windows(log, 2, frozenset({6}))
+        assert windows([4]) == {4: [1, 4, 5, 7]}
+        assert windows([2]) == {2: [2]}
+        assert windows([3]) == {}  # a deleted turn has no window
+        assert log.live_channels([1, 2, 3, 99]) == {1: 10, 2: 20}
 
 
 # ----------------------------------------------------------------------------- switches
@@ -208,3 +247,15 @@ def test_without_an_embedder_both_embedding_projectors_skip_naming_the_settings(
         module.run(SimpleNamespace(embedder=None), report)
         assert report.status == "skipped"
         assert "[providers.embedding].backend" in report.reason and f"list {module.PROJECTOR} in" in report.reason
+
+
+def test_cosine_lookup_is_the_same_by_binary_search_and_by_membership():
+    from familiar_bot.prompt.retrieval import _cosines_of
+
+    ids = np.array([2, 5, 9, 14])
+    sims = np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32)
+    wanted = [14, 3, 2, 99]
+    expected = {14: pytest.approx(0.4), 2: pytest.approx(0.1)}
+    assert _cosines_of(ids, sims, wanted, ids_sorted=True) == expected
+    assert _cosines_of(ids[::-1].copy(), sims[::-1].copy(), wanted) == expected
+    assert _cosines_of(ids, sims, [], ids_sorted=True) == {}

@@ -1,14 +1,23 @@
 """Retrieval evaluation on LoCoMo-format conversations, through the bot's own retrieval path.
 
 Each conversation becomes a throwaway familiar: its turns are imported with
-their session times and speakers, the projections are materialized through
-Dagster (full-text index, and fact/turn embeddings when an embedder is on), and
-the file's ``observation`` lists are loaded through the store API as
-pre-extracted facts (speaker as subject, the dia id's turn as source), so fact
-retrieval is measured without an LLM. Every question of categories 1-4 is then
-put to ``rag_context``'s retrieval as the cue, at the text-tier budget, with no
-recent-window exclusion (the whole conversation counts as the past, so what is
-measured is retrieval alone).
+their session times and speakers and the projections are materialized through
+Dagster (full-text index, and turn/fact embeddings when an embedder is on).
+What the familiar knows besides its turns depends on the facts mode:
+
+* ``none`` (the default and the headline): turns and turn embeddings only, what a
+  familiar has before any extraction;
+* ``extracted``: the familiar's own ``facts`` asset is run through Dagster with
+  the ``[llm.background]`` model given to the evaluation (the scripted model in
+  tests), and the model, calls, tokens and cost are part of the results;
+* ``gold``: the file's ``observation`` lists are loaded through the store API
+  as facts (speaker as subject, the dia id's turn as source). They are the
+  dataset's own annotations, each already pointing at its evidence turn: an
+  **oracle upper bound**, not something a familiar could have.
+
+Every question of categories 1-4 is then put to ``rag_context``'s retrieval as
+the cue, at the text-tier budget, with no recent-window exclusion (the whole
+conversation counts as the past, so what is measured is retrieval alone).
 
 Two kinds of figures:
 
@@ -16,7 +25,7 @@ Two kinds of figures:
   where a unit is a turn hit or a fact (a fact counts as its source turns) and
   turns and facts alternate, best of each first. The ranking is read at depth
   50 (the same scoring with ``max_rag_turns``/``max_rag_facts`` raised to 50);
-  session any@5 asks whether a top-5 unit lies in a gold session.
+  session any@k asks whether a top-k unit lies in a gold session.
 * **rendered**: whether a gold evidence turn is in what the section actually
   shows at the real text-tier budget (turn hits with their neighbours, and the
   shown facts' source turns), the tokens the section used, and its latency.
@@ -44,6 +53,12 @@ KS = (1, 5, 10, 20, 50)
 RANK_DEPTH = 50
 EVAL_CHANNEL = 1
 EMBEDDER_MODES = ("hash", "fastembed", "off")
+FACT_MODES = ("none", "extracted", "gold")
+FACT_MODE_LABELS = {
+    "none": "turns only (no facts)",
+    "extracted": "facts extracted by the familiar's own facts asset",
+    "gold": "gold observations as facts: ORACLE UPPER BOUND, not a familiar's memory",
+}
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _DIA_ID = re.compile(r"^D(\d+):(\d+)$")
 
@@ -116,29 +131,38 @@ class PreparedConversation:
     evidence_skipped: int = 0  # unparseable pieces, or ids naming no turn
     questions_skipped: int = 0  # categories 1-4 with no usable evidence
     timings: dict[str, float] = field(default_factory=dict)
+    extraction: dict[str, Any] = field(default_factory=dict)  # LLM usage of the facts asset (mode extracted)
 
 
 # --------------------------------------------------------------------------- preparation
 
 
-def familiar_toml(embedder: str, model_path: Path | None) -> str:
-    """The throwaway familiar's own config: only the embedding switches; everything else is the shipped default."""
-    # One run drains each projection's whole backlog (the cap only paces a live familiar).
-    head = ["[pipeline]", "max_batches_per_run = 100000"]
-    if embedder == "off":
-        # The shipped weights may ask for vectors; with no embedder they must be off or config refuses.
-        return "\n".join(head + ["[memory.retrieval]", "embedding_weight = 0.0", "turn_embedding_weight = 0.0"]) + "\n"
-    lines = head + ["[providers.embedding]", f'backend = "{embedder}"']
-    if embedder == "hash":
-        lines.append("dim = 256")
-    else:
-        lines.append(f'fastembed_model = "{MINILM_NAME}"')
-        if model_path is not None:
-            lines.append(f"fastembed_model_path = {json.dumps(str(model_path))}")
+def familiar_toml(embedder: str, model_path: Path | None, facts: str = "none",
+                  background_model: str | None = None) -> str:
+    """The throwaway familiar's own config: the embedding switches, the projectors the facts mode
+    needs and (``extracted``) the background model; everything else is the shipped default."""
     from familiar_pipeline.projectors import registry
 
-    projectors = [p for p in ("fact_embedding", "turn_embedding") if p in registry.known_projectors()]
+    # One run drains each projection's whole backlog (the cap only paces a live familiar).
+    lines = ["[pipeline]", "max_batches_per_run = 100000"]
+    if embedder == "off":
+        # The shipped weights may ask for vectors; with no embedder they must be off or config refuses.
+        lines += ["[memory.retrieval]", "embedding_weight = 0.0", "turn_embedding_weight = 0.0"]
+    else:
+        lines += ["[providers.embedding]", f'backend = "{embedder}"']
+        if embedder == "hash":
+            lines.append("dim = 256")
+        else:
+            lines.append(f'fastembed_model = "{MINILM_NAME}"')
+            if model_path is not None:
+                lines.append(f"fastembed_model_path = {json.dumps(str(model_path))}")
+    wanted = ["turn_embedding"] + (["fact_embedding"] if facts != "none" else []) if embedder != "off" else []
+    if facts == "extracted":
+        wanted.insert(0, "rich_note")
+    projectors = [p for p in wanted if p in registry.known_projectors()]
     lines += ["[providers.memory]", f"projectors = {json.dumps(projectors)}"]
+    if facts == "extracted":
+        lines += ["[llm.background]", f"model = {json.dumps(background_model or '')}"]
     return "\n".join(lines) + "\n"
 
 
@@ -147,26 +171,55 @@ def _familiar_id(sample_id: str, index: int) -> str:
     return f"eval-{index}-{slug}"[:60] or f"eval-{index}"
 
 
+def load_gold_facts(sample: dict, paths, turn_of: Mapping[str, int], turns: list) -> int:
+    """The file's observations written as facts through the store API (mode ``gold``, the oracle)."""
+    from familiar_pipeline.storage.fts import FtsIndex
+    from familiar_pipeline.storage.snapshots import publish_snapshot
+    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+
+    drafts = []
+    at_turn = {t.dia_id: t.timestamp for t in turns}
+    for speaker, text, ids in observations_of(sample):
+        sources = [turn_of[i] for i in ids if i in turn_of]
+        if not text.strip() or not sources:
+            continue
+        drafts.append(FactDraft(text=text, source_turn_ids=sources, channel_id=EVAL_CHANNEL,
+                                subjects=[Subject(locomo.speaker_key(speaker), speaker)],
+                                valid_from=min(at_turn[i] for i in ids if i in at_turn)))
+    with ProjectionStore(paths.memory_db) as store:
+        facts = [f for f, inserted in store.append_facts(drafts) if inserted]
+        with FtsIndex(paths.fts_facts, writable=True) as index:
+            index.upsert_many((f.id, f.text) for f in facts)
+            index.commit()
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store.serving_watermark())
+    return len(facts)
+
+
+EXTRACTION_COUNTS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd", "errors")
+
+
 def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
-                         instance) -> PreparedConversation:
-    """Import one conversation, load its observations as facts, and materialize the projections."""
+                         instance, facts: str = "none", background_model: str | None = None) -> PreparedConversation:
+    """Import one conversation, give it the facts its mode asks for, and materialize the projections."""
     import dagster as dg
 
     from familiar_pipeline.defs import assets
-    from familiar_pipeline.storage.fts import FtsIndex
-    from familiar_pipeline.storage.paths import FamiliarPaths
     from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
-    from familiar_pipeline.storage.snapshots import publish_snapshot
-    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+    from familiar_pipeline.storage.paths import FamiliarPaths
     from familiar_pipeline.storage.turns import TurnLog
 
+    if facts not in FACT_MODES:
+        raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
+    if facts == "extracted" and not (background_model or "").strip():
+        raise ValueError("--facts extracted needs a background model (--background-model, a litellm model string)")
     sample_id = str(sample.get("sample_id") or f"conv-{index}")
     familiar_id = _familiar_id(sample_id, index)
+    extraction: dict[str, Any] = {}
     paths = FamiliarPaths.for_id(familiar_id, root)
     if paths.dir.exists():
         shutil.rmtree(paths.dir)
     paths.dir.mkdir(parents=True)
-    paths.character_toml.write_text(familiar_toml(embedder, model_path))
+    paths.character_toml.write_text(familiar_toml(embedder, model_path, facts, background_model))
     timings: dict[str, float] = {}
 
     started = time.perf_counter()
@@ -185,26 +238,13 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     timings["import_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    drafts = []
-    at_turn = {t.dia_id: t.timestamp for t in turns}
-    for speaker, text, ids in observations_of(sample):
-        sources = [turn_of[i] for i in ids if i in turn_of]
-        if not text.strip() or not sources:
-            continue
-        drafts.append(FactDraft(text=text, source_turn_ids=sources, channel_id=EVAL_CHANNEL,
-                                subjects=[Subject(locomo.speaker_key(speaker), speaker)],
-                                valid_from=min(at_turn[i] for i in ids if i in at_turn)))
-    with ProjectionStore(paths.memory_db) as store:
-        facts = [f for f, inserted in store.append_facts(drafts) if inserted]
-        with FtsIndex(paths.fts_facts, writable=True) as index:
-            index.upsert_many((f.id, f.text) for f in facts)
-            index.commit()
-        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store.serving_watermark())
+    loaded = load_gold_facts(sample, paths, turn_of, turns) if facts == "gold" else 0
     timings["facts_s"] = time.perf_counter() - started
 
-    selected = [assets.turns_fts]
+    # The facts asset runs before fact_embeddings in the same run (it is upstream of it).
+    selected = [assets.turns_fts] + ([assets.facts] if facts == "extracted" else [])
     if embedder != "off":
-        selected += [assets.fact_embeddings]
+        selected += [assets.fact_embeddings] if facts != "none" else []
         selected += [a for a in getattr(assets, "TURN_EMBEDDING_ASSETS", [])]
     started = time.perf_counter()
     instance.add_dynamic_partitions("familiars", [familiar_id])
@@ -222,6 +262,9 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
         if status.startswith(("skipped", "disabled")):
             raise RuntimeError(f"{name} did not run for {familiar_id}: {status}")
         timings[f"{name}_s"] = float(meta.get("duration_s", 0.0))
+        if name == "facts":
+            extraction = {k: meta.get(f"llm_{k}", 0) for k in EXTRACTION_COUNTS}
+            loaded = int(meta.get("rows_written", 0))
     timings["materialize_s"] = time.perf_counter() - started
 
     questions, evidence_skipped, questions_skipped = [], 0, 0
@@ -237,8 +280,8 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
             continue
         questions.append(Question(sample_id, category, str(qa["question"]), known))
     return PreparedConversation(sample_id, familiar_id, root, turn_of, session_of_turn, questions,
-                                facts_loaded=len(facts), evidence_skipped=evidence_skipped,
-                                questions_skipped=questions_skipped, timings=timings)
+                                facts_loaded=loaded, evidence_skipped=evidence_skipped,
+                                questions_skipped=questions_skipped, timings=timings, extraction=extraction)
 
 
 # --------------------------------------------------------------------------- configuration under test
@@ -301,8 +344,9 @@ def score_question(units: list[frozenset[int]], gold: set[int], gold_sessions: s
         seen = set().union(*units[:k]) if units else set()
         out[f"any@{k}"] = float(bool(seen & gold))
         out[f"all@{k}"] = float(gold <= seen)
-    top5 = set().union(*units[:5]) if units else set()
-    out["session_any@5"] = float(bool({session_of_turn.get(t) for t in top5} & gold_sessions))
+    for k in (5, 10):
+        top = set().union(*units[:k]) if units else set()
+        out[f"session_any@{k}"] = float(bool({session_of_turn.get(t) for t in top} & gold_sessions))
     out["rendered_recall"] = float(bool(shown & gold))
     out["rendered_all"] = float(gold <= shown)
     return out
@@ -367,7 +411,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 METRICS = (tuple(f"any@{k}" for k in KS) + tuple(f"all@{k}" for k in KS)
-           + ("session_any@5", "rendered_recall", "rendered_all", "turns_any@10", "facts_any@10"))
+           + ("session_any@5", "session_any@10", "rendered_recall", "rendered_all", "turns_any@10", "facts_any@10"))
 
 
 def aggregate(records: list[dict]) -> dict[str, float]:
@@ -388,8 +432,34 @@ def summarize(records: list[dict]) -> dict[str, Any]:
     return {"overall": aggregate(records), "by_category": {k: v for k, v in by_category.items() if v["n"]}}
 
 
-TABLE_COLUMNS = ("n", "any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "session_any@5",
+TABLE_COLUMNS = ("n", "any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "session_any@5", "session_any@10",
                  "rendered_recall", "rendered_tokens_mean", "latency_ms_p50", "latency_ms_p95")
+
+
+def facts_setup(prepared: list[PreparedConversation], mode: str, background_model: str | None) -> dict[str, Any]:
+    """The facts mode and what it cost, for ``results.json``'s setup."""
+    out: dict[str, Any] = {"facts": mode, "facts_label": FACT_MODE_LABELS[mode],
+                           "facts_loaded": sum(p.facts_loaded for p in prepared)}
+    if mode == "gold":
+        out["oracle_upper_bound"] = True
+    if mode == "extracted":
+        totals = {k: sum(p.extraction.get(k, 0) for p in prepared) for k in EXTRACTION_COUNTS}
+        totals["cost_usd"] = round(totals["cost_usd"], 6)
+        out["extraction"] = {"model": background_model, **totals}
+    return out
+
+
+def mode_line(results: Mapping[str, Any]) -> str:
+    """One line naming the facts mode (and, for ``extracted``, the model and its cost)."""
+    setup = results.get("setup", {})
+    mode = setup.get("facts", "none")
+    line = f"facts mode: {mode}: {FACT_MODE_LABELS.get(mode, mode)}"
+    extraction = setup.get("extraction")
+    if extraction:
+        line += (f"; model {extraction['model']}, {extraction['calls']} calls ({extraction['cached_calls']} cached), "
+                 f"{extraction['prompt_tokens']}+{extraction['completion_tokens']} tokens, "
+                 f"${extraction['cost_usd']:.4f}")
+    return line
 
 
 def markdown_table(results: Mapping[str, Any]) -> str:
@@ -432,12 +502,13 @@ def write_outputs(results: Mapping[str, Any], out: Path) -> list[str]:
     """results.json, results.md and recall_at_k.png into ``out``; returns notes (e.g. why no plot)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(markdown_table(results) + "\n")
+    (out / "results.md").write_text(mode_line(results) + "\n\n" + markdown_table(results) + "\n")
     note = write_plot(results, out / "recall_at_k.png")
     return [note] if note else []
 
 
 def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | None = None,
+                facts: str = "none", background_model: str | None = None,
                 progress: Callable[[str], None] | None = None) -> list[PreparedConversation]:
     """Every conversation of ``data`` as a throwaway familiar under ``workdir`` (which gets the shipped defaults)."""
     from dagster import DagsterInstance
@@ -446,6 +517,10 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
 
     if embedder not in EMBEDDER_MODES:
         raise ValueError(f"unknown embedder {embedder!r}; valid: {', '.join(EMBEDDER_MODES)}")
+    if facts not in FACT_MODES:
+        raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
+    if facts == "extracted" and not (background_model or "").strip():
+        raise ValueError("--facts extracted needs a background model (--background-model, a litellm model string)")
     samples = locomo.load(data)
     workdir.mkdir(parents=True, exist_ok=True)
     # With no _default of its own, a data root falls back to the shipped defaults: what is measured.
@@ -456,22 +531,27 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
         for index, sample in enumerate(samples):
             if progress is not None:
                 progress(f"preparing {sample.get('sample_id', index)}")
-            prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder,
-                                                 model_path=model_path, instance=instance))
+            prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder, model_path=model_path,
+                                                 instance=instance, facts=facts, background_model=background_model))
     return prepared
 
 
 # --------------------------------------------------------------------------- tuning sweep
 
-SWEEP_TURN_WEIGHTS = (0.0, 0.5, 1.0, 1.5)
-SWEEP_FACT_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 3.0)
-SWEEP_COLUMNS = ("any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "turns_any@10", "facts_any@10",
+SWEEP_TURN_WEIGHTS = (0.0, 0.5, 1.0, 1.5, 2.0)
+SWEEP_TURN_CONTEXT = (0.0, 0.3, 0.5)
+SWEEP_COLUMNS = ("any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "session_any@10", "turns_any@10",
+                 "facts_any@10",
                  "rendered_recall", "rendered_tokens_mean", "latency_ms_p50")
 
 
 def sweep_variations() -> list[tuple[str, dict, dict]]:
     """One-at-a-time changes tried around the best weights: ``(label, retrieval knobs, text budget caps)``."""
     return [
+        ("embedding_weight=1.0", {"embedding_weight": 1.0}, {}),
+        ("embedding_weight=5.0", {"embedding_weight": 5.0}, {}),
+        ("turn_context_span=1", {"turn_context_span": 1}, {}),
+        ("turn_context_span=3", {"turn_context_span": 3}, {}),
         ("turn_fusion=rrf", {"turn_fusion": "rrf"}, {}),
         ("turn_candidates=20", {"turn_candidates": 20}, {}),
         ("turn_candidates=100", {"turn_candidates": 100}, {}),
@@ -493,32 +573,69 @@ def _sweep_key(row: Mapping[str, Any]) -> tuple:
 
 def run_sweep(prepared: list[PreparedConversation], *, progress: Callable[[str], None] | None = None,
               embedder_cache: dict | None = None) -> dict[str, Any]:
-    """Grid over the two embedding weights, then one-at-a-time variations around the best.
+    """Grid over the turn embedding weight and context share, then one-at-a-time variations around the best.
 
     Every row is the overall figures of one configuration, measured on ``prepared``
-    (tune on the dev file only). Returns ``{"rows": [...], "best": row}``.
+    (tune on the dev file only). The grid is also put through
+    :func:`held_out_rotation`, the figure to trust when choosing a default.
+    Returns ``{"rows": [...], "best": row, "rotation": {...}}``.
     """
     cache = embedder_cache if embedder_cache is not None else {}
     rows: list[dict] = []
+    grid_records: dict[str, list[dict]] = {}
 
     def measure(label: str, retrieval: dict, text_budget: dict) -> dict:
-        overall = summarize(evaluate(prepared, retrieval=retrieval, text_budget=text_budget or None,
-                                     embedder_cache=cache))["overall"]
+        records = evaluate(prepared, retrieval=retrieval, text_budget=text_budget or None, embedder_cache=cache)
+        overall = summarize(records)["overall"]
         row = {"label": label, "retrieval": retrieval, "text_budget": text_budget,
                **{c: overall[c] for c in SWEEP_COLUMNS}}
         rows.append(row)
         if progress is not None:
             progress(f"{label}: any@10 {row['any@10']:.1f}, rendered {row['rendered_recall']:.1f}")
-        return row
+        return row, records
 
     for tw in SWEEP_TURN_WEIGHTS:
-        for fw in SWEEP_FACT_WEIGHTS:
-            measure(f"turn_embedding_weight={tw} embedding_weight={fw}",
-                    {"turn_embedding_weight": tw, "embedding_weight": fw}, {})
+        for share in SWEEP_TURN_CONTEXT:
+            label = f"turn_embedding_weight={tw} turn_context={share}"
+            _, grid_records[label] = measure(label, {"turn_embedding_weight": tw, "turn_context": share}, {})
     best = max(rows, key=_sweep_key)
     for label, retrieval, text_budget in sweep_variations():
         measure(f"best + {label}", {**best["retrieval"], **retrieval}, text_budget)
-    return {"rows": rows, "best": max(rows, key=_sweep_key)}
+    return {"rows": rows, "best": max(rows, key=_sweep_key), "rotation": held_out_rotation(grid_records)}
+
+
+def held_out_rotation(records_by_label: Mapping[str, list[dict]]) -> dict[str, Any]:
+    """Tune on all conversations but one, report the one left out; every rotation.
+
+    For each held-out conversation: the configuration with the best any@10 (then
+    any@5) on the others, its any@10 there ("tuned") and on the held-out one, and
+    the best any@10 any configuration reached on the held-out one. ``pooled`` is
+    the held-out questions of every rotation together: what the selection rule
+    would score on conversations it never saw.
+    """
+    def on(label: str, convs: set[str]) -> list[dict]:
+        return [r for r in records_by_label[label] if r["conversation"] in convs]
+
+    def key(label: str, convs: set[str]) -> tuple:
+        figures = aggregate(on(label, convs))
+        return figures["any@10"], figures["any@5"]
+
+    labels = list(records_by_label)
+    convs = sorted({r["conversation"] for records in records_by_label.values() for r in records})
+    rotations, pooled = [], []
+    for held in convs:
+        tune = set(convs) - {held}
+        if not tune:
+            break
+        chosen = max(labels, key=lambda label: key(label, tune))
+        oracle = max(labels, key=lambda label: key(label, {held}))
+        held_records = on(chosen, {held})
+        pooled += held_records
+        rotations.append({"held_out": held, "n": len(held_records), "chosen": chosen,
+                          "tuned_any@10": aggregate(on(chosen, tune))["any@10"],
+                          "held_out_any@10": aggregate(held_records)["any@10"],
+                          "best_on_held_out": oracle, "best_on_held_out_any@10": aggregate(on(oracle, {held}))["any@10"]})
+    return {"rotations": rotations, "pooled_held_out": aggregate(pooled) if pooled else {}}
 
 
 def sweep_table(sweep: Mapping[str, Any]) -> str:
@@ -526,4 +643,12 @@ def sweep_table(sweep: Mapping[str, Any]) -> str:
     for row in sweep["rows"]:
         mark = " **(best)**" if row is sweep["best"] or row == sweep["best"] else ""
         lines.append(f"| {row['label']}{mark} | " + " | ".join(f"{row[c]:.1f}" for c in SWEEP_COLUMNS) + " |")
+    rotation = sweep.get("rotation") or {}
+    if rotation.get("rotations"):
+        lines += ["", "| held out (n) | chosen on the others | tuned any@10 | held-out any@10 | best on held-out |",
+                  "|---|---|---|---|---|"]
+        for r in rotation["rotations"]:
+            lines.append(f"| {r['held_out']} ({r['n']}) | {r['chosen']} | {r['tuned_any@10']:.1f} | "
+                         f"{r['held_out_any@10']:.1f} | {r['best_on_held_out']}: {r['best_on_held_out_any@10']:.1f} |")
+        lines.append(f"| pooled | | | {rotation['pooled_held_out']['any@10']:.1f} | |")
     return "\n".join(lines)

@@ -18,28 +18,33 @@ within the candidate batch, then weighted by ``[memory.retrieval]``:
 ``total = sum(weight x signal)``; ties keep BM25 order. Every candidate's signals
 go into the debug structure so ``/context`` can explain a ranking.
 
-Turns. Candidates are the top ``turn_candidates`` hits from ``fts/turns`` and,
-when the opt-in ``turn_embedding`` projection is active with
-``turn_embedding_weight > 0``, the top ``turn_candidates`` turns by cosine to the
-cue (one matrix product over the snapshot's turn vectors). Over that union each
-signal is min-max normalised and the two are summed with ``bm25_weight`` and
+Turns. Candidates are the top ``turn_candidates`` hits from ``fts/turns`` (which
+indexes "speaker: text") and, when the opt-in ``turn_embedding`` projection is
+active with ``turn_embedding_weight > 0``, the top ``turn_candidates`` turns by
+cosine to the cue (one matrix product over the snapshot's turn vectors). Every
+candidate gets its own cosine, BM25 hits included, blended with the mean cosine
+of its context window (``turn_context``: the turn and its ``turn_context_span``
+nearest same-channel turns each side). Over the union each signal is min-max
+normalised and the two are summed with ``bm25_weight`` and
 ``turn_embedding_weight`` (``turn_fusion = "rrf"`` swaps in reciprocal rank
 fusion, which measured worse on LoCoMo: docs/benchmarks.md). The ranked turns
 are then filtered: minus the turns ``recent_history`` already shows
 (the ids actually in that window, not id arithmetic: ids are global across
 channels) and minus deleted turns; in a guild channel only that guild's turns
 (a direct message is never quoted into a server). Each hit brings its
-``turn_neighbours`` nearest neighbours before and after in the same channel,
-and the lot is grouped by date in ``display_tz``. The debug structure records
-which facts and turns survived the token cut (``shown_fact_ids``,
-``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
+``turn_neighbours`` nearest neighbours before and after in the same channel;
+hits join in rank order while they and their neighbours fit the section's
+token budget, and the lot is grouped by date in ``display_tz``. The debug
+structure records which facts and turns survived the token cut
+(``shown_fact_ids``, ``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -196,8 +201,11 @@ def fuse_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: f
 
     ``order`` is the union in first-seen order (BM25 hits first), which breaks
     ties. A turn outside the BM25 hits scores 0 on that signal (it ranked below
-    every hit); a turn with no vector gets the neutral 0.5 on the cosine one.
-    Measured on LoCoMo: this beat reciprocal rank fusion, see docs/benchmarks.md.
+    every hit). ``cosines`` should hold the cosine of *every* candidate, the
+    BM25-only ones too: a BM25 hit given a made-up neutral cosine instead of
+    its own lost 5 points any@10 on LoCoMo (docs/benchmarks.md). Only a turn
+    with no vector at all gets the neutral 0.5. Measured on LoCoMo: this beat
+    reciprocal rank fusion.
     """
     def normalised(values: dict[int, float]) -> dict[int, float]:
         if not values:
@@ -235,55 +243,150 @@ def rrf_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: fl
     return scored
 
 
-def _dense_turns(cue: str, memory, limit: int) -> dict[int, float]:
-    """Cosines of the ``limit`` turns nearest to the cue, when turn vectors are on and present."""
+MAX_CONTEXT_CANDIDATES = 100  # candidates whose cosine is blended with their window (the nearest first)
+
+
+def _dense_turns(cue: str, memory, limit: int, also: list[int],
+                 windows: Callable[[list[int]], dict[int, list[int]]] | None = None,
+                 cache: dict | None = None) -> dict[int, float]:
+    """Cosines of the ``limit`` turns nearest to the cue and of the turns ``also`` (the BM25 hits),
+    when turn vectors are on and present.
+
+    With ``windows`` (candidate id -> the ids of its context window, itself
+    included) and ``turn_context > 0``, each candidate's cosine becomes
+    ``(1 - share) x own + share x mean over its window``: a reply is often
+    about what the turns just before it said ("Which one?" after a question
+    about dogs), and the window's cosines are already in the matrix product.
+    Only the ``MAX_CONTEXT_CANDIDATES`` nearest candidates are blended, so a
+    deep refetch does not look up thousands of windows. ``cache`` keeps the
+    matrix product for the next refetch round of the same reply.
+    """
     retrieval = memory.config.memory.retrieval
     embedder = memory.embedder
     if (retrieval.turn_embedding_weight <= 0 or embedder is None
             or not memory.config.memory.is_active("turn_embedding")):
         return {}
+    cache = {} if cache is None else cache
+    if "sims" not in cache:
+        cache["sims"] = _turn_similarities(cue, memory, embedder)
+    if cache["sims"] is None:
+        return {}
+    ids, sims, ids_sorted = cache["sims"]
+    top = np.argpartition(-sims, min(limit, len(sims)) - 1)[:limit] if len(sims) > limit else np.arange(len(sims))
+    out = {int(ids[i]): float(sims[i]) for i in top}
+    if also:
+        out.update(_cosines_of(ids, sims, also, ids_sorted))
+    if windows is None or retrieval.turn_context <= 0 or not out:
+        return out
+    share = retrieval.turn_context
+    window = windows(sorted(out, key=lambda t: -out[t])[:MAX_CONTEXT_CANDIDATES])
+    around = _cosines_of(ids, sims, {t for members in window.values() for t in members}, ids_sorted)
+    for tid, own in out.items():
+        near = [around[t] for t in window.get(tid, ()) if t in around]
+        if near:
+            out[tid] = (1 - share) * own + share * sum(near) / len(near)
+    return out
+
+
+def _turn_similarities(cue: str, memory, embedder) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """``(turn ids, cosines to the cue, whether the ids ascend)``, or None without usable vectors."""
     turn_matrix = getattr(memory.snapshot, "turn_matrix", None)
     if turn_matrix is None:
-        return {}
+        return None
     ids, matrix = turn_matrix(embedder.name)
     if len(ids) == 0:
-        return {}
+        return None
     cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)), lambda: embedder.embed([cue])[0])
     cue_vec = np.asarray(cue_vec, dtype=np.float32)
     if cue_vec.shape[0] != matrix.shape[1]:
         memory.warn_once("turn-dim", "turn vectors under %s have dim %d but the cue has %d; ignoring them",
                          embedder.name, matrix.shape[1], cue_vec.shape[0])
-        return {}
+        return None
     norm = float(np.linalg.norm(cue_vec))
-    sims = matrix @ (cue_vec / (norm or 1.0))
-    top = np.argpartition(-sims, min(limit, len(sims)) - 1)[:limit] if len(sims) > limit else np.arange(len(sims))
-    return {int(ids[i]): float(sims[i]) for i in top}
+    return ids, matrix @ (cue_vec / (norm or 1.0)), bool(np.all(ids[1:] > ids[:-1]))
 
 
-def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int]) -> tuple[list, list[dict]]:
+def _cosines_of(ids: np.ndarray, sims: np.ndarray, wanted, ids_sorted: bool = False) -> dict[int, float]:
+    """``{turn id: cosine}`` for the ``wanted`` ids that have a vector (a binary search when ids ascend)."""
+    want = np.fromiter(wanted, dtype=np.int64)
+    if ids_sorted:
+        at = np.minimum(np.searchsorted(ids, want), len(ids) - 1)
+        rows = at[ids[at] == want]
+    else:
+        rows = np.flatnonzero(np.isin(ids, want))
+    return {int(ids[i]): float(sims[i]) for i in rows}
+
+
+class _TurnRows:
+    """Turn rows read once per reply: the ranked hits and their shown neighbours overlap."""
+
+    def __init__(self, log) -> None:
+        self.log = log
+        self.rows: dict[int, Any] = {}
+        self.asked: set[int] = set()
+
+    def get(self, ids) -> list:
+        wanted = {i for i in ids if i > 0}
+        missing = wanted - self.asked
+        if missing:
+            self.rows.update((t.id, t) for t in self.log.turns_by_ids(missing))
+            self.asked |= missing
+        return [self.rows[i] for i in sorted(wanted) if i in self.rows]
+
+
+def _same_channel_windows(log, span: int, exclude: frozenset[int]) -> Callable[[list[int]], dict[int, list[int]]]:
+    """For :func:`_dense_turns`: each candidate with its ``span`` nearest live same-channel turns each side.
+
+    Reads only ids and channels (``live_channels``): building full turn rows for
+    every window was most of the blend's cost at 100k turns.
+    """
+    def windows(candidates: list[int]) -> dict[int, list[int]]:
+        reach = NEIGHBOUR_SPAN * span
+        channel_of = log.live_channels({i for t in candidates for i in range(t - reach, t + reach + 1) if i > 0})
+        live: dict[int, list[int]] = {}
+        for tid in sorted(channel_of):
+            if tid not in exclude:
+                live.setdefault(channel_of[tid], []).append(tid)
+        out = {}
+        for tid in candidates:
+            if tid not in channel_of:
+                continue
+            same = live.get(channel_of[tid], [])
+            at = bisect_left(same, tid)
+            after = at + 1 if at < len(same) and same[at] == tid else at
+            out[tid] = same[max(0, at - span):at] + [tid] + same[after:after + span]
+        return out
+    return windows
+
+
+def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
+                   token_budget: int | None = None) -> tuple[list, list[dict]]:
     """Hit turns (not excluded, not deleted, visible here) with their neighbours, ascending by id.
 
     Candidates are the union of the top ``turn_candidates`` BM25 hits and, when
     turn embeddings are on, the top ``turn_candidates`` turns by cosine; they
     are ranked by :func:`fuse_turns`. If exclusions and deletions leave fewer
     than the budget's ``max_rag_turns``, the candidate depth grows and the
-    ranking is redone.
+    ranking is redone. With ``token_budget``, hits join in rank order only
+    while they and their neighbours fit it (see :func:`fit_by_rank`).
     """
     retrieval = memory.config.memory.retrieval
     limit = budget.max_rag_turns
-    log = memory.turn_log
+    rows_of = _TurnRows(memory.turn_log)
+    dense_cache: dict = {}
     fetch = max(retrieval.turn_candidates, limit)
     kept: list = []
     ranked: list[dict] = []
     for _ in range(MAX_REFETCH_ROUNDS + 1):
         hits = memory.fts_turns.search(cue, fetch)
-        dense = _dense_turns(cue, memory, fetch)
         bm25 = dict(hits)
+        dense = _dense_turns(cue, memory, fetch, list(bm25),
+                             _same_channel_windows(memory.turn_log, retrieval.turn_context_span, exclude), dense_cache)
         order = [tid for tid, _ in hits] + [tid for tid in sorted(dense, key=lambda t: -dense[t]) if tid not in bm25]
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
         fused = [f for f in fused if f["turn_id"] not in exclude]
-        rows = {t.id: t for t in log.turns_by_ids([f["turn_id"] for f in fused])}
+        rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in fused)}
         kept, ranked = [], []
         for f in fused:
             turn = rows.get(f["turn_id"])
@@ -301,14 +404,42 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int]) -> tu
     reach = retrieval.turn_neighbours
     span = max(NEIGHBOUR_SPAN, 3 * reach)
     around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0}
-    nearby = [t for t in log.turns_by_ids(around) if not t.deleted and t.id not in exclude] if reach else []
-    chosen = {t.id: t for t in kept}
+    nearby = [t for t in rows_of.get(around) if not t.deleted and t.id not in exclude] if reach else []
+    groups = []
     for hit in kept:
         same = [t for t in nearby if t.channel_id == hit.channel_id]
-        for t in [t for t in same if t.id < hit.id][-reach:] + [t for t in same if t.id > hit.id][:reach]:
-            chosen.setdefault(t.id, t)
+        groups.append([hit] + [t for t in same if t.id < hit.id][-reach:] + [t for t in same if t.id > hit.id][:reach])
+    chosen = fit_by_rank(groups, token_budget)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total")} for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
+
+
+GROUP_SLACK_TOKENS = 8  # a date header and a blank line a hit's group may add
+
+
+def fit_by_rank(groups: list[list], token_budget: int | None) -> dict[int, Any]:
+    """``{id: turn}`` of the hit groups (a hit and its neighbours, best hit first) that fit the budget.
+
+    The section is shown in time order and cut at the token budget, so without
+    this step the cut fell on the *latest* turns, whatever their rank: on
+    LoCoMo, 24 hits with neighbours lost 6 points of rendered recall to it
+    (docs/benchmarks.md). Whole groups are taken in rank order while their
+    estimated lines fit; the first group always comes (the renderer truncates it).
+    """
+    chosen: dict[int, Any] = {}
+    used = 0
+    for group in groups:
+        new = [t for t in group if t.id not in chosen]
+        if token_budget is not None:
+            cost = sum(estimate_tokens(f"> [12:00 pm {getattr(t, 'author_display', None) or ''}]: {t.content}")
+                       for t in new)
+            cost += GROUP_SLACK_TOKENS if new else 0
+            if chosen and used + cost > token_budget:
+                break
+            used += cost
+        for t in new:
+            chosen[t.id] = t
+    return chosen
 
 
 def _visible(turn, ctx) -> bool:
@@ -387,10 +518,12 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
     budget = memory.config.budget_for(ctx.tier)
     labels = memory.labels(ctx.guild_id)
     facts, debug = retrieve_facts(cue, memory, budget)
-    turns, turn_debug = retrieve_turns(cue, memory, ctx, budget, exclude)
+    fact_lines = [f"- {one_line(f.text)}{rename_note(f, labels)}" for f in facts]
+    fact_tokens = sum(estimate_tokens(line) for line in cap_blocks(fact_lines, budget.rag_tokens))
+    turns, turn_debug = retrieve_turns(cue, memory, ctx, budget, exclude,
+                                       token_budget=max(0, budget.rag_tokens - fact_tokens))
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)
-    fact_lines = [f"- {one_line(f.text)}{rename_note(f, labels)}" for f in facts]
     owned = owned_turn_lines(turns, labels, memory.config.tz)
     text, facts_kept, lines_kept = render_counted(fact_lines, [(k, line) for k, line, _ in owned],
                                                   budget.rag_tokens)

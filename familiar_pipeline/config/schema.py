@@ -154,9 +154,13 @@ class RetrievalConfig:
     fact_overfetch: int = knob(4, minimum=1)  # candidates fetched = this x max_rag_facts
     # Turns: BM25 and (when turn_embedding is active) cosine, min-max normalised over
     # the union of each signal's top `turn_candidates`, summed with these weights.
-    turn_embedding_weight: float = knob(1.0, minimum=0.0)
-    turn_candidates: int = knob(20, minimum=1)
-    turn_neighbours: int = knob(1, minimum=0)  # same-channel turns shown before and after each hit
+    turn_embedding_weight: float = knob(1.5, minimum=0.0)
+    turn_candidates: int = knob(50, minimum=1)
+    turn_neighbours: int = knob(2, minimum=0)  # same-channel turns shown before and after each hit
+    # Share of a turn's cosine taken from the mean over its context window (itself and its
+    # `turn_context_span` nearest same-channel turns each side); 0 = the turn alone.
+    turn_context: float = knob(0.5, minimum=0.0, maximum=1.0)
+    turn_context_span: int = knob(2, minimum=0)
     # "weighted": the min-max weighted sum above; "rrf": reciprocal rank fusion (k=60), kept to
     # re-check the measurement that chose "weighted" (docs/benchmarks.md).
     turn_fusion: str = knob("weighted", choices=("weighted", "rrf"))
@@ -216,7 +220,7 @@ DEFAULT_BUDGETS: Mapping[str, TierBudget] = FrozenDict({
     "voice": TierBudget(),
     "text": TierBudget(
         recent_history_tokens=8000, rag_tokens=2400, dossier_tokens=2400, summary_tokens=1600,
-        reflection_tokens=1600, lorebook_tokens=1600, max_history_turns=400, max_rag_turns=16,
+        reflection_tokens=1600, lorebook_tokens=1600, max_history_turns=400, max_rag_turns=24,
         max_rag_facts=10, max_dossier_people=24, max_reflections=10, max_lorebook_entries=20,
     ),
     "background": TierBudget(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from familiar_pipeline.projectors.embeddings import embedder_or_skip
 from familiar_pipeline.projectors.spec import TURN_INDEX, DropRule, ProjectorSpec, knob
+from familiar_pipeline.projectors.turns_index import search_text
 
 PROJECTOR = "turn_embedding"
 
@@ -32,14 +33,8 @@ class TurnEmbeddingConfig:
 
 
 def embedding_text(turn) -> str:
-    """What a turn's vector encodes: who spoke and what they said.
-
-    Questions about a conversation name people ("what did Ana buy?"); a vector
-    of the bare text cannot tell Ana's cello from Ben's. The speaker prefix
-    raised dense turn recall on LoCoMo (docs/benchmarks.md).
-    """
-    speaker = (turn.author_display or "").strip()
-    return f"{speaker}: {turn.content}" if speaker else turn.content
+    """What a turn's vector encodes: the same "speaker: text" the full-text index holds."""
+    return search_text(turn)
 
 
 def run(rt, report, *, rebuild: bool = False) -> None:

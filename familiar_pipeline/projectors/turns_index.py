@@ -14,6 +14,17 @@ PROJECTOR = "turns_fts"
 CHUNK = 5000
 
 
+def search_text(turn) -> str:
+    """What a turn is found by, in the full-text index and as a vector: who spoke and what they said.
+
+    Questions about a conversation name people ("what did Ana buy?"); the bare
+    text cannot tell Ana's cello from Ben's. With the speaker's name in the
+    indexed text, BM25 any@10 on LoCoMo rose 64.5 -> 68.7 (docs/benchmarks.md).
+    """
+    speaker = (turn.author_display or "").strip()
+    return f"{speaker}: {turn.content}" if speaker else turn.content
+
+
 def run(rt, report, *, rebuild: bool = False) -> None:
     turn_log = rt.turn_log()
     index = rt.fts_turns()
@@ -33,7 +44,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         chunk = turn_log.turns_after(turn_wm, limit=CHUNK)
         if not chunk:
             break
-        live = [(t.id, t.content) for t in chunk if not t.deleted]
+        live = [(t.id, search_text(t)) for t in chunk if not t.deleted]
         indexed += index.upsert_many(live)
         report.turns_read += len(chunk)
         turn_wm = chunk[-1].id
@@ -47,7 +58,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             index.delete(change.turn_id)
             removed += 1
         else:
-            index.upsert(change.turn_id, current[0].content)
+            index.upsert(change.turn_id, search_text(current[0]))
             indexed += 1
     change_wm = max(change_wm, latest_change)
     after = {"turn_id": turn_wm, "change_seq": change_wm}

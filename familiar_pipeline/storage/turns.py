@@ -893,6 +893,16 @@ class TurnLog:
             return []
         return self._turns("id IN (SELECT value FROM json_each(?))", [json.dumps(wanted)])
 
+    def live_channels(self, ids: Iterable[int]) -> dict[int, int]:
+        """``{id: channel_id}`` of the live (not deleted) turns among ``ids``: the cheap read
+        retrieval needs to find a turn's same-channel neighbours among many candidates."""
+        wanted = _check_ids(ids, "turn id")
+        if not wanted:
+            return {}
+        rows = self._query("SELECT id, channel_id FROM turns WHERE id IN (SELECT value FROM json_each(?)) "
+                           "AND deleted_at IS NULL", [json.dumps(wanted)])
+        return {int(i): int(c) for i, c in rows}
+
     def latest_id(self, channel_id: int | None = None) -> int:
         """The highest turn id (in the channel, if given), tombstones included; 0 when empty."""
         if channel_id is None:

@@ -31,11 +31,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     loc.add_argument("--model-path", metavar="DIR",
                      help="local MiniLM ONNX folder for --embedder fastembed (default: $FAMILIAR_MINILM_DIR, else "
                           ".cache/models/all-MiniLM-L6-v2; built there first as `familiar models minilm` does)")
+    loc.add_argument("--facts", choices=evaluation_fact_modes(), default="none",
+                     help="none (default, the headline): turns and turn embeddings only; extracted: the familiar's own "
+                          "facts asset run with --background-model; gold: the file's observations as facts, an ORACLE "
+                          "upper bound")
+    loc.add_argument("--background-model", metavar="MODEL",
+                     help="litellm model string for [llm.background] with --facts extracted (its API key comes from "
+                          "the provider's usual environment variable)")
     loc.add_argument("--out", metavar="DIR", help="write results.json, results.md and recall_at_k.png here")
     loc.add_argument("--sweep", action="store_true",
                      help="also sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file "
                           "only); writes sweep.json and sweep.md into --out")
     loc.add_argument("--workdir", metavar="DIR", help="keep the throwaway familiars here instead of a temporary folder")
+
+
+def evaluation_fact_modes() -> tuple[str, ...]:
+    from familiar_bot.eval.evaluation import FACT_MODES
+
+    return FACT_MODES
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         data = locomo.locate(args.data)
     except locomo.LocomoMissing as exc:
         raise CliError(str(exc), EXIT_CONFIG) from None
+    if args.facts == "extracted" and not (args.background_model or "").strip():
+        raise CliError("--facts extracted needs --background-model (a litellm model string)", EXIT_CONFIG)
     model_path = None
     if args.embedder == "fastembed":
         from familiar_pipeline.models.minilm import MinilmUnavailable, ensure_local_minilm
@@ -61,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             prepared = evaluation.prepare_all(
                 data, workdir, embedder=args.embedder, model_path=model_path,
+                facts=args.facts, background_model=args.background_model,
                 progress=lambda message: print(message, file=sys.stderr),
             )
         except (ValueError, KeyError) as exc:
@@ -76,11 +92,12 @@ def run(args: argparse.Namespace) -> int:
     results = evaluation.summarize(records)
     results["setup"] = {
         "data": str(data), "embedder": args.embedder, "conversations": len(prepared),
-        "facts_loaded": sum(p.facts_loaded for p in prepared),
+        **evaluation.facts_setup(prepared, args.facts, args.background_model),
         "evidence_ids_skipped": sum(p.evidence_skipped for p in prepared),
         "questions_skipped": sum(p.questions_skipped for p in prepared),
         "seconds": round(time.perf_counter() - started, 1),
     }
+    print(evaluation.mode_line(results))
     print(evaluation.markdown_table(results))
     setup = results["setup"]
     print(f"\n{setup['conversations']} conversations, {results['overall']['n']} questions (categories 1-4), "
