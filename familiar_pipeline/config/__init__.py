@@ -131,6 +131,10 @@ class LlmSlotConfig:
                                    pattern_hint="the NAME of an environment variable, "
                                    "e.g. \"OPENROUTER_API_KEY\" (never the key itself)")
     cache: bool = knob(False)  # response cache (on for background: rebuilds are free)
+    # Ask for the reply's JSON schema (`response_format`) on prompts that have one:
+    # "auto" = for providers known to honour it (OpenAI-compatible servers at an
+    # api_base, Ollama, vLLM, and models litellm lists as schema-capable), never for fakes.
+    structured: str = knob("auto", choices=("auto", "json_schema", "off"))
 
     @property
     def configured(self) -> bool:
@@ -196,6 +200,8 @@ class ReflectionConfig:
 @dataclass(frozen=True)
 class FactSupersedeConfig:
     priors_max: int = knob(20, minimum=1)
+    # New facts about one person judged in one call (one call per fact cost 68 calls per 100 turns).
+    new_facts_per_call: int = knob(10, minimum=1)
 
 
 @dataclass(frozen=True)

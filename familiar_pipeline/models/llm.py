@@ -421,7 +421,9 @@ class LlmClient:
     """Calls one slot's model. ``complete`` for threads, ``acomplete`` for asyncio.
 
     ``params`` given to a call (``temperature``, ``max_tokens``, ``response_format``,
-    ...) override the slot's defaults and are part of the cache key.
+    ...) override the slot's defaults and are part of the cache key. ``json_schema``
+    (``{"name": ..., "schema": ...}``, kept beside each prompt's parser) becomes a
+    ``response_format`` only when the slot's provider takes one (``structured``).
     """
 
     def __init__(
@@ -446,6 +448,7 @@ class LlmClient:
         self.familiar_id = familiar_id
         self.retry_base_delay_s = retry_base_delay_s
         self.retry_max_delay_s = retry_max_delay_s
+        self._structured: bool | None = None
 
     def __repr__(self) -> str:
         return (
@@ -457,6 +460,13 @@ class LlmClient:
     @property
     def configured(self) -> bool:
         return self.slot.configured
+
+    @property
+    def structured(self) -> bool:
+        """Whether calls that carry a ``json_schema`` send it as ``response_format`` (see ``wants_schema``)."""
+        if self._structured is None:
+            self._structured = wants_schema(self.slot)
+        return self._structured
 
     @property
     def _caching(self) -> bool:
@@ -535,6 +545,9 @@ class LlmClient:
             if not isinstance(message, dict) or "role" not in message:
                 raise ValueError(f"messages[{index}] must be a dict with a 'role', got {message!r:.80}")
         extra = dict(params)
+        schema = extra.pop("json_schema", None)
+        if schema is not None and self.structured:
+            extra.setdefault("response_format", {"type": "json_schema", "json_schema": schema})
         temperature = extra.pop("temperature", self.slot.temperature)
         max_tokens = extra.pop("max_tokens", self.slot.max_tokens)
         request = {
@@ -705,6 +718,31 @@ def _is_transient(exc: BaseException) -> bool:
         status = getattr(exc, "status_code", None)
         return isinstance(status, int) and (status in _TRANSIENT_STATUS or status >= 500)
     return False
+
+
+# Providers that take a JSON schema as response_format (litellm maps it to llama.cpp's
+# grammar, Ollama's `format`, vLLM's guided decoding); "openai" counts only at an api_base,
+# i.e. an OpenAI-compatible server such as llama.cpp's, LM Studio's or vLLM's.
+_SCHEMA_PROVIDERS = frozenset({"ollama", "ollama_chat", "hosted_vllm", "lm_studio", "llamafile"})
+
+
+def wants_schema(slot: LlmSlotConfig) -> bool:
+    """Whether ``[llm.<slot>].structured`` asks for schemas: "json_schema" always, "off" never, "auto" by provider.
+
+    The schema only constrains the reply; every parser stays tolerant, so a
+    provider that ignores it loses nothing.
+    """
+    if slot.structured != "auto":
+        return slot.structured == "json_schema"
+    provider = slot.model.split("/", 1)[0] if "/" in slot.model else ""
+    if provider == "fake" or not slot.configured:
+        return False
+    if provider in _SCHEMA_PROVIDERS or (provider == "openai" and slot.api_base):
+        return True
+    try:
+        return bool(import_litellm().supports_response_schema(model=slot.model))
+    except Exception:  # noqa: BLE001 - an unknown model is simply not known to support it
+        return False
 
 
 def client_for(

@@ -263,7 +263,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             manifest = build_manifest(batch, turn_log, participants_max=knobs.participants_max, self_key=self_key, self_name=self_name)
             messages = extraction_messages(batch, manifest, self_key=self_key, self_name=self_name)
             llm_started = time.perf_counter()
-            reply = rt.llm.complete(messages)
+            reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
             report.llm_seconds += time.perf_counter() - llm_started
             raw_facts, malformed = prompt.parse_reply(reply.text)
             if not (reply.text or "").strip():

@@ -5,14 +5,17 @@ watermark lives in memory.duckdb and is written with the retirements, so a
 restart or a crash never skips a fact (the original kept it in memory, primed
 it to the newest fact at start, and looked only at the newest few facts).
 
-For each subject of the new fact, the model is shown that subject's newest
-`priors_max` current facts with a *smaller* id: a fact can only be retired by a
-newer one, and never by one about someone else. What may be retired is decided
-in code, not by the model: only ids that were shown, never the new fact itself.
+For each subject, the chunk's new facts about it are judged together, in groups
+of `new_facts_per_call`, one model call per group: each new fact may retire the
+newest `priors_max` current facts about that subject with a *smaller* id (earlier
+new facts of the group included): a fact can only be retired by a newer one, and
+never by one about someone else. What may be retired is decided in code, not by
+the model: only ids in that fact's own pool, never the new fact itself.
 Retirement uses the existing-id form of `ProjectionStore.supersede` (nothing
 minted; an already-retired prior lands in `skipped`), which also drops the
-affected subjects' dossiers so they rebuild clean. Every model call leaves a
-row in `supersede_decisions` saying what was shown and what was retired.
+affected subjects' dossiers so they rebuild clean. Every judged (new fact,
+subject) leaves a row in `supersede_decisions` saying what was shown and what
+was retired.
 
 Bad output retires nothing and the watermark still advances. A failed model
 call (provider down, retries exhausted) stops the run after committing what was
@@ -68,6 +71,41 @@ def accepted_ids(named: list[int], shown: list[Fact], new_id: int) -> tuple[list
     return keep, len(named) - len(keep)
 
 
+@dataclass
+class Group:
+    """New facts about one subject judged in one call, with what each may retire."""
+
+    key: str
+    label: str
+    deciders: list[Fact]  # new facts with at least one candidate, ascending by id
+    pools: dict[int, list[Fact]]  # decider id -> the priors it may retire (select_priors)
+
+
+def plan_groups(chunk: list[Fact], by_subject: dict[str, list[Fact]], retired: set[int], priors_max: int,
+                per_call: int) -> list[Group]:
+    """Per subject, its new facts of the chunk in groups of at most `per_call` deciders, by first decider id.
+
+    A new fact with nothing it could retire needs no call and is in no group. Pools
+    are taken before any call: a fact retired by an earlier decision of the same
+    call is refused in `accepted_ids` rather than hidden from the prompt.
+    """
+    groups: list[Group] = []
+    for key in sorted({k for f in chunk for k in f.subject_keys}):
+        deciders, pools, label = [], {}, key
+        for new in chunk:
+            if new.superseded_at is not None or key not in new.subject_keys:
+                continue
+            pool = select_priors(new, key, by_subject.get(key, []), retired, priors_max)
+            if pool:
+                deciders.append(new)
+                pools[new.id] = pool
+                label = next(s.display_at_write for s in new.subjects if s.canonical_key == key)
+        for i in range(0, len(deciders), per_call):
+            part = deciders[i : i + per_call]
+            groups.append(Group(key, label, part, {d.id: pools[d.id] for d in part}))
+    return sorted(groups, key=lambda g: g.deciders[0].id)
+
+
 def run(rt, report, *, rebuild: bool = False) -> None:
     knobs = rt.config.memory.fact_supersede
     with rt.store() as store:
@@ -89,17 +127,28 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             # Every status, then filtered in select_priors: world-time expiry is judged
             # against the new fact's valid_from, never the wall clock, so a rebuild sees the same priors.
             by_subject = {k: store.facts_by_ids(subject_fact_ids(store, k, after_id=0, upto_id=upto)) for k in keys}
-        decisions: list[Decision] = []
-        retired: set[int] = set()
-        done_upto = watermark
         for new in chunk:
+            if new.superseded_at is not None:
+                report.drop("new_fact_already_retired")
+            elif not new.subjects:
+                report.drop("no_subjects")
+        retired: set[int] = set()
+        groups = plan_groups(chunk, by_subject, retired, knobs.priors_max, knobs.new_facts_per_call)
+        decisions: list[Decision] = []
+        undecided = {d.id for g in groups for d in g.deciders}
+        for group in groups:
             try:
-                decisions.extend(evaluate(rt, report, new, by_subject, retired, knobs.priors_max))
+                decisions.extend(evaluate(rt, report, group, retired))
             except Exception as exc:  # the model call failed for good: keep what was decided
                 failure = exc
                 break
-            done_upto = new.id
-            evaluated += 1
+            undecided -= {d.id for d in group.deciders}
+        # Facts are done in id order up to the first one still waiting for its call.
+        first_open = min(undecided, default=None) if failure is not None else None
+        done = [f for f in chunk if first_open is None or f.id < first_open]
+        done_upto = done[-1].id if done else watermark
+        decisions = [d for d in decisions if d.new_fact_id <= done_upto]
+        evaluated += len(done)
         if done_upto > watermark or decisions:
             apply(rt, report, decisions, done_upto)
             watermark = done_upto
@@ -114,34 +163,29 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         report.reason = "no new facts"
 
 
-def evaluate(rt, report, new: Fact, by_subject: dict[str, list[Fact]], retired: set[int], priors_max: int) -> list[Decision]:
-    """Ask, per subject of `new`, which shown priors it retires; marks them in `retired`."""
-    if new.superseded_at is not None:
-        report.drop("new_fact_already_retired")
-        return []
-    if not new.subjects:
-        report.drop("no_subjects")
-        return []
+def evaluate(rt, report, group: Group, retired: set[int]) -> list[Decision]:
+    """One call for the group; each decider retires only its own pool, oldest decider first; marks `retired`."""
+    decider_ids = {d.id for d in group.deciders}
+    shown = {f.id: f for pool in group.pools.values() for f in pool}
+    messages = prompt.build_messages(
+        subject_key=group.key,
+        subject_label=group.label,
+        new_facts=[(d.id, d.text) for d in group.deciders],
+        priors=[(f.id, f.text) for f_id, f in sorted(shown.items()) if f_id not in decider_ids],
+    )
+    reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
+    report.llm_seconds += reply.latency_s
+    named, malformed = prompt.parse_reply(reply.text, [d.id for d in group.deciders])
+    report.drop("malformed_reply", malformed)
+    report.drop("unknown_new_ids", len(set(named) - decider_ids))
     decisions = []
-    for subject in new.subjects:
-        shown = select_priors(new, subject.canonical_key, by_subject.get(subject.canonical_key, []), retired, priors_max)
-        if not shown:
-            continue
-        messages = prompt.build_messages(
-            subject_key=subject.canonical_key,
-            subject_label=subject.display_at_write,
-            new_fact=(new.id, new.text),
-            priors=[(f.id, f.text) for f in shown],
-        )
-        reply = rt.llm.complete(messages)
-        report.llm_seconds += reply.latency_s
-        named, malformed = prompt.parse_reply(reply.text)
-        if malformed:
-            report.drop("malformed_reply")
-        keep, refused = accepted_ids(named, shown, new.id)
+    for new in group.deciders:
+        pool = group.pools[new.id]
+        wanted = [i for i in named.get(new.id, []) if i not in retired]  # retired by an earlier decider of this call
+        keep, refused = accepted_ids(wanted, pool, new.id)
         report.drop("ids_not_shown", refused)
         retired.update(keep)
-        decisions.append(Decision(new.id, subject.canonical_key, [f.id for f in shown], keep, reply.model or None))
+        decisions.append(Decision(new.id, group.key, [f.id for f in pool], keep, reply.model or None))
     return decisions
 
 
