@@ -1,9 +1,10 @@
 """People dossiers (projector `people_dossier`): one compounding dossier per subject, the familiar included.
 
-The dossier advances one extraction batch at a time: it walks the same
-fixed-size turn batches the fact extractor used (`rich_note.batch_size`), up to
-the extractor's watermark, and at each batch end T folds, for every subject the
-batch touched, that subject's facts past its own `last_fact_id` up to the fact
+The dossier advances `batches_per_fold` extraction batches at a time: it walks
+the same fixed-size turn batches the fact extractor used (`rich_note.batch_size`),
+up to the extractor's watermark, and at every `batches_per_fold`-th batch end T
+(counted from the dossier watermark, itself such a step) folds, for every subject
+those batches touched, that subject's facts past its own `last_fact_id` up to the fact
 horizon at T (see `horizon`). A subject with a fact retired in that step is
 rebuilt from all its facts current at that point, with no prior text: the
 incremental "prior + new facts" fold never un-bakes a retired fact, which is
@@ -90,17 +91,20 @@ def steps_pending(rt, store, watermark_turn: int, watermark_fact: int) -> list[S
     rich = store.get_watermark("rich_note").turn_id
     supersede_ready = store.get_watermark("fact_supersede").fact_id if cfg.memory.is_active("fact_supersede") else None
     batch_size = cfg.memory.rich_note.batch_size
+    per_fold = cfg.memory.people_dossier.batches_per_fold
     turn_log = rt.turn_log()
-    steps, after, horizon = [], watermark_turn, watermark_fact
+    steps, after, horizon, walked = [], watermark_turn, watermark_fact, 0
     while len(steps) < cfg.pipeline.max_batches_per_run:
         batch = turn_log.turns_after(after, limit=batch_size)
         if len(batch) < batch_size or batch[-1].id > rich:
             break
+        after, walked = batch[-1].id, walked + 1
         horizon = max(horizon, fact_horizon(store, batch[-1].id))
+        if walked % per_fold:
+            continue  # a fold every `batches_per_fold` batches: fewer calls, same steps on a rebuild
         if supersede_ready is not None and supersede_ready < horizon:
             break
         steps.append(Step(batch[-1].id, horizon))
-        after = batch[-1].id
     return steps
 
 

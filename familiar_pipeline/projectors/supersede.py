@@ -73,36 +73,39 @@ def accepted_ids(named: list[int], shown: list[Fact], new_id: int) -> tuple[list
 
 @dataclass
 class Group:
-    """New facts about one subject judged in one call, with what each may retire."""
+    """New facts about one subject judged in one call."""
 
     key: str
     label: str
-    deciders: list[Fact]  # new facts with at least one candidate, ascending by id
-    pools: dict[int, list[Fact]]  # decider id -> the priors it may retire (select_priors)
+    deciders: list[Fact]  # new facts with at least one candidate when planned, ascending by id
+    candidates: list[Fact]  # every fact naming `key` up to the chunk's end (select_priors filters)
+    shown: list[Fact]  # the earlier facts the prompt lists as PRIOR
 
 
 def plan_groups(chunk: list[Fact], by_subject: dict[str, list[Fact]], retired: set[int], priors_max: int,
                 per_call: int) -> list[Group]:
     """Per subject, its new facts of the chunk in groups of at most `per_call` deciders, by first decider id.
 
-    A new fact with nothing it could retire needs no call and is in no group. Pools
-    are taken before any call: a fact retired by an earlier decision of the same
-    call is refused in `accepted_ids` rather than hidden from the prompt.
+    A new fact with nothing it could retire needs no call and is in no group. The
+    prompt lists a little more than `priors_max` per decider (earlier deciders may
+    retire some); what each decider may retire is settled after the reply, in id
+    order, exactly as if the facts had been judged one call each (see `evaluate`).
     """
     groups: list[Group] = []
     for key in sorted({k for f in chunk for k in f.subject_keys}):
-        deciders, pools, label = [], {}, key
+        candidates = by_subject.get(key, [])
+        deciders, label = [], key
         for new in chunk:
             if new.superseded_at is not None or key not in new.subject_keys:
                 continue
-            pool = select_priors(new, key, by_subject.get(key, []), retired, priors_max)
-            if pool:
+            if select_priors(new, key, candidates, retired, priors_max):
                 deciders.append(new)
-                pools[new.id] = pool
                 label = next(s.display_at_write for s in new.subjects if s.canonical_key == key)
         for i in range(0, len(deciders), per_call):
             part = deciders[i : i + per_call]
-            groups.append(Group(key, label, part, {d.id: pools[d.id] for d in part}))
+            wide = {f.id: f for d in part for f in select_priors(d, key, candidates, retired, priors_max + len(part))}
+            shown = [wide[i] for i in sorted(wide) if i not in {d.id for d in part}]
+            groups.append(Group(key, label, part, candidates, shown))
     return sorted(groups, key=lambda g: g.deciders[0].id)
 
 
@@ -138,7 +141,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         undecided = {d.id for g in groups for d in g.deciders}
         for group in groups:
             try:
-                decisions.extend(evaluate(rt, report, group, retired))
+                decisions.extend(evaluate(rt, report, group, retired, knobs.priors_max))
             except Exception as exc:  # the model call failed for good: keep what was decided
                 failure = exc
                 break
@@ -147,7 +150,10 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         first_open = min(undecided, default=None) if failure is not None else None
         done = [f for f in chunk if first_open is None or f.id < first_open]
         done_upto = done[-1].id if done else watermark
-        decisions = [d for d in decisions if d.new_fact_id <= done_upto]
+        # Logged in the order one call per fact would have logged them.
+        order = {f.id: f.subject_keys for f in chunk}
+        decisions = sorted((d for d in decisions if d.new_fact_id <= done_upto),
+                           key=lambda d: (d.new_fact_id, order[d.new_fact_id].index(d.subject_key)))
         evaluated += len(done)
         if done_upto > watermark or decisions:
             apply(rt, report, decisions, done_upto)
@@ -163,25 +169,30 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         report.reason = "no new facts"
 
 
-def evaluate(rt, report, group: Group, retired: set[int]) -> list[Decision]:
-    """One call for the group; each decider retires only its own pool, oldest decider first; marks `retired`."""
-    decider_ids = {d.id for d in group.deciders}
-    shown = {f.id: f for pool in group.pools.values() for f in pool}
+def evaluate(rt, report, group: Group, retired: set[int], priors_max: int) -> list[Decision]:
+    """One call for the group, then each decider in id order retires only from its own pool; marks `retired`.
+
+    A decider's pool is taken after the earlier deciders' retirements, as
+    `select_priors` gives it: the same ids a one-call-per-fact judge would have
+    been shown, so how facts were grouped never changes which ids may retire.
+    """
     messages = prompt.build_messages(
         subject_key=group.key,
         subject_label=group.label,
         new_facts=[(d.id, d.text) for d in group.deciders],
-        priors=[(f.id, f.text) for f_id, f in sorted(shown.items()) if f_id not in decider_ids],
+        priors=[(f.id, f.text) for f in group.shown],
     )
     reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
     report.llm_seconds += reply.latency_s
     named, malformed = prompt.parse_reply(reply.text, [d.id for d in group.deciders])
     report.drop("malformed_reply", malformed)
-    report.drop("unknown_new_ids", len(set(named) - decider_ids))
+    report.drop("unknown_new_ids", len(set(named) - {d.id for d in group.deciders}))
     decisions = []
     for new in group.deciders:
-        pool = group.pools[new.id]
-        wanted = [i for i in named.get(new.id, []) if i not in retired]  # retired by an earlier decider of this call
+        pool = select_priors(new, group.key, group.candidates, retired, priors_max)
+        if not pool:
+            continue  # everything it could retire was retired by an earlier decider
+        wanted = [i for i in named.get(new.id, []) if i not in retired]  # retired earlier in this call
         keep, refused = accepted_ids(wanted, pool, new.id)
         report.drop("ids_not_shown", refused)
         retired.update(keep)
