@@ -448,7 +448,7 @@ class LlmClient:
         self.familiar_id = familiar_id
         self.retry_base_delay_s = retry_base_delay_s
         self.retry_max_delay_s = retry_max_delay_s
-        self._structured: bool | None = None
+        self._structured: str | None = None
 
     def __repr__(self) -> str:
         return (
@@ -462,10 +462,10 @@ class LlmClient:
         return self.slot.configured
 
     @property
-    def structured(self) -> bool:
-        """Whether calls that carry a ``json_schema`` send it as ``response_format`` (see ``wants_schema``)."""
+    def structured(self) -> str:
+        """How calls that carry a ``json_schema`` send it as ``response_format`` (see ``schema_mode``)."""
         if self._structured is None:
-            self._structured = wants_schema(self.slot)
+            self._structured = schema_mode(self.slot)
         return self._structured
 
     @property
@@ -546,8 +546,11 @@ class LlmClient:
                 raise ValueError(f"messages[{index}] must be a dict with a 'role', got {message!r:.80}")
         extra = dict(params)
         schema = extra.pop("json_schema", None)
-        if schema is not None and self.structured:
+        mode = self.structured if schema is not None else "off"
+        if mode == "json_schema":
             extra.setdefault("response_format", {"type": "json_schema", "json_schema": schema})
+        elif mode == "json_object":
+            extra.setdefault("response_format", {"type": "json_object", "schema": schema["schema"]})
         temperature = extra.pop("temperature", self.slot.temperature)
         max_tokens = extra.pop("max_tokens", self.slot.max_tokens)
         request = {
@@ -720,29 +723,34 @@ def _is_transient(exc: BaseException) -> bool:
     return False
 
 
-# Providers that take a JSON schema as response_format (litellm maps it to llama.cpp's
-# grammar, Ollama's `format`, vLLM's guided decoding); "openai" counts only at an api_base,
-# i.e. an OpenAI-compatible server such as llama.cpp's, LM Studio's or vLLM's.
-_SCHEMA_PROVIDERS = frozenset({"ollama", "ollama_chat", "hosted_vllm", "lm_studio", "llamafile"})
+# Providers that take a JSON schema as response_format (litellm maps it to Ollama's
+# `format` and vLLM's guided decoding).
+_SCHEMA_PROVIDERS = frozenset({"ollama", "ollama_chat", "hosted_vllm", "lm_studio"})
 
 
-def wants_schema(slot: LlmSlotConfig) -> bool:
-    """Whether ``[llm.<slot>].structured`` asks for schemas: "json_schema" always, "off" never, "auto" by provider.
+def schema_mode(slot: LlmSlotConfig) -> str:
+    """``[llm.<slot>].structured`` resolved: "json_schema", "json_object" or "off".
 
-    The schema only constrains the reply; every parser stays tolerant, so a
-    provider that ignores it loses nothing.
+    "auto": off for fakes; "json_object" for an OpenAI-compatible server at an
+    api_base (``openai/<name>``): llama.cpp's servers (llama-cpp-python's accepts
+    no other type) constrain decoding to the schema given with it, and other
+    servers at least switch to JSON mode; "json_schema" for Ollama, vLLM, LM
+    Studio and hosted models litellm lists as schema-capable. The parsers stay
+    tolerant, so a provider that ignores the schema loses nothing.
     """
     if slot.structured != "auto":
-        return slot.structured == "json_schema"
+        return slot.structured
     provider = slot.model.split("/", 1)[0] if "/" in slot.model else ""
     if provider == "fake" or not slot.configured:
-        return False
-    if provider in _SCHEMA_PROVIDERS or (provider == "openai" and slot.api_base):
-        return True
+        return "off"
+    if provider == "openai" and slot.api_base:
+        return "json_object"
+    if provider in _SCHEMA_PROVIDERS:
+        return "json_schema"
     try:
-        return bool(import_litellm().supports_response_schema(model=slot.model))
+        return "json_schema" if import_litellm().supports_response_schema(model=slot.model) else "off"
     except Exception:  # noqa: BLE001 - an unknown model is simply not known to support it
-        return False
+        return "off"
 
 
 def client_for(
