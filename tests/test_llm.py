@@ -538,3 +538,13 @@ def test_a_broken_responder_fails_at_once_with_its_own_message(fake):
     fake.script(lambda messages: 42)
     with pytest.raises(LlmError, match="must be str"):
         client().complete(MESSAGES)
+
+
+def test_a_keyless_openai_compatible_server_gets_a_placeholder_key(fake, monkeypatch):
+    """Never the user's OPENAI_API_KEY to an arbitrary api_base; and the SDK needs some key."""
+    from familiar_pipeline.models.llm import LOCAL_SERVER_KEY
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key-000000")
+    local = client(slot(model="openai/smollm2", api_base="http://127.0.0.1:1/v1"))
+    assert local._api_key() == LOCAL_SERVER_KEY
+    assert client(slot(model="openai/gpt-4o-mini"))._api_key() is None

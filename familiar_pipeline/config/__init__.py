@@ -204,7 +204,7 @@ class ReflectionConfig:
 class FactSupersedeConfig:
     priors_max: int = knob(20, minimum=1)
     # New facts about one person judged in one call (one call per fact cost 68 calls per 100 turns).
-    new_facts_per_call: int = knob(10, minimum=1)
+    new_facts_per_call: int = knob(15, minimum=1)
 
 
 @dataclass(frozen=True)

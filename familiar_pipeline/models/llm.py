@@ -51,6 +51,9 @@ _RESERVED_PARAMS = frozenset(
     {"model", "messages", "api_key", "api_base", "timeout", "stream", "num_retries", "max_retries"}
 )
 
+# Sent as the key to an OpenAI-compatible server at an api_base when no api_key_env is set.
+LOCAL_SERVER_KEY = "no-key-local-server"
+
 # HTTP statuses that mean "try again" when litellm raises a generic APIError.
 _TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 
@@ -575,6 +578,11 @@ class LlmClient:
     def _api_key(self) -> str | None:
         name = self.slot.api_key_env
         if not name:
+            # A local OpenAI-compatible server (llama.cpp, vLLM) needs no key, but the
+            # OpenAI SDK refuses to send a request without one and would otherwise pick up
+            # OPENAI_API_KEY, sending a real key to whatever api_base points at.
+            if self.slot.api_base and self.slot.model.startswith("openai/"):
+                return LOCAL_SERVER_KEY
             return None
         value = os.environ.get(name)
         if not value:
