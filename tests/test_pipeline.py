@@ -131,6 +131,20 @@ def test_hallucinated_ids_and_keys_are_dropped(tmp_path, instance, fake_llm):
     assert by_text["Someone likes tea."].source_turn_ids == tuple(range(1, 11))  # fallback: the batch
 
 
+def test_a_world_end_before_its_start_keeps_the_fact_open_ended(tmp_path, instance, fake_llm):
+    """A weak model (SmolLM2) gave valid_to equal to the turn's time: the batch must not crash."""
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 10)
+    reply = {"facts": [{"text": "Cass moved to Berlin.", "source_turn_ids": [1], "subject_keys": ["discord:111"],
+                        "valid_from": "2020-05-01", "valid_to": "2020-05-01"}]}
+    fake_llm.script(lambda messages: json.dumps(reply))
+    meta = metadata_of(run_assets(tmp_path, "fam", instance, [facts]), "facts")
+    assert meta["rows_written"] == 1 and meta["dropped_reasons"]["valid_to_not_after_valid_from"] == 1
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        (fact,) = store.current_facts()
+    assert fact.valid_to is None and fact.valid_from.date().isoformat() == "2020-05-01"
+
+
 def test_no_model_configured_is_skipped_not_failed(tmp_path, instance, fake_llm):
     paths = make_familiar(tmp_path, extra_toml="")
     append_chat(paths, 12)

@@ -180,6 +180,11 @@ def validate_facts(
             if "dream" not in text.lower():
                 text = f"{self_name} dreamed that {text}"
         first = by_id[source_ids[0]]
+        valid_from = parse_instant(raw.valid_from) or first.created_at
+        valid_to = parse_instant(raw.valid_to)
+        if valid_to is not None and valid_to <= valid_from:
+            outcome.drop("valid_to_not_after_valid_from")  # counted per fact; the fact is kept, open-ended
+            valid_to = None
         outcome.drafts.append(
             FactDraft(
                 text=text,
@@ -187,8 +192,8 @@ def validate_facts(
                 subjects=tuple(subjects),
                 channel_id=first.channel_id,
                 importance=as_int(raw.importance),
-                valid_from=parse_instant(raw.valid_from) or first.created_at,
-                valid_to=parse_instant(raw.valid_to),
+                valid_from=valid_from,
+                valid_to=valid_to,
             )
         )
     return outcome
