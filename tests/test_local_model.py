@@ -73,7 +73,8 @@ def server(tmp_path_factory):
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [PYTHON, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", "smollm2",
-             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"],
+             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096",
+             "--n_threads", str(os.cpu_count() or 1)],
             stdout=out, stderr=subprocess.STDOUT,
         )
     base = f"http://127.0.0.1:{port}/v1"
@@ -107,7 +108,7 @@ temperature = 0.0
 [llm.background]
 model = "openai/smollm2"
 api_base = "{api_base}"
-max_tokens = 384
+max_tokens = 256
 temperature = 0.0
 max_retries = 1
 structured = "{STRUCTURED}"
