@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from familiar_pipeline.models.jsonparse import as_int_list, coerce_json_items
 
-from .common import UNTRUSTED_NOTE, TurnLike, quote, render_turn_lines
+from .common import UNTRUSTED_NOTE, TurnLike, list_reply_schema, quote, render_turn_lines
 
 
 @dataclass(frozen=True)
@@ -101,31 +101,19 @@ def build_system(self_name: str, self_key: str, dream_ids: Sequence[int] = ()) -
 # The reply's JSON schema, sent as `response_format` where the provider supports it
 # (see `models.llm`); `parse_reply` below also accepts the bare array older prompts asked for.
 REPLY_KEY = "facts"
-REPLY_SCHEMA = {
-    "name": "facts",
-    "schema": {
-        "type": "object",
-        "properties": {
-            REPLY_KEY: {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "text": {"type": "string"},
-                        "source_turn_ids": {"type": "array", "items": {"type": "integer"}},
-                        "subject_keys": {"type": "array", "items": {"type": "string"}},
-                        "valid_from": {"type": "string"},
-                        "valid_to": {"type": "string"},
-                        "importance": {"type": "integer", "minimum": 1, "maximum": 10},
-                    },
-                    "required": ["text", "source_turn_ids", "subject_keys"],
-                },
-            }
-        },
-        "required": [REPLY_KEY],
+REPLY_SCHEMA = list_reply_schema(
+    "facts",
+    REPLY_KEY,
+    {
+        "text": {"type": "string"},
+        "source_turn_ids": {"type": "array", "items": {"type": "integer"}},
+        "subject_keys": {"type": "array", "items": {"type": "string"}},
+        "valid_from": {"type": "string"},
+        "valid_to": {"type": "string"},
+        "importance": {"type": "integer", "minimum": 1, "maximum": 10},
     },
-}
-
+    ["text", "source_turn_ids", "subject_keys"],
+)
 
 def build_user(turns: Sequence[TurnLike], manifest: Sequence[ManifestEntry]) -> str:
     lines = []

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from familiar_pipeline.models.jsonparse import as_int_list, coerce_json_items
 
-from .common import UNTRUSTED_NOTE, TurnLike, quote, render_turn_lines
+from .common import UNTRUSTED_NOTE, TurnLike, list_reply_schema, quote, render_turn_lines
 
 SYSTEM = """\
 You write short reflections for a companion about the recent stretch of a group conversation: \
@@ -33,28 +33,16 @@ happening, reply {{"reflections": []}}.
 
 # The reply's JSON schema for `response_format` (see `models.llm`); the parser also takes a bare array.
 REPLY_KEY = "reflections"
-REPLY_SCHEMA = {
-    "name": "reflections",
-    "schema": {
-        "type": "object",
-        "properties": {
-            REPLY_KEY: {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "text": {"type": "string"},
-                        "cited_turn_ids": {"type": "array", "items": {"type": "integer"}},
-                        "cited_fact_ids": {"type": "array", "items": {"type": "integer"}},
-                    },
-                    "required": ["text", "cited_turn_ids", "cited_fact_ids"],
-                },
-            }
-        },
-        "required": [REPLY_KEY],
+REPLY_SCHEMA = list_reply_schema(
+    "reflections",
+    REPLY_KEY,
+    {
+        "text": {"type": "string"},
+        "cited_turn_ids": {"type": "array", "items": {"type": "integer"}},
+        "cited_fact_ids": {"type": "array", "items": {"type": "integer"}},
     },
-}
-
+    ["text", "cited_turn_ids", "cited_fact_ids"],
+)
 
 @dataclass(frozen=True)
 class RawReflection:
