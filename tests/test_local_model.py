@@ -110,6 +110,7 @@ model = "openai/smollm2"
 api_base = "{api_base}"
 max_tokens = 256
 temperature = 0.0
+timeout_s = 900
 max_retries = 1
 structured = "{STRUCTURED}"
 
@@ -135,6 +136,7 @@ def _import_turns(paths: FamiliarPaths) -> int:
     return len(rows)
 
 
+@pytest.mark.timeout(3600)  # ~35 model calls; on a busy 2-core host one call can take minutes
 def test_every_projection_and_replies_through_smollm2(server, tmp_path, monkeypatch):
     monkeypatch.setenv("FAMILIAR__PIPELINE__MAX_BATCHES_PER_RUN", "1000")
     monkeypatch.setenv("FAMILIAR__PROVIDERS__MEMORY__ROLLING_SUMMARY__BACKFILL_CAP", "1000")
