@@ -271,21 +271,22 @@ def test_suite_has_at_least_thirty_cases():
 
 
 def test_new_facts_of_one_person_share_a_call(tmp_path, fake_llm):
-    """One call per subject and group of `new_facts_per_call` deciders, not one per fact."""
+    """The facts one write brought about one person share a call (at most `new_facts_per_call`), not one per fact."""
     paths = familiar(tmp_path)
     paths.character_toml.write_text(paths.character_toml.read_text() + "\n[providers.memory.fact_supersede]\nnew_facts_per_call = 4\n")
     cities = ["Berlin", "Paris", "Rome", "Oslo", "Riga", "Kyiv", "Porto"]
-    add_facts(paths, [fact(f"Cass moved to {c}.", CASS, turn=i + 1) for i, c in enumerate(cities)]
-              + [fact("Bo lives in Oslo.", BO, turn=20), fact("Bo moved to Riga.", BO, turn=21)])
+    with ProjectionStore(paths.memory_db) as store:  # one write, as one extraction batch makes
+        store.append_facts([fact(f"Cass moved to {c}.", CASS, turn=i + 1) for i, c in enumerate(cities)]
+                           + [fact("Bo lives in Oslo.", BO, turn=20), fact("Bo moved to Riga.", BO, turn=21)])
     run_projector(supersede, tmp_path)
     calls = supersede_calls(fake_llm)
-    # Cass: facts 2..7 decide (fact 1 has no prior) -> groups of 4 and 2; Bo: one group.
+    # Cass: facts 1-4 and 5-7 (fact 1 has no prior, so it is only shown); Bo: one group.
     assert len(calls) == 3
     facts, decisions, mark = state(paths)
     assert [f.id for f in facts.values() if f.current] == [7, 9] and mark == 9
     assert all(facts[i].superseded_by == i + 1 for i in range(1, 7)) and facts[8].superseded_by == 9
     first = calls[0]["messages"][1]["content"]
-    assert "- id=1:" in first and all(f"NEW fact (id={i})" in first for i in (2, 3, 4, 5))
+    assert "- id=1:" in first and all(f"NEW fact (id={i})" in first for i in (2, 3, 4)) and "id=5" not in first
 
 
 @pytest.mark.parametrize(
@@ -299,8 +300,9 @@ def test_new_facts_of_one_person_share_a_call(tmp_path, fake_llm):
 )
 def test_batched_replies_are_checked_per_decider(tmp_path, fake_llm, reply, dropped):
     paths = familiar(tmp_path)
-    add_facts(paths, [fact("Cass lives in Berlin.", CASS), fact("Cass likes tea.", CASS, turn=2),
-                      fact("Cass moved to Lisbon.", CASS, turn=3)])
+    with ProjectionStore(paths.memory_db) as store:
+        store.append_facts([fact("Cass lives in Berlin.", CASS), fact("Cass likes tea.", CASS, turn=2),
+                            fact("Cass moved to Lisbon.", CASS, turn=3)])
     fake_llm.script(lambda messages: reply)
     report = run_projector(supersede, tmp_path)
     facts, decisions, mark = state(paths)

@@ -5,8 +5,8 @@ watermark lives in memory.duckdb and is written with the retirements, so a
 restart or a crash never skips a fact (the original kept it in memory, primed
 it to the newest fact at start, and looked only at the newest few facts).
 
-For each subject, the chunk's new facts about it are judged together, in groups
-of `new_facts_per_call`, one model call per group: each new fact may retire the
+For each subject, the new facts about it that one extraction batch wrote are
+judged together (at most `new_facts_per_call` per call), one model call per group: each new fact may retire the
 newest `priors_max` current facts about that subject with a *smaller* id (earlier
 new facts of the group included): a fact can only be retired by a newer one, and
 never by one about someone else. What may be retired is decided in code, not by
@@ -73,40 +73,44 @@ def accepted_ids(named: list[int], shown: list[Fact], new_id: int) -> tuple[list
 
 @dataclass
 class Group:
-    """New facts about one subject judged in one call."""
+    """New facts about one subject judged in one call (those that still have a candidate when it is made)."""
 
     key: str
     label: str
-    deciders: list[Fact]  # new facts with at least one candidate when planned, ascending by id
+    facts: list[Fact]  # the subject's new facts of this group, ascending by id
     candidates: list[Fact]  # every fact naming `key` up to the chunk's end (select_priors filters)
-    shown: list[Fact]  # the earlier facts the prompt lists as PRIOR
 
 
-def plan_groups(chunk: list[Fact], by_subject: dict[str, list[Fact]], retired: set[int], priors_max: int,
-                per_call: int) -> list[Group]:
-    """Per subject, its new facts of the chunk in groups of at most `per_call` deciders, by first decider id.
+def whole_writes(facts: list[Fact], limit: int) -> list[Fact]:
+    """The first `limit` facts, extended to the end of the write (same `created_at`) the last one belongs to."""
+    end = min(limit, len(facts))
+    while 0 < end < len(facts) and facts[end].created_at == facts[end - 1].created_at:
+        end += 1
+    return facts[:end]
 
-    A new fact with nothing it could retire needs no call and is in no group. The
-    prompt lists a little more than `priors_max` per decider (earlier deciders may
-    retire some); what each decider may retire is settled after the reply, in id
-    order, exactly as if the facts had been judged one call each (see `evaluate`).
+
+def plan_groups(chunk: list[Fact], by_subject: dict[str, list[Fact]], per_call: int) -> list[Group]:
+    """Per subject, its current new facts of the chunk in runs of `per_call`, in the order they are judged.
+
+    Which of them decide, and what the prompt shows, is settled right before each
+    call (`evaluate`), after the retirements of the groups before it. With
+    Groups never span two writes (facts of one extraction batch share their
+    `created_at`, and a chunk never splits a write), so grouping, and with it every
+    prompt, depends only on the logs: a rebuild asks exactly what the incremental
+    runs asked, whatever the runs' boundaries were.
     """
     groups: list[Group] = []
     for key in sorted({k for f in chunk for k in f.subject_keys}):
-        candidates = by_subject.get(key, [])
-        deciders, label = [], key
-        for new in chunk:
-            if new.superseded_at is not None or key not in new.subject_keys:
-                continue
-            if select_priors(new, key, candidates, retired, priors_max):
-                deciders.append(new)
-                label = next(s.display_at_write for s in new.subjects if s.canonical_key == key)
-        for i in range(0, len(deciders), per_call):
-            part = deciders[i : i + per_call]
-            wide = {f.id: f for d in part for f in select_priors(d, key, candidates, retired, priors_max + len(part))}
-            shown = [wide[i] for i in sorted(wide) if i not in {d.id for d in part}]
-            groups.append(Group(key, label, part, candidates, shown))
-    return sorted(groups, key=lambda g: g.deciders[0].id)
+        written: dict[object, list[Fact]] = {}  # facts written together: one extraction batch
+        for f in chunk:
+            if f.superseded_at is None and key in f.subject_keys:
+                written.setdefault(f.created_at, []).append(f)
+        for mine in written.values():
+            for i in range(0, len(mine), per_call):
+                part = mine[i : i + per_call]
+                label = next(s.display_at_write for s in part[-1].subjects if s.canonical_key == key)
+                groups.append(Group(key, label, part, by_subject.get(key, [])))
+    return sorted(groups, key=lambda g: (g.facts[0].id, g.facts[0].subject_keys.index(g.key)))
 
 
 def run(rt, report, *, rebuild: bool = False) -> None:
@@ -124,7 +128,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         if watermark >= latest or failure is not None:
             break
         with rt.store() as store:
-            chunk = facts_in_range(store, watermark, latest)[:FACTS_PER_WRITE]
+            chunk = whole_writes(facts_in_range(store, watermark, latest), FACTS_PER_WRITE)
             keys = sorted({k for f in chunk for k in f.subject_keys})
             upto = chunk[-1].id if chunk else watermark
             # Every status, then filtered in select_priors: world-time expiry is judged
@@ -136,16 +140,16 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             elif not new.subjects:
                 report.drop("no_subjects")
         retired: set[int] = set()
-        groups = plan_groups(chunk, by_subject, retired, knobs.priors_max, knobs.new_facts_per_call)
+        groups = plan_groups(chunk, by_subject, knobs.new_facts_per_call)
         decisions: list[Decision] = []
-        undecided = {d.id for g in groups for d in g.deciders}
+        undecided = {f.id for g in groups for f in g.facts}
         for group in groups:
             try:
                 decisions.extend(evaluate(rt, report, group, retired, knobs.priors_max))
             except Exception as exc:  # the model call failed for good: keep what was decided
                 failure = exc
                 break
-            undecided -= {d.id for d in group.deciders}
+            undecided -= {f.id for f in group.facts}
         # Facts are done in id order up to the first one still waiting for its call.
         first_open = min(undecided, default=None) if failure is not None else None
         done = [f for f in chunk if first_open is None or f.id < first_open]
@@ -170,25 +174,32 @@ def run(rt, report, *, rebuild: bool = False) -> None:
 
 
 def evaluate(rt, report, group: Group, retired: set[int], priors_max: int) -> list[Decision]:
-    """One call for the group, then each decider in id order retires only from its own pool; marks `retired`.
+    """One call for the group's deciders, then each in id order retires only from its own pool; marks `retired`.
 
-    A decider's pool is taken after the earlier deciders' retirements, as
-    `select_priors` gives it: the same ids a one-call-per-fact judge would have
-    been shown, so how facts were grouped never changes which ids may retire.
+    A decider is a new fact with at least one candidate now. Its pool is taken
+    after the earlier deciders' retirements, as `select_priors` gives it: the
+    ids a one-call-per-fact judge would have been shown, so grouping never
+    changes which ids may retire. No decider, no call.
     """
+    deciders = [f for f in group.facts if select_priors(f, group.key, group.candidates, retired, priors_max)]
+    if not deciders:
+        return []
+    ids = {d.id for d in deciders}
+    wide = priors_max + len(deciders) - 1  # earlier deciders may retire some of a later one's priors
+    shown = {f.id: f for d in deciders for f in select_priors(d, group.key, group.candidates, retired, wide)}
     messages = prompt.build_messages(
         subject_key=group.key,
         subject_label=group.label,
-        new_facts=[(d.id, d.text) for d in group.deciders],
-        priors=[(f.id, f.text) for f in group.shown],
+        new_facts=[(d.id, d.text) for d in deciders],
+        priors=[(i, shown[i].text) for i in sorted(shown) if i not in ids],
     )
     reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
     report.llm_seconds += reply.latency_s
-    named, malformed = prompt.parse_reply(reply.text, [d.id for d in group.deciders])
+    named, malformed = prompt.parse_reply(reply.text, [d.id for d in deciders])
     report.drop("malformed_reply", malformed)
-    report.drop("unknown_new_ids", len(set(named) - {d.id for d in group.deciders}))
+    report.drop("unknown_new_ids", len(set(named) - ids))
     decisions = []
-    for new in group.deciders:
+    for new in deciders:
         pool = select_priors(new, group.key, group.candidates, retired, priors_max)
         if not pool:
             continue  # everything it could retire was retired by an earlier decider
