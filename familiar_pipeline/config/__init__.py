@@ -203,7 +203,8 @@ class ReflectionConfig:
 @dataclass(frozen=True)
 class FactSupersedeConfig:
     priors_max: int = knob(20, minimum=1)
-    # New facts about one person judged in one call (one call per fact cost 68 calls per 100 turns).
+    # Most new facts about one person, from one extraction batch, judged in one call (one call
+    # per fact cost 68 calls per 100 turns).
     new_facts_per_call: int = knob(15, minimum=1)
 
 
