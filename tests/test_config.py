@@ -355,7 +355,7 @@ def test_non_utf8_file(tmp_path):
     ("[pipeline]\ntick = 5", "unknown key 'tick' in [pipeline]; valid: index_quiet_s, max_batches_per_run,"),
     ("[providers.voice]\nx = 1", "unknown key 'voice' in [providers]; valid: embedding, history, memory"),
     ("[providers.memory.people_dossier]\nmax_facts = 5",
-     "unknown key 'max_facts' in [providers.memory.people_dossier]; valid: max_facts_per_prompt "
+     "unknown key 'max_facts' in [providers.memory.people_dossier]; valid: batches_per_fold, max_facts_per_prompt "
      "(did you mean 'max_facts_per_prompt'?)"),
     ("[providers.memory.dreams]\nx = 1", "unknown key 'dreams' in [providers.memory]; valid: fact_embedding,"),
     ("[providers.embedding]\nmodel = \"x\"", "unknown key 'model' in [providers.embedding]"),

@@ -10,8 +10,9 @@ from familiar_pipeline.storage.store import ProjectionStore, Subject
 from .fact_helpers import BO, CASS, add_facts, fact, familiar, run_projector
 from .helpers import FAKE_MODEL_TOML, append_chat
 
-# One turn per extraction batch, so each fact's turn is its own dossier step.
-TOML = 'aliases = ["Sapphire"]\n' + FAKE_MODEL_TOML + "\n[providers.memory.rich_note]\nbatch_size = 1\n"
+# One turn per extraction batch and a fold per batch, so each fact's turn is its own dossier step.
+TOML = ('aliases = ["Sapphire"]\n' + FAKE_MODEL_TOML + "\n[providers.memory.rich_note]\nbatch_size = 1\n"
+        "\n[providers.memory.people_dossier]\nbatches_per_fold = 1\n")
 EGO = Subject("ego:fam", "Sapphire")
 
 
@@ -140,3 +141,14 @@ def test_waits_for_supersession(tmp_path, fake_llm):
         store.set_watermark(supersede.PROJECTOR, fact_id=0)
     report = run_projector(dossiers, tmp_path)
     assert report.status == "no-op" and "supersession" in report.reason and dossier_calls(fake_llm) == []
+
+
+def test_folds_every_batches_per_fold_batches(tmp_path, fake_llm):
+    """Folding every N batches: one call per person per N batches, and the trailing batches wait."""
+    paths = setup(tmp_path, [fact(f"Cass likes band {i}.", CASS, turn=i) for i in range(1, 8)], turns=7)
+    paths.character_toml.write_text(paths.character_toml.read_text().replace("batches_per_fold = 1", "batches_per_fold = 3"))
+    report = run_projector(dossiers, tmp_path)
+    assert len(dossier_calls(fake_llm)) == 2 and report.batches == 2
+    assert dossier(paths, "discord:111").last_fact_id == 6, "turn 7 waits for two more batches"
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        assert store.get_watermark(dossiers.PROJECTOR).turn_id == 6

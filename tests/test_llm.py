@@ -114,6 +114,49 @@ def test_per_call_params_override_the_slot_and_reach_the_provider(fake):
     assert params["response_format"] == {"type": "json_object"}
 
 
+SCHEMA = {"name": "facts", "schema": {"type": "object", "properties": {"facts": {"type": "array"}}, "required": ["facts"]}}
+
+
+@pytest.mark.parametrize(
+    "structured, expected",
+    [
+        ("json_schema", {"type": "json_schema", "json_schema": SCHEMA}),
+        ("json_object", {"type": "json_object", "schema": SCHEMA["schema"]}),
+        ("off", None),
+        ("auto", None),  # a fake provider is never sent a schema
+    ],
+)
+def test_a_prompt_schema_becomes_response_format_as_the_slot_says(fake, structured, expected):
+    fake.script(lambda messages: {"facts": []})
+    client(slot(structured=structured)).complete(MESSAGES, json_schema=SCHEMA)
+    params = fake.calls[0].params
+    assert params.get("response_format") == expected and "json_schema" not in params
+
+
+@pytest.mark.parametrize(
+    "model, api_base, expected",
+    [
+        ("openai/smollm2", "http://127.0.0.1:8080/v1", "json_object"),  # llama.cpp and other OpenAI-compatible servers
+        ("ollama_chat/llama3.1", None, "json_schema"),
+        ("fake/careful", None, "off"),
+        ("openai/gpt-4o-mini", None, "json_schema"),  # litellm lists it as schema-capable
+    ],
+)
+def test_auto_structured_output_by_provider(model, api_base, expected):
+    from familiar_pipeline.models.llm import schema_mode
+
+    assert schema_mode(slot(model=model, api_base=api_base, structured="auto")) == expected
+
+
+def test_the_schema_is_part_of_the_cache_key(fake):
+    fake.script(counting_responder())
+    cache = ResponseCache()
+    on = client(slot(structured="json_schema", cache=True), cache=cache)
+    first = on.complete(MESSAGES, json_schema=SCHEMA).text
+    assert on.complete(MESSAGES, json_schema=SCHEMA).text == first
+    assert on.complete(MESSAGES).text != first, "a reply without the schema is another request"
+
+
 @pytest.mark.parametrize("reply", [NO_CHOICES, None, ""])
 def test_empty_choices_or_none_content_is_empty_text(fake, reply):
     fake.script(lambda messages: reply)
@@ -495,3 +538,13 @@ def test_a_broken_responder_fails_at_once_with_its_own_message(fake):
     fake.script(lambda messages: 42)
     with pytest.raises(LlmError, match="must be str"):
         client().complete(MESSAGES)
+
+
+def test_a_keyless_openai_compatible_server_gets_a_placeholder_key(fake, monkeypatch):
+    """Never the user's OPENAI_API_KEY to an arbitrary api_base; and the SDK needs some key."""
+    from familiar_pipeline.models.llm import LOCAL_SERVER_KEY
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-real-key-000000")
+    local = client(slot(model="openai/smollm2", api_base="http://127.0.0.1:1/v1"))
+    assert local._api_key() == LOCAL_SERVER_KEY
+    assert client(slot(model="openai/gpt-4o-mini"))._api_key() is None

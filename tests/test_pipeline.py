@@ -131,6 +131,20 @@ def test_hallucinated_ids_and_keys_are_dropped(tmp_path, instance, fake_llm):
     assert by_text["Someone likes tea."].source_turn_ids == tuple(range(1, 11))  # fallback: the batch
 
 
+def test_a_world_end_before_its_start_keeps_the_fact_open_ended(tmp_path, instance, fake_llm):
+    """A weak model (SmolLM2) gave valid_to equal to the turn's time: the batch must not crash."""
+    paths = make_familiar(tmp_path)
+    append_chat(paths, 10)
+    reply = {"facts": [{"text": "Cass moved to Berlin.", "source_turn_ids": [1], "subject_keys": ["discord:111"],
+                        "valid_from": "2020-05-01", "valid_to": "2020-05-01"}]}
+    fake_llm.script(lambda messages: json.dumps(reply))
+    meta = metadata_of(run_assets(tmp_path, "fam", instance, [facts]), "facts")
+    assert meta["rows_written"] == 1 and meta["dropped_reasons"]["valid_to_not_after_valid_from"] == 1
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        (fact,) = store.current_facts()
+    assert fact.valid_to is None and fact.valid_from.date().isoformat() == "2020-05-01"
+
+
 def test_no_model_configured_is_skipped_not_failed(tmp_path, instance, fake_llm):
     paths = make_familiar(tmp_path, extra_toml="")
     append_chat(paths, 12)
@@ -294,14 +308,16 @@ def all_tables(path):
         return tables
 
 
-def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_llm):
+@pytest.mark.parametrize("per_fold", [1, 3])
+def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_llm, per_fold):
     """docs/architecture.md §4 over every asset: same prompts, same cached replies, same rows, table by table."""
     from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS
     from familiar_pipeline.defs.resources import EmbedderResource
 
     from .fact_helpers import GRAPH_TOML
 
-    paths = make_familiar(tmp_path, extra_toml=GRAPH_TOML)
+    # With a fold per batch the short story gives every person a dossier; 3 is the default cadence.
+    paths = make_familiar(tmp_path, extra_toml=GRAPH_TOML + f"\n[providers.memory.people_dossier]\nbatches_per_fold = {per_fold}\n")
     everything = [turns_fts, rolling_summary, facts, *FACT_DRIVEN_ASSETS]
     resources = {"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource(), "embedder": EmbedderResource()}
     instance.add_dynamic_partitions("familiars", ["fam"])
@@ -322,7 +338,7 @@ def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_l
     with ProjectionStore(paths.memory_db, read_only=True) as store:
         retired = store.conn.execute("SELECT count(*) FROM facts WHERE superseded_at IS NOT NULL").fetchone()[0]
         assert retired >= 3, "the story has moves, a job change and a flipped preference"
-        assert len(store.dossiers()) == 3 and store.recent_reflections(limit=50)
+        assert len(store.dossiers()) == (3 if per_fold == 1 else 2) and store.recent_reflections(limit=50)
         assert store.conn.execute("SELECT count(*) FROM fact_embeddings").fetchone()[0] > 0
     calls = len(fake_llm.calls)
     result = run_all(True, checks=ALL_CHECKS)

@@ -153,7 +153,8 @@ def test_a_model_naming_everything_retires_only_what_it_was_shown(tmp_path, fake
     # Only evaluate fact 4 this time: pretend 1-3 were evaluated already.
     with ProjectionStore(paths.memory_db) as store:
         store.set_watermark(supersede.PROJECTOR, fact_id=3)
-    fake_llm.script(lambda messages: {"superseded_ids": list(range(0, 50))})
+    every_id = list(range(0, 50))
+    fake_llm.script(lambda messages: {"decisions": [{"new_id": n, "superseded_ids": every_id} for n in every_id]})
     run_projector(supersede, tmp_path)
     facts, decisions, _ = state(paths)
     assert {i for i, f in facts.items() if not f.current} == {2, 4}, "Bo's and Mia's facts were never offered"
@@ -264,3 +265,57 @@ def test_careful_model_suite(suite, name, priors, new, expected):
 
 def test_suite_has_at_least_thirty_cases():
     assert len(CASES) >= 30
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def test_new_facts_of_one_person_share_a_call(tmp_path, fake_llm):
+    """The facts one write brought about one person share a call (at most `new_facts_per_call`), not one per fact."""
+    paths = familiar(tmp_path)
+    paths.character_toml.write_text(paths.character_toml.read_text() + "\n[providers.memory.fact_supersede]\nnew_facts_per_call = 4\n")
+    cities = ["Berlin", "Paris", "Rome", "Oslo", "Riga", "Kyiv", "Porto"]
+    with ProjectionStore(paths.memory_db) as store:  # one write, as one extraction batch makes
+        store.append_facts([fact(f"Cass moved to {c}.", CASS, turn=i + 1) for i, c in enumerate(cities)]
+                           + [fact("Bo lives in Oslo.", BO, turn=20), fact("Bo moved to Riga.", BO, turn=21)])
+    run_projector(supersede, tmp_path)
+    calls = supersede_calls(fake_llm)
+    # Cass: facts 1-4 and 5-7 (fact 1 has no prior, so it is only shown); Bo: one group.
+    assert len(calls) == 3
+    facts, decisions, mark = state(paths)
+    assert [f.id for f in facts.values() if f.current] == [7, 9] and mark == 9
+    assert all(facts[i].superseded_by == i + 1 for i in range(1, 7)) and facts[8].superseded_by == 9
+    first = calls[0]["messages"][1]["content"]
+    assert "- id=1:" in first and all(f"NEW fact (id={i})" in first for i in (2, 3, 4)) and "id=5" not in first
+
+
+@pytest.mark.parametrize(
+    "reply, dropped",
+    [
+        ({"superseded_ids": [1]}, "malformed_reply"),  # the flat one-fact form is ambiguous for two deciders
+        ({"decisions": [{"new_id": 77, "superseded_ids": [1]}]}, "unknown_new_ids"),
+        ({"decisions": [{"new_id": 3, "superseded_ids": [1, 2, 3]}]}, "ids_not_shown"),  # 3 itself
+        ({"decisions": [{"superseded_ids": [1]}]}, "malformed_reply"),
+    ],
+)
+def test_batched_replies_are_checked_per_decider(tmp_path, fake_llm, reply, dropped):
+    paths = familiar(tmp_path)
+    with ProjectionStore(paths.memory_db) as store:
+        store.append_facts([fact("Cass lives in Berlin.", CASS), fact("Cass likes tea.", CASS, turn=2),
+                            fact("Cass moved to Lisbon.", CASS, turn=3)])
+    fake_llm.script(lambda messages: reply)
+    report = run_projector(supersede, tmp_path)
+    facts, decisions, mark = state(paths)
+    assert report.dropped[dropped] >= 1 and mark == 3
+    for new_id, _key, shown, retired, _ in decisions:
+        assert set(retired) <= set(shown) and all(p < new_id for p in shown)
+    assert facts[3].current
+
+
+def test_parse_reply_shapes():
+    from familiar_pipeline.prompts import supersede as prompt
+
+    assert prompt.parse_reply('```json\n{"decisions": [{"new_id": "5", "superseded_ids": [1, "2"]}]}\n```', [5]) == ({5: [1, 2]}, 0)
+    assert prompt.parse_reply('[{"new_id": 5, "superseded_ids": [1]}]', [5, 6]) == ({5: [1]}, 0)
+    assert prompt.parse_reply('{"superseded_ids": [1]}', [5]) == ({5: [1]}, 0)
+    assert prompt.parse_reply("", [5]) == ({}, 1)

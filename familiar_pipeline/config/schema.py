@@ -105,6 +105,11 @@ class LlmSlotConfig:
                                    pattern_hint="the NAME of an environment variable, "
                                    "e.g. \"OPENROUTER_API_KEY\" (never the key itself)")
     cache: bool = knob(False)  # response cache (on for background: rebuilds are free)
+    # Ask for the reply's JSON schema (`response_format`) on prompts that have one:
+    # "json_schema" (OpenAI, Ollama, vLLM), "json_object" (JSON mode plus the schema, the
+    # form llama.cpp's servers constrain by grammar), "off"; "auto" picks by provider
+    # (models.llm.schema_mode), never for fakes.
+    structured: str = knob("auto", choices=("auto", "json_schema", "json_object", "off"))
 
     @property
     def configured(self) -> bool:

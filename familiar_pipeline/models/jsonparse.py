@@ -77,6 +77,19 @@ def coerce_json_array(text: str | None) -> tuple[list | None, int]:
     return _coerce_counted(text, "array")
 
 
+def coerce_json_items(text: str | None, key: str) -> tuple[list | None, int]:
+    """The item list of a reply asked for as ``{key: [...]}``, or a bare array; and items truncation discarded.
+
+    Structured output wraps lists in an object (OpenAI's strict schemas want an
+    object at the top), while a model without a schema often answers with the
+    bare array it was shown: both are accepted, the object first.
+    """
+    value = coerce_json(text, "object")
+    if isinstance(value, dict) and isinstance(value.get(key), list):
+        return value[key], 0
+    return coerce_json_array(text)
+
+
 def _coerce_counted(text: str | None, expect: Expect) -> tuple[Any | None, int]:
     if expect not in _BRACKETS:
         raise ValueError(f"expect must be 'array' or 'object', not {expect!r}")

@@ -54,6 +54,9 @@ _RESERVED_PARAMS = frozenset(
     {"model", "messages", "api_key", "api_base", "timeout", "stream", "num_retries", "max_retries"}
 )
 
+# Sent as the key to an OpenAI-compatible server at an api_base when no api_key_env is set.
+LOCAL_SERVER_KEY = "no-key-local-server"
+
 # HTTP statuses that mean "try again" when litellm raises a generic APIError.
 _TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 
@@ -396,7 +399,9 @@ class LlmClient:
     """Calls one slot's model. ``complete`` for threads, ``acomplete`` for asyncio.
 
     ``params`` given to a call (``temperature``, ``max_tokens``, ``response_format``,
-    ...) override the slot's defaults and are part of the cache key.
+    ...) override the slot's defaults and are part of the cache key. ``json_schema``
+    (``{"name": ..., "schema": ...}``, kept beside each prompt's parser) becomes a
+    ``response_format`` only when the slot's provider takes one (``structured``).
     """
 
     def __init__(
@@ -421,6 +426,7 @@ class LlmClient:
         self.familiar_id = familiar_id
         self.retry_base_delay_s = retry_base_delay_s
         self.retry_max_delay_s = retry_max_delay_s
+        self._structured: str | None = None
 
     def __repr__(self) -> str:
         return (
@@ -432,6 +438,13 @@ class LlmClient:
     @property
     def configured(self) -> bool:
         return self.slot.configured
+
+    @property
+    def structured(self) -> str:
+        """How calls that carry a ``json_schema`` send it as ``response_format`` (see ``schema_mode``)."""
+        if self._structured is None:
+            self._structured = schema_mode(self.slot)
+        return self._structured
 
     @property
     def _caching(self) -> bool:
@@ -504,6 +517,12 @@ class LlmClient:
             if not isinstance(message, dict) or "role" not in message:
                 raise ValueError(f"messages[{index}] must be a dict with a 'role', got {message!r:.80}")
         extra = dict(params)
+        schema = extra.pop("json_schema", None)
+        mode = self.structured if schema is not None else "off"
+        if mode == "json_schema":
+            extra.setdefault("response_format", {"type": "json_schema", "json_schema": schema})
+        elif mode == "json_object":
+            extra.setdefault("response_format", {"type": "json_object", "schema": schema["schema"]})
         temperature = extra.pop("temperature", self.slot.temperature)
         max_tokens = extra.pop("max_tokens", self.slot.max_tokens)
         request = {
@@ -528,6 +547,11 @@ class LlmClient:
     def _api_key(self) -> str | None:
         name = self.slot.api_key_env
         if not name:
+            # A local OpenAI-compatible server (llama.cpp, vLLM) needs no key, but the
+            # OpenAI SDK refuses to send a request without one and would otherwise pick up
+            # OPENAI_API_KEY, sending a real key to whatever api_base points at.
+            if self.slot.api_base and self.slot.model.startswith("openai/"):
+                return LOCAL_SERVER_KEY
             return None
         value = os.environ.get(name)
         if not value:
@@ -688,6 +712,36 @@ def _is_transient(exc: BaseException) -> bool:
         status = getattr(exc, "status_code", None)
         return isinstance(status, int) and (status in _TRANSIENT_STATUS or status >= 500)
     return False
+
+
+# Providers that take a JSON schema as response_format (litellm maps it to Ollama's
+# `format` and vLLM's guided decoding).
+_SCHEMA_PROVIDERS = frozenset({"ollama", "ollama_chat", "hosted_vllm", "lm_studio"})
+
+
+def schema_mode(slot: LlmSlotConfig) -> str:
+    """``[llm.<slot>].structured`` resolved: "json_schema", "json_object" or "off".
+
+    "auto": off for fakes; "json_object" for an OpenAI-compatible server at an
+    api_base (``openai/<name>``): llama.cpp's servers (llama-cpp-python's accepts
+    no other type) constrain decoding to the schema given with it, and other
+    servers at least switch to JSON mode; "json_schema" for Ollama, vLLM, LM
+    Studio and hosted models litellm lists as schema-capable. The parsers stay
+    tolerant, so a provider that ignores the schema loses nothing.
+    """
+    if slot.structured != "auto":
+        return slot.structured
+    provider = slot.model.split("/", 1)[0] if "/" in slot.model else ""
+    if provider == "fake" or not slot.configured:
+        return "off"
+    if provider == "openai" and slot.api_base:
+        return "json_object"
+    if provider in _SCHEMA_PROVIDERS:
+        return "json_schema"
+    try:
+        return "json_schema" if import_litellm().supports_response_schema(model=slot.model) else "off"
+    except Exception:  # noqa: BLE001 - an unknown model is simply not known to support it
+        return "off"
 
 
 def client_for(

@@ -1,9 +1,11 @@
 """People dossiers (projector `people_dossier`): one compounding dossier per subject, the familiar included.
 
-The dossier advances one extraction batch at a time: it walks the same
-turn batches the fact extractor cut (`facts.processed_batch`), up to
-the extractor's watermark, and at each batch end T folds, for every subject the
-batch touched, that subject's facts past its own `last_fact_id` up to the fact
+The dossier advances `batches_per_fold` extraction batches at a time: it walks
+the same turn batches the fact extractor cut (`facts.processed_batch`), up to the
+extractor's watermark, and at every `batches_per_fold`-th batch end T (counted from
+the dossier watermark, itself such a step), or sooner at a batch the quiet rules cut
+short, folds, for every subject those batches touched, that subject's facts past its
+own `last_fact_id` up to the fact
 horizon at T (see `horizon`). A subject with a fact retired in that step is
 rebuilt from all its facts current at that point, with no prior text: the
 incremental "prior + new facts" fold never un-bakes a retired fact, which is
@@ -47,6 +49,8 @@ class PeopleDossierConfig:
     """[providers.memory.people_dossier]"""
 
     max_facts_per_prompt: int = knob(50, minimum=1)
+    # Fold every N extraction batches: one fold per touched person per batch cost 20 calls per 100 turns.
+    batches_per_fold: int = knob(3, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -98,17 +102,23 @@ def steps_pending(rt, store, watermark_turn: int, watermark_fact: int) -> list[S
     cfg = rt.config
     rich = store.get_watermark("rich_note").turn_id
     supersede_ready = store.get_watermark("fact_supersede").fact_id if cfg.memory.is_active("fact_supersede") else None
+    per_fold = cfg.memory.people_dossier.batches_per_fold
     turn_log = rt.turn_log()
-    steps, after, horizon = [], watermark_turn, watermark_fact
+    steps, after, horizon, walked = [], watermark_turn, watermark_fact, 0
     while len(steps) < cfg.pipeline.max_batches_per_run:
         batch = processed_batch(turn_log, after, rich, cfg.memory.rich_note)
         if not batch:
             break
+        after, walked = batch[-1].id, walked + 1
         horizon = max(horizon, store.fact_horizon(batch[-1].id))
+        # A fold every `batches_per_fold` batches (fewer calls), and at every batch the quiet
+        # rules cut short (the talk paused: fold now, not when more talk comes). Both follow
+        # from the turns alone, so a rebuild folds at the same steps.
+        if walked % per_fold and len(batch) >= cfg.memory.rich_note.batch_size:
+            continue
         if supersede_ready is not None and supersede_ready < horizon:
             break
         steps.append(Step(batch[-1].id, horizon))
-        after = batch[-1].id
     return steps
 
 

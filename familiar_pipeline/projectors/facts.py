@@ -244,6 +244,11 @@ def validate_facts(
             if "dream" not in text.lower():
                 text = f"{self_name} dreamed that {text}"
         first = by_id[source_ids[0]]
+        valid_from = parse_instant(raw.valid_from) or first.created_at
+        valid_to = parse_instant(raw.valid_to)
+        if valid_to is not None and valid_to <= valid_from:
+            outcome.drop("valid_to_not_after_valid_from")  # counted per fact; the fact is kept, open-ended
+            valid_to = None
         outcome.drafts.append(
             FactDraft(
                 text=text,
@@ -251,8 +256,8 @@ def validate_facts(
                 subjects=tuple(subjects),
                 channel_id=first.channel_id,
                 importance=as_int(raw.importance),
-                valid_from=parse_instant(raw.valid_from) or first.created_at,
-                valid_to=parse_instant(raw.valid_to),
+                valid_from=valid_from,
+                valid_to=valid_to,
             )
         )
     return outcome
@@ -326,7 +331,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             manifest = build_manifest(batch, turn_log, participants_max=knobs.participants_max, self_key=self_key, self_name=self_name)
             messages = extraction_messages(batch, manifest, self_key=self_key, self_name=self_name)
             llm_started = time.perf_counter()
-            reply = rt.llm.complete(messages)
+            reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
             report.llm_seconds += time.perf_counter() - llm_started
             raw_facts, malformed = prompt.parse_reply(reply.text)
             if not (reply.text or "").strip():

@@ -98,7 +98,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         if shown:
             messages = prompt.build_messages(shown, [(f.id, f.text) for f in facts], max_items=knobs.max_reflections_per_tick)
             try:
-                reply = rt.llm.complete(messages)
+                reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
                 report.llm_seconds += reply.latency_s
                 items, malformed = prompt.parse_reply(reply.text)
                 report.drop("malformed_items", malformed)

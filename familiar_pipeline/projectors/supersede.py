@@ -6,14 +6,17 @@ restart or a crash never skips a fact. (A watermark held in process memory and
 primed to the newest fact at start would silently skip every fact written while
 the process was down.)
 
-For each subject of the new fact, the model is shown that subject's newest
-`priors_max` current facts with a *smaller* id: a fact can only be retired by a
-newer one, and never by one about someone else. What may be retired is decided
-in code, not by the model: only ids that were shown, never the new fact itself.
+For each subject, the new facts about it that one extraction batch wrote are
+judged together (at most `new_facts_per_call` per call), one model call per group: each new fact may retire the
+newest `priors_max` current facts about that subject with a *smaller* id (earlier
+new facts of the group included): a fact can only be retired by a newer one, and
+never by one about someone else. What may be retired is decided in code, not by
+the model: only ids in that fact's own pool, never the new fact itself.
 Retirement uses the existing-id form of `ProjectionStore.supersede` (nothing
 minted; an already-retired prior lands in `skipped`), which also drops the
-affected subjects' dossiers so they rebuild clean. Every model call leaves a
-row in `supersede_decisions` saying what was shown and what was retired.
+affected subjects' dossiers so they rebuild clean. Every judged (new fact,
+subject) leaves a row in `supersede_decisions` saying what was shown and what
+was retired.
 
 Bad output retires nothing and the watermark still advances. A failed model
 call (provider down, retries exhausted) stops the run after committing what was
@@ -39,6 +42,9 @@ class FactSupersedeConfig:
     """[providers.memory.fact_supersede]"""
 
     priors_max: int = knob(20, minimum=1)
+    # Most new facts about one person, from one extraction batch, judged in one call (one call
+    # per fact cost 68 calls per 100 turns).
+    new_facts_per_call: int = knob(15, minimum=1)
 
 
 @dataclass
@@ -76,6 +82,48 @@ def accepted_ids(named: list[int], shown: list[Fact], new_id: int) -> tuple[list
     return keep, len(named) - len(keep)
 
 
+@dataclass
+class Group:
+    """New facts about one subject judged in one call (those that still have a candidate when it is made)."""
+
+    key: str
+    label: str
+    facts: list[Fact]  # the subject's new facts of this group, ascending by id
+    candidates: list[Fact]  # every fact naming `key` up to the chunk's end (select_priors filters)
+
+
+def whole_writes(facts: list[Fact], limit: int) -> list[Fact]:
+    """The first `limit` facts, extended to the end of the write (same `created_at`) the last one belongs to."""
+    end = min(limit, len(facts))
+    while 0 < end < len(facts) and facts[end].created_at == facts[end - 1].created_at:
+        end += 1
+    return facts[:end]
+
+
+def plan_groups(chunk: list[Fact], by_subject: dict[str, list[Fact]], per_call: int) -> list[Group]:
+    """Per subject, its current new facts of the chunk in runs of `per_call`, in the order they are judged.
+
+    Which of them decide, and what the prompt shows, is settled right before each
+    call (`evaluate`), after the retirements of the groups before it. With
+    Groups never span two writes (facts of one extraction batch share their
+    `created_at`, and a chunk never splits a write), so grouping, and with it every
+    prompt, depends only on the logs: a rebuild asks exactly what the incremental
+    runs asked, whatever the runs' boundaries were.
+    """
+    groups: list[Group] = []
+    for key in sorted({k for f in chunk for k in f.subject_keys}):
+        written: dict[object, list[Fact]] = {}  # facts written together: one extraction batch
+        for f in chunk:
+            if f.superseded_at is None and key in f.subject_keys:
+                written.setdefault(f.created_at, []).append(f)
+        for mine in written.values():
+            for i in range(0, len(mine), per_call):
+                part = mine[i : i + per_call]
+                label = next(s.display_at_write for s in part[-1].subjects if s.canonical_key == key)
+                groups.append(Group(key, label, part, by_subject.get(key, [])))
+    return sorted(groups, key=lambda g: (g.facts[0].id, g.facts[0].subject_keys.index(g.key)))
+
+
 def run(rt, report, *, rebuild: bool = False) -> None:
     knobs = rt.config.memory.fact_supersede
     with rt.store() as store:
@@ -88,23 +136,37 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         if watermark >= latest or failure is not None:
             break
         with rt.store() as store:
-            chunk = store.facts_in_range(watermark, latest)[:FACTS_PER_WRITE]
+            chunk = whole_writes(store.facts_in_range(watermark, latest), FACTS_PER_WRITE)
             keys = sorted({k for f in chunk for k in f.subject_keys})
             upto = chunk[-1].id if chunk else watermark
             # Every status, then filtered in select_priors: world-time expiry is judged
             # against the new fact's valid_from, never the wall clock, so a rebuild sees the same priors.
             by_subject = {k: store.facts_by_ids(store.fact_ids_for_subject(k, after_id=0, upto_id=upto)) for k in keys}
-        decisions: list[Decision] = []
-        retired: set[int] = set()
-        done_upto = watermark
         for new in chunk:
+            if new.superseded_at is not None:
+                report.drop("new_fact_already_retired")
+            elif not new.subjects:
+                report.drop("no_subjects")
+        retired: set[int] = set()
+        groups = plan_groups(chunk, by_subject, knobs.new_facts_per_call)
+        decisions: list[Decision] = []
+        undecided = {f.id for g in groups for f in g.facts}
+        for group in groups:
             try:
-                decisions.extend(evaluate(rt, report, new, by_subject, retired, knobs.priors_max))
+                decisions.extend(evaluate(rt, report, group, retired, knobs.priors_max))
             except Exception as exc:  # the model call failed for good: keep what was decided
                 failure = exc
                 break
-            done_upto = new.id
-            evaluated += 1
+            undecided -= {f.id for f in group.facts}
+        # Facts are done in id order up to the first one still waiting for its call.
+        first_open = min(undecided, default=None) if failure is not None else None
+        done = [f for f in chunk if first_open is None or f.id < first_open]
+        done_upto = done[-1].id if done else watermark
+        # Logged in the order one call per fact would have logged them.
+        order = {f.id: f.subject_keys for f in chunk}
+        decisions = sorted((d for d in decisions if d.new_fact_id <= done_upto),
+                           key=lambda d: (d.new_fact_id, order[d.new_fact_id].index(d.subject_key)))
+        evaluated += len(done)
         if done_upto > watermark or decisions:
             apply(rt, report, decisions, done_upto)
             watermark = done_upto
@@ -119,34 +181,41 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         report.reason = "no new facts"
 
 
-def evaluate(rt, report, new: Fact, by_subject: dict[str, list[Fact]], retired: set[int], priors_max: int) -> list[Decision]:
-    """Ask, per subject of `new`, which shown priors it retires; marks them in `retired`."""
-    if new.superseded_at is not None:
-        report.drop("new_fact_already_retired")
+def evaluate(rt, report, group: Group, retired: set[int], priors_max: int) -> list[Decision]:
+    """One call for the group's deciders, then each in id order retires only from its own pool; marks `retired`.
+
+    A decider is a new fact with at least one candidate now. Its pool is taken
+    after the earlier deciders' retirements, as `select_priors` gives it: the
+    ids a one-call-per-fact judge would have been shown, so grouping never
+    changes which ids may retire. No decider, no call.
+    """
+    deciders = [f for f in group.facts if select_priors(f, group.key, group.candidates, retired, priors_max)]
+    if not deciders:
         return []
-    if not new.subjects:
-        report.drop("no_subjects")
-        return []
+    ids = {d.id for d in deciders}
+    wide = priors_max + len(deciders) - 1  # earlier deciders may retire some of a later one's priors
+    shown = {f.id: f for d in deciders for f in select_priors(d, group.key, group.candidates, retired, wide)}
+    messages = prompt.build_messages(
+        subject_key=group.key,
+        subject_label=group.label,
+        new_facts=[(d.id, d.text) for d in deciders],
+        priors=[(i, shown[i].text) for i in sorted(shown) if i not in ids],
+    )
+    reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
+    report.llm_seconds += reply.latency_s
+    named, malformed = prompt.parse_reply(reply.text, [d.id for d in deciders])
+    report.drop("malformed_reply", malformed)
+    report.drop("unknown_new_ids", len(set(named) - ids))
     decisions = []
-    for subject in new.subjects:
-        shown = select_priors(new, subject.canonical_key, by_subject.get(subject.canonical_key, []), retired, priors_max)
-        if not shown:
-            continue
-        messages = prompt.build_messages(
-            subject_key=subject.canonical_key,
-            subject_label=subject.display_at_write,
-            new_fact=(new.id, new.text),
-            priors=[(f.id, f.text) for f in shown],
-        )
-        reply = rt.llm.complete(messages)
-        report.llm_seconds += reply.latency_s
-        named, malformed = prompt.parse_reply(reply.text)
-        if malformed:
-            report.drop("malformed_reply")
-        keep, refused = accepted_ids(named, shown, new.id)
+    for new in deciders:
+        pool = select_priors(new, group.key, group.candidates, retired, priors_max)
+        if not pool:
+            continue  # everything it could retire was retired by an earlier decider
+        wanted = [i for i in named.get(new.id, []) if i not in retired]  # retired earlier in this call
+        keep, refused = accepted_ids(wanted, pool, new.id)
         report.drop("ids_not_shown", refused)
         retired.update(keep)
-        decisions.append(Decision(new.id, subject.canonical_key, [f.id for f in shown], keep, reply.model or None))
+        decisions.append(Decision(new.id, group.key, [f.id for f in pool], keep, reply.model or None))
     return decisions
 
 

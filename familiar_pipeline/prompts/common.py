@@ -27,6 +27,18 @@ UNTRUSTED_NOTE = (
 )
 
 
+def list_reply_schema(name: str, key: str, item_properties: dict, required: list[str]) -> dict:
+    """A reply schema ``{key: [item, ...]}`` in the ``{"name", "schema"}`` form `models.llm` sends.
+
+    Lists are wrapped in an object because OpenAI's schemas want an object at the top.
+    """
+    item = {"type": "object", "properties": item_properties, "required": required}
+    return {
+        "name": name,
+        "schema": {"type": "object", "properties": {key: {"type": "array", "items": item}}, "required": [key]},
+    }
+
+
 def quote(text: str) -> str:
     """A JSON string literal: newlines, quotes and control characters escaped."""
     return json.dumps(text, ensure_ascii=False)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from familiar_pipeline.models.jsonparse import as_int_list, coerce_json_array
+from familiar_pipeline.models.jsonparse import as_int_list, coerce_json_items
 
-from .common import UNTRUSTED_NOTE, TurnLike, quote, render_turn_lines
+from .common import UNTRUSTED_NOTE, TurnLike, list_reply_schema, quote, render_turn_lines
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def build_system(self_name: str, self_key: str, dream_ids: Sequence[int] = ()) -
         ]
     rules += [
         "",
-        "Reply with a JSON array only. Each item is an object with:",
+        'Reply with a JSON object only: {"facts": [...]}. Each item of "facts" is an object with:',
         '- "text": one sentence stating the fact;',
         '- "source_turn_ids": the ids of the turns it comes from;',
         '- "subject_keys": canonical keys from the Participants list that the fact is about (omit or [] '
@@ -89,7 +89,7 @@ def build_system(self_name: str, self_key: str, dream_ids: Sequence[int] = ()) -
         '- "importance": optional integer from 1 (throwaway aside) through 5 (ordinary detail) to 10 '
         "(safety-critical or identity-defining: allergies, names, long-held preferences, life events).",
         "",
-        "Skip small talk and passing moods. If nothing is worth keeping, reply []. "
+        'Skip small talk and passing moods. If nothing is worth keeping, reply {"facts": []}. '
         "Do not emit self-capability statements such as \"I cannot see images\" or \"the assistant "
         "cannot remember names\".",
         "",
@@ -97,6 +97,23 @@ def build_system(self_name: str, self_key: str, dream_ids: Sequence[int] = ()) -
     ]
     return "\n".join(rules)
 
+
+# The reply's JSON schema, sent as `response_format` where the provider supports it
+# (see `models.llm`); `parse_reply` below also accepts the bare array older prompts asked for.
+REPLY_KEY = "facts"
+REPLY_SCHEMA = list_reply_schema(
+    "facts",
+    REPLY_KEY,
+    {
+        "text": {"type": "string"},
+        "source_turn_ids": {"type": "array", "items": {"type": "integer"}},
+        "subject_keys": {"type": "array", "items": {"type": "string"}},
+        "valid_from": {"type": "string"},
+        "valid_to": {"type": "string"},
+        "importance": {"type": "integer", "minimum": 1, "maximum": 10},
+    },
+    ["text", "source_turn_ids", "subject_keys"],
+)
 
 def build_user(turns: Sequence[TurnLike], manifest: Sequence[ManifestEntry]) -> str:
     lines = []
@@ -125,7 +142,7 @@ def build_messages(
 
 def parse_reply(text: str | None) -> tuple[list[RawFact], int]:
     """Items of the reply that have the right shape, and how many were malformed (or cut off by the token limit)."""
-    value, cut_off = coerce_json_array(text or "")
+    value, cut_off = coerce_json_items(text or "", REPLY_KEY)
     if not isinstance(value, list):
         return [], (1 if (text or "").strip() else 0)
     facts: list[RawFact] = []

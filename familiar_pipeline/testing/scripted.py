@@ -151,13 +151,18 @@ def retires(new_text: str, prior_text: str) -> bool:
 
 
 def decide_supersession(user_text: str) -> dict:
-    new_text, priors = "", []
+    """Each NEW fact retires the earlier facts (PRIOR, or NEW above it) that `retires` says it replaces."""
+    earlier, decisions = [], []
     for line in user_text.splitlines():
         if match := _NEW_FACT.match(line):
-            new_text = json.loads(match.group(2))
+            new_id, new_text = int(match.group(1)), json.loads(match.group(2))
+            named = [pid for pid, text in earlier if retires(new_text, text)]
+            if named:
+                decisions.append({"new_id": new_id, "superseded_ids": named})
+            earlier.append((new_id, new_text))
         elif match := _FACT_LINE.match(line):
-            priors.append((int(match.group(1)), json.loads(match.group(2))))
-    return {"superseded_ids": [pid for pid, text in priors if retires(new_text, text)]}
+            earlier.append((int(match.group(1)), json.loads(match.group(2))))
+    return {"decisions": decisions}
 
 
 # --------------------------------------------------------------------------- dossiers and reflections
@@ -209,7 +214,7 @@ def careful_model(messages: list[dict]) -> str:
     system = messages[0]["content"] if messages else ""
     user = messages[-1]["content"] if messages else ""
     if "atomic facts" in system:
-        return json.dumps(extract_facts(user))
+        return json.dumps({"facts": extract_facts(user)})
     if "running summary" in system:
         return summarize(user)
     if "superseded_ids" in system:
@@ -217,7 +222,7 @@ def careful_model(messages: list[dict]) -> str:
     if "dossier" in system or "self-record" in system:
         return write_dossier(user)
     if "reflections" in system:
-        return json.dumps(write_reflections(system, user))
+        return json.dumps({"reflections": write_reflections(system, user)})
     return "[]"
 
 
