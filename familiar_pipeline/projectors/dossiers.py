@@ -193,8 +193,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     last = steps[-1] if steps else None
     report.watermark_after = {"turn_id": last.turn_id if last else mark.turn_id, "fact_id": previous}
     if not steps:
-        report.status = "no-op"
-        report.reason = "no new extraction batch (or supersession has not caught up)"
+        report.no_op("no new extraction batch (or supersession has not caught up)")
 
 
 

@@ -161,6 +161,14 @@ SERVING_TABLES: dict[str, str] = {
 }
 
 _TS = pa.timestamp("us", tz="UTC")
+
+
+def _vector_schema(key: str) -> pa.Schema:
+    """Embedding rows (facts' and turns' alike): one vector per key and model."""
+    return pa.schema([(key, pa.int64()), ("model", pa.string()), ("dim", pa.int32()),
+                      ("vector", pa.list_(pa.float32())), ("created_at", _TS)])
+
+
 _SUBJECT = pa.struct([("canonical_key", pa.string()), ("display_at_write", pa.string())])
 
 # The Arrow schema of each served table; also the schema of the empty tables a
@@ -217,24 +225,8 @@ SERVING_SCHEMAS: dict[str, pa.Schema] = {
             ("created_at", _TS),
         ]
     ),
-    "fact_embeddings": pa.schema(
-        [
-            ("fact_id", pa.int64()),
-            ("model", pa.string()),
-            ("dim", pa.int32()),
-            ("vector", pa.list_(pa.float32())),
-            ("created_at", _TS),
-        ]
-    ),
-    "turn_embeddings": pa.schema(
-        [
-            ("turn_id", pa.int64()),
-            ("model", pa.string()),
-            ("dim", pa.int32()),
-            ("vector", pa.list_(pa.float32())),
-            ("created_at", _TS),
-        ]
-    ),
+    "fact_embeddings": _vector_schema("fact_id"),
+    "turn_embeddings": _vector_schema("turn_id"),
     "watermarks": pa.schema(
         [
             ("projector", pa.string()),

@@ -285,22 +285,9 @@ _INSERT_TURN = (
 
 
 def _turn_from_row(row: tuple) -> Turn:
-    return Turn(
-        id=row[0],
-        channel_id=row[1],
-        guild_id=row[2],
-        role=row[3],
-        author_key=row[4],
-        author_display=row[5],
-        content=row[6],
-        mode=row[7],
-        platform_message_id=row[8],
-        reply_to_message_id=row[9],
-        created_at=datetime.fromisoformat(row[10]),
-        revision=row[11],
-        edited_at=_parse_time(row[12]),
-        deleted_at=_parse_time(row[13]),
-    )
+    # Columns in _TURN_COLUMNS order, which is Turn's field order.
+    return Turn(*row[:10], created_at=datetime.fromisoformat(row[10]), revision=row[11],
+                edited_at=_parse_time(row[12]), deleted_at=_parse_time(row[13]))
 
 
 def _participant_from_row(row: tuple) -> Participant:
@@ -606,7 +593,7 @@ class TurnLog:
 
     # -- edits and deletions
 
-    def _locate(self, conn: sqlite3.Connection, turn_id: Any, platform_message_id: Any) -> tuple | None:
+    def _locate(self, conn: sqlite3.Connection, turn_id: Any, platform_message_id: Any) -> Turn | None:
         if (turn_id is None) == (platform_message_id is None):
             raise TurnLogError("give exactly one of turn_id or platform_message_id")
         if turn_id is not None:
@@ -620,7 +607,16 @@ class TurnLog:
                 f"SELECT {_TURN_COLUMNS} FROM turns WHERE platform_message_id = ? "
                 "ORDER BY id DESC LIMIT 1"
             )
-        return conn.execute(sql, (param,)).fetchone()
+        row = conn.execute(sql, (param,)).fetchone()
+        return None if row is None else _turn_from_row(row)
+
+    @staticmethod
+    def _log_change(conn: sqlite3.Connection, turn_id: int, kind: str, revision: int,
+                    prior_content: str | None, at: str) -> None:
+        conn.execute(
+            "INSERT INTO turn_changes (turn_id, kind, revision, prior_content, at) VALUES (?, ?, ?, ?, ?)",
+            (turn_id, kind, revision, prior_content, at),
+        )
 
     def record_edit(
         self,
@@ -639,22 +635,15 @@ class TurnLog:
         _check_text(new_content, "new_content", optional=False, max_bytes=MAX_CONTENT_BYTES)
         at = _utc_text(edited_at, "edited_at")
         with self._write() as conn:
-            row = self._locate(conn, turn_id, platform_message_id)
-            if row is None:
-                return None
-            current = _turn_from_row(row)
-            if current.deleted or current.content == new_content:
+            current = self._locate(conn, turn_id, platform_message_id)
+            if current is None or current.deleted or current.content == new_content:
                 return current
             revision = current.revision + 1
             conn.execute(
                 "UPDATE turns SET content = ?, revision = ?, edited_at = ? WHERE id = ?",
                 (new_content, revision, at, current.id),
             )
-            conn.execute(
-                "INSERT INTO turn_changes (turn_id, kind, revision, prior_content, at) "
-                "VALUES (?, 'edit', ?, ?, ?)",
-                (current.id, revision, current.content, at),
-            )
+            self._log_change(conn, current.id, "edit", revision, current.content, at)
         return replace(current, content=new_content, revision=revision, edited_at=datetime.fromisoformat(at))
 
     def record_deletion(
@@ -670,18 +659,11 @@ class TurnLog:
         """
         at = _utc_text(deleted_at, "deleted_at")
         with self._write() as conn:
-            row = self._locate(conn, turn_id, platform_message_id)
-            if row is None:
-                return None
-            current = _turn_from_row(row)
-            if current.deleted:
+            current = self._locate(conn, turn_id, platform_message_id)
+            if current is None or current.deleted:
                 return current
             conn.execute("UPDATE turns SET deleted_at = ? WHERE id = ?", (at, current.id))
-            conn.execute(
-                "INSERT INTO turn_changes (turn_id, kind, revision, prior_content, at) "
-                "VALUES (?, 'delete', ?, NULL, ?)",
-                (current.id, current.revision, at),
-            )
+            self._log_change(conn, current.id, "delete", current.revision, None, at)
         return replace(current, deleted_at=datetime.fromisoformat(at))
 
     def changes_after(self, seq: int, limit: int | None = None) -> list[TurnChange]:
