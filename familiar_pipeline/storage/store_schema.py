@@ -25,6 +25,8 @@ Two DuckDB facts shape the DDL (checked against duckdb 2.0.1):
 
 from __future__ import annotations
 
+import hashlib
+
 import duckdb
 
 from familiar_pipeline.storage.records import validity_sql
@@ -308,8 +310,6 @@ def migrate(conn: duckdb.DuckDBPyConnection, *, target: int = SCHEMA_VERSION) ->
 
 
 def _views_fingerprint() -> str:
-    import hashlib
-
     return hashlib.sha256("\n;\n".join(NOTEBOOK_VIEWS.values()).encode()).hexdigest()[:16]
 
 
