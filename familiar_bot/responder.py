@@ -523,11 +523,11 @@ def retired_facts_report(snapshot, limit: int = 5) -> str:
     retired = facts.filter(pc.is_valid(facts["superseded_at"]))
     lines = [f"=== memory: {facts.num_rows - retired.num_rows} current facts, {retired.num_rows} retired ==="]
     rows = retired.to_pylist()[-limit:]
-    by_id = {f["id"]: f for f in snapshot.facts_by_ids([r["superseded_by"] for r in rows if r["superseded_by"]])}
+    by_id = {f.id: f for f in snapshot.facts_by_ids([r["superseded_by"] for r in rows if r["superseded_by"]])}
     for row in reversed(rows):
         newer = by_id.get(row["superseded_by"])
         lines.append(f"retired #{row['id']} {row['text']!r}"
-                     + (f" <- replaced by #{newer['id']} {newer['text']!r}" if newer else ""))
+                     + (f" <- replaced by #{newer.id} {newer.text!r}" if newer else ""))
     return "\n".join(lines)
 
 
