@@ -19,6 +19,7 @@ read by pipeline runs in other processes. Every projection (summaries, facts, in
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -30,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator
 from familiar_pipeline.storage.identity import check_key, is_ego_key
 from familiar_pipeline.storage.times import utc_text
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ROLES = ("user", "assistant", "system", "tool")
 MAX_CONTENT_BYTES = 1024 * 1024
 BUSY_TIMEOUT_MS = 5000
@@ -185,9 +186,18 @@ def _migrate_to_v2(conn: sqlite3.Connection) -> None:
     _run_script(conn, _V2_TABLES)
 
 
+def _migrate_to_v3(conn: sqlite3.Connection) -> None:
+    """A random id for this log, minted once: a familiar deleted and created again under the
+    same name starts a new log, and whatever is keyed by turn ids (Dagster run keys) must not
+    mistake its turns for the old log's."""
+    conn.execute("CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("INSERT OR IGNORE INTO log_meta VALUES ('log_id', ?)", (secrets.token_hex(4),))
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _migrate_to_v1,
     2: _migrate_to_v2,
+    3: _migrate_to_v3,
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
@@ -680,6 +690,14 @@ class TurnLog:
             )
             for r in rows
         ]
+
+    def log_id(self) -> str:
+        """This log's random id (8 hex digits), or "" for a read-only log not yet migrated to have one."""
+        try:
+            row = self._query("SELECT value FROM log_meta WHERE key = 'log_id'")
+        except TurnLogError:  # no log_meta table: a read-only view of an older log
+            return ""
+        return row[0][0] if row else ""
 
     def latest_change_seq(self) -> int:
         return self._query("SELECT coalesce(max(seq), 0) FROM turn_changes")[0][0]
