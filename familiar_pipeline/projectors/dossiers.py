@@ -119,6 +119,7 @@ def steps_pending(rt, store, watermark_turn: int, watermark_fact: int) -> list[S
         if supersede_ready is not None and supersede_ready < horizon:
             break
         steps.append(Step(batch[-1].id, horizon))
+        walked = 0  # count from this step, as the next run will from its watermark
     return steps
 
 
