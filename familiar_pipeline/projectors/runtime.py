@@ -4,11 +4,16 @@ A run holds the DuckDB write connection only while it writes: `store()` opens
 the file, yields, and closes it, so a notebook can open `memory.duckdb`
 read-only between batches and the bot never touches it (it reads the Parquet
 snapshot that `publish()` writes after each write).
+
+The first `store()` also takes the familiar's writer lock (`WriterLock`), held
+until `close()`: one writer per familiar, whichever run it is in.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +38,66 @@ class NoModelConfigured(RuntimeError):
     """An LLM projector ran with no model set for the background slot."""
 
 
+class FamiliarBusy(RuntimeError):
+    """Another process holds the familiar's writer lock."""
+
+
+class WriterLock:
+    """One writer per familiar: an exclusive, non-blocking `flock` on `<familiar>/memory.lock`.
+
+    A run that serves many familiars carries no `dagster/partition` tag, so the run
+    queue's one-run-per-partition limit does not cover it. DuckDB refuses a second
+    process only while the file is open, and a projector closes the store between
+    batches (its model calls happen with the store closed), so two runs could otherwise
+    interleave one familiar's batches. The lock spans all of one familiar's work in a
+    step and a second writer fails at once; the kernel drops it when its process dies,
+    so a crashed run never leaves a familiar locked.
+    """
+
+    def __init__(self, paths: FamiliarPaths):
+        self.paths = paths
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        self.paths.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.paths.writer_lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise FamiliarBusy(
+                f"familiar {self.paths.familiar_id!r} is being written by another process"
+                f"{f' (pid {holder})' if holder.isdigit() else ''} holding {self.paths.writer_lock}; "
+                "one writer per familiar, so this run leaves it to that one and a later run retries"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> "WriterLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 @dataclass
 class FamiliarRuntime:
     paths: FamiliarPaths
@@ -43,6 +108,7 @@ class FamiliarRuntime:
     _indexes: dict[str, FtsIndex] = field(default_factory=dict, init=False, repr=False)
     _unpublished: bool = field(default=False, init=False, repr=False)
     _last_publish: float = field(default=0.0, init=False, repr=False)
+    _writer: WriterLock | None = field(default=None, init=False, repr=False)
     published_version: int = field(default=0, init=False)
 
     @property
@@ -62,12 +128,19 @@ class FamiliarRuntime:
 
     @contextmanager
     def store(self) -> Iterator[ProjectionStore]:
-        self.paths.dir.mkdir(parents=True, exist_ok=True)
+        """The store open for writing; the first call takes the writer lock (FamiliarBusy if held)."""
+        self.hold_writer_lock()
         store = ProjectionStore(self.paths.memory_db)
         try:
             yield store
         finally:
             store.close()
+
+    def hold_writer_lock(self) -> None:
+        """Take the familiar's writer lock until `close()` (a no-op when already held)."""
+        if self._writer is None:
+            self._writer = WriterLock(self.paths)
+        self._writer.acquire()
 
     def publish(self, store: ProjectionStore, *, force: bool = False) -> None:
         """Publish the serving snapshot after a committed write (at most every PUBLISH_INTERVAL_S)."""
@@ -93,6 +166,7 @@ class FamiliarRuntime:
 
     def _index(self, name: str) -> FtsIndex:
         if name not in self._indexes:
+            self.hold_writer_lock()  # the full-text indexes are written with the store
             path = self.paths.fts_turns if name == "turns" else self.paths.fts_facts
             self._indexes[name] = FtsIndex(path, writable=True)
         return self._indexes[name]
@@ -101,7 +175,11 @@ class FamiliarRuntime:
         try:
             self.flush()
         finally:
-            self._close_handles()
+            try:
+                self._close_handles()
+            finally:
+                if self._writer is not None:
+                    self._writer.release()
 
     def _close_handles(self) -> None:
         for index in self._indexes.values():
