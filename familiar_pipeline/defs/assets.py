@@ -227,10 +227,12 @@ FOLLOWERS_INCLUDED_TAG = {"familiar/followers": "included"}
 FOLLOWS_FACTS = (
     dg.AutomationCondition.any_deps_match(
         dg.AutomationCondition.data_version_changed()
-        # Per partition: every update since the last evaluation came from such a run.
-        # (`executed_with_tags` looks only at the asset's latest materialization of any
-        # partition, which in a run over many familiars is one of them, not each.)
-        & ~dg.AutomationCondition.all_new_updates_have_run_tags(tag_values=FOLLOWERS_INCLUDED_TAG)
+        # `executed_with_tags` looks only at the asset's latest materialization of any
+        # partition: in a run over many familiars, that is one of them. The per-partition
+        # test (every update since the last evaluation came from such a run) covers the
+        # others; it needs a previous evaluation that saw an event, the first covers that.
+        & ~(dg.AutomationCondition.executed_with_tags(tag_values=FOLLOWERS_INCLUDED_TAG)
+            | dg.AutomationCondition.all_new_updates_have_run_tags(tag_values=FOLLOWERS_INCLUDED_TAG))
     )
     .ignore(dg.AssetSelection.assets("turns"))
     .with_label("facts changed (rows written) outside a run that already included the followers")
