@@ -128,8 +128,9 @@ def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: f
                 for f in [f for f, ids in pending.items() if ids]:
                     readers[f].refresh()
                     cited = {t for fact in readers[f].current().current_facts() for t in fact.source_turn_ids}
+                    seen = time.monotonic()  # one look: the messages it finds cited form one batch
                     for turn_id in pending[f] & cited:
-                        visible[(f, turn_id)] = time.monotonic()
+                        visible[(f, turn_id)] = seen
                     pending[f] -= cited
                 next_check = time.monotonic() + SAMPLE_S
             if len(appended) == total and (not any(pending.values()) or now > started + duration + drain):
