@@ -195,8 +195,9 @@ def evaluate_tick(
     new_cursor = dict(cursor)
     told = dict(cursor.get(TOLD_NO_MODEL, {}))
     known = list(dict.fromkeys(known_partitions))
-    new_partitions = [f for f in familiars if f not in set(known)]
-    order = [f for f in known if f in set(familiars)] + new_partitions
+    known_set, on_disk = set(known), set(familiars)
+    new_partitions = [f for f in familiars if f not in known_set]
+    order = [f for f in known if f in on_disk] + new_partitions
     plan: dict[str, list[str]] = {}  # familiar -> its due assets, in partition order
     states: dict[str, FamiliarState] = {}
     for familiar_id in order:
@@ -229,7 +230,7 @@ def evaluate_tick(
             told.pop(familiar_id, None)
         elif model_assets.intersection(assets):
             told[familiar_id] = config_fingerprint(config)
-    told = {f: mark for f, mark in told.items() if f in familiars}
+    told = {f: mark for f, mark in told.items() if f in on_disk}
     if told:
         new_cursor[TOLD_NO_MODEL] = told
     else:
@@ -245,7 +246,7 @@ def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState]) 
     `familiars` config lists those it is due for, and it skips the others unopened.
     """
     first, last = next(iter(plan)), next(reversed(plan))
-    selection = [a for a in dict.fromkeys(a for assets in plan.values() for a in assets)]
+    selection = list(dict.fromkeys(a for assets in plan.values() for a in assets))
     due_for = {asset: [f for f, assets in plan.items() if asset in assets] for asset in selection}
     dispatched = {f: states[f].latest_turn_id for f in plan}
     marks = json.dumps(

@@ -1,9 +1,12 @@
 """Everything a projection needs for one familiar, opened lazily and closed once.
 
 A run holds the DuckDB write connection only while it writes: `store()` opens
-the file, yields, and closes it, so a notebook can open `memory.duckdb`
-read-only between batches and the bot never touches it (it reads the Parquet
-snapshot that `publish()` writes after each write).
+the file and keeps it open for the writes that follow, and the runtime closes
+it before every model call (`llm`) and at `close()`, so a notebook can open
+`memory.duckdb` read-only while a run waits on its model, and the bot never
+touches it (it reads the Parquet snapshot that `publish()` writes after each
+write). Opening the file costs more than a small write, and a run over many
+familiars makes several writes per familiar per step.
 
 The first `store()` also takes the familiar's writer lock (`WriterLock`), held
 until `close()`: one writer per familiar, whichever run it is in.
@@ -109,6 +112,7 @@ class FamiliarRuntime:
     _unpublished: bool = field(default=False, init=False, repr=False)
     _last_publish: float = field(default=0.0, init=False, repr=False)
     _writer: WriterLock | None = field(default=None, init=False, repr=False)
+    _open_store: ProjectionStore | None = field(default=None, init=False, repr=False)
     published_version: int = field(default=0, init=False)
 
     @property
@@ -119,6 +123,7 @@ class FamiliarRuntime:
                 f"{self.paths.character_toml} (or FAMILIAR__LLM__BACKGROUND__MODEL), e.g. "
                 '"openrouter/openai/gpt-4o-mini" or "ollama/llama3.1"'
             )
+        self.release_store()  # never hold the write connection through a model call
         return self.llm_client
 
     def turn_log(self) -> TurnLog:
@@ -128,12 +133,24 @@ class FamiliarRuntime:
 
     @contextmanager
     def store(self) -> Iterator[ProjectionStore]:
-        """The store open for writing; the first call takes the writer lock (FamiliarBusy if held)."""
+        """The store open for writing; the first call takes the writer lock (FamiliarBusy if held).
+
+        The connection stays open for the next `store()` until a model call, an error
+        inside the block (which discards it, uncommitted work with it) or `close()`.
+        """
         self.hold_writer_lock()
-        store = ProjectionStore(self.paths.memory_db)
+        if self._open_store is None:
+            self._open_store = ProjectionStore(self.paths.memory_db)
         try:
-            yield store
-        finally:
+            yield self._open_store
+        except BaseException:
+            self.release_store()
+            raise
+
+    def release_store(self) -> None:
+        """Close the write connection if open (the writer lock stays until `close()`)."""
+        if self._open_store is not None:
+            store, self._open_store = self._open_store, None
             store.close()
 
     def hold_writer_lock(self) -> None:
@@ -177,6 +194,7 @@ class FamiliarRuntime:
         finally:
             try:
                 self._close_handles()
+                self.release_store()
             finally:
                 if self._writer is not None:
                     self._writer.release()
