@@ -8,6 +8,9 @@ appends `--rate` messages per second in total, spread round-robin over them, for
 
 * freshness p50/p95: a message appended -> a fact citing it in that familiar's
   serving snapshot (the bot's view), over the messages that got there;
+* batch lag p50/p95: a batch's last message appended -> its facts visible (the
+  messages of one familiar whose facts appeared in the same look at its snapshot
+  count as one batch): what is left once the wait for the batch to fill is taken out;
 * backlog: messages without a citing fact when the drain ended;
 * runs: launched, and by status when the group stopped (queued ones are backlog too);
 * busy CPU-s per 1,000 turns: user+system CPU of `familiar up` and every process in
@@ -15,7 +18,8 @@ appends `--rate` messages per second in total, spread round-robin over them, for
   from /proc every `SAMPLE_S` (a process's last fraction of a sample is missed);
   it includes the idle cost of the webserver and daemon;
 * peak RSS of that group;
-* per-run time breakdown from the event log (medians): queued (requested -> launched),
+* familiars per run (the turn sensor's runs cover every due familiar) and the
+  per-run time breakdown from the event log (medians): queued (requested -> launched),
   start (launched -> the worker's RUN_START: process spawn, imports, code location load),
   each step (STEP_START -> its end), finish (last step -> run end).
 
@@ -123,9 +127,10 @@ def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: f
             if now >= next_check:
                 for f in [f for f, ids in pending.items() if ids]:
                     readers[f].refresh()
-                    cited = {t for row in readers[f].current().current_facts() for t in row.source_turn_ids}
+                    cited = {t for fact in readers[f].current().current_facts() for t in fact.source_turn_ids}
+                    seen = time.monotonic()  # one look: the messages it finds cited form one batch
                     for turn_id in pending[f] & cited:
-                        visible[(f, turn_id)] = time.monotonic()
+                        visible[(f, turn_id)] = seen
                     pending[f] -= cited
                 next_check = time.monotonic() + SAMPLE_S
             if len(appended) == total and (not any(pending.values()) or now > started + duration + drain):
@@ -135,6 +140,14 @@ def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: f
         for log in logs:
             log.close()
     return appended, visible
+
+
+def batch_lags(appended: dict, visible: dict) -> list[float]:
+    """Per batch (one familiar's messages that became visible together): visible - its last message appended."""
+    batches: dict[tuple[int, float], float] = {}
+    for (f, turn_id), seen in visible.items():
+        batches[(f, seen)] = max(batches.get((f, seen), 0.0), appended[(f, turn_id)])
+    return sorted(seen - last for (f, seen), last in batches.items())
 
 
 def wait_for_runs(dagster_home: Path, timeout: float) -> float:
@@ -163,16 +176,21 @@ def run_breakdown(dagster_home: Path) -> dict:
     success, failure = kinds.RUN_SUCCESS.value, kinds.RUN_FAILURE.value
     phases: dict[str, list[float]] = defaultdict(list)
     failures: list[str] = []
+    served: list[int] = []
     with dg.DagsterInstance.get() as instance:
         runs = instance.get_runs()
         statuses = Counter(r.status.value for r in runs)
         for run in runs:
+            if "familiar/turn_ids" in run.tags:
+                served.append(len(json.loads(run.tags["familiar/turn_ids"])))
             times: dict[str, float] = {}
             step_start: dict[str, float] = {}
             for record in instance.get_records_for_run(run.run_id).records:
                 entry = record.event_log_entry
                 event = entry.dagster_event
                 if event is None:
+                    if entry.level >= 40 and len(failures) < 3:  # one familiar's failure inside a run over many
+                        failures.append(f"{run.run_id[:8]}: {entry.user_message[:400]}")
                     continue
                 kind = event.event_type_value
                 if kind in (enqueued, starting, start, success, failure):
@@ -194,11 +212,14 @@ def run_breakdown(dagster_home: Path) -> dict:
             if end and starting in times:
                 phases["launched -> end"].append(end - times[starting])
     median = {k: {"median_s": round(statistics.median(v), 2), "n": len(v)} for k, v in sorted(phases.items())}
-    return {"runs": len(runs), "by_status": dict(statuses), "phases": median, "first_failures": failures}
+    per_run = {"median": statistics.median(served), "max": max(served), "sensor_runs": len(served)} if served else {}
+    return {"runs": len(runs), "by_status": dict(statuses), "familiars_per_sensor_run": per_run, "phases": median,
+            "first_failures": failures}
 
 
 def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s: int, sensor_interval: int | None,
             settle: float = 120) -> dict:
+    load_at_start = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         paths = prepare(tmp, familiars)
@@ -221,15 +242,20 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
             if process.poll() is None:
                 stop_up(process)
         fresh = sorted(visible[k] - appended[k] for k in visible)
+        lags = batch_lags(appended, visible)
         result = {
             "familiars": familiars, "messages_per_s": rate, "duration_s": duration, "quiet_s": quiet_s,
             "messages": len(appended), "with_facts": len(visible), "backlog_messages": len(appended) - len(visible),
             "freshness_p50_s": round(percentile(fresh, 0.5), 1) if fresh else None,
             "freshness_p95_s": round(percentile(fresh, 0.95), 1) if fresh else None,
+            "batches": len(lags),
+            "batch_lag_p50_s": round(percentile(lags, 0.5), 1) if lags else None,
+            "batch_lag_p95_s": round(percentile(lags, 0.95), 1) if lags else None,
             "settle_s": round(settled, 1),  # after the drain, until no run was queued or running
             "busy_cpu_s": round(cpu, 1),
             "busy_cpu_s_per_1000_turns": round(cpu / max(1, len(appended)) * 1000),
             "peak_rss_mib": round(sampler.peak_rss / 2**20),
+            "load_average_1m_at_start": load_at_start,
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         }
         result.update(run_breakdown(tmp / "dagster_home"))

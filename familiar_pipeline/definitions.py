@@ -5,6 +5,7 @@ import dagster as dg
 from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, TURN_EMBEDDING_ASSETS, turns
 from familiar_pipeline.defs.checks import ALL_CHECKS
 from familiar_pipeline.defs.jobs import plugin_assets, projection_job
+from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
 
@@ -20,6 +21,7 @@ fact_automation_sensor = dg.AutomationConditionSensorDefinition(
     target=dg.AssetSelection.assets(*FACT_DRIVEN_ASSETS, *PLUGIN_FOLLOWERS),
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=30,
+    run_tags=PROJECTION_QUEUE_TAG,  # its runs may cover many familiars: queued behind the turn sensor's
     description=(
         "Runs fact_supersessions, people_dossiers, reflections and fact_embeddings for a familiar after its "
         "facts (or supersessions) changed; each one then processes only what is past its own watermark."

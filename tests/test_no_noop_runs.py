@@ -2,8 +2,9 @@
 
 Every run the turn-watermark sensor or the automation sensor requests is executed
 in-process against a test instance, as the daemon would, and its materializations
-are read back. The target: no run that reads 0 turns and writes 0 rows, except the
-first run of a familiar without a model, which reports "skipped" with the setting.
+are read back, per familiar the run served (one run may serve both). The target: no
+familiar's part of a run reads 0 turns and writes 0 rows, except the first run of a
+familiar without a model, which reports "skipped" with the setting.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dagster as dg
 import pytest
 
 from familiar_pipeline.definitions import defs, fact_automation_sensor
-from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, TURN_EMBEDDING_ASSETS, turns
+from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, NOT_DUE, TURN_DRIVEN_ASSETS, TURN_EMBEDDING_ASSETS, turns
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
 from familiar_pipeline.storage.turns import TurnLog
@@ -39,22 +40,28 @@ def chat_minute(paths, minute: int, started: datetime) -> None:
                             created_at=started + timedelta(minutes=minute, seconds=10 * i))
 
 
-def execute(instance, root, request: dg.RunRequest, trigger: str) -> dict:
-    """Run one request as the daemon would; what each asset read and wrote."""
+def execute(instance, root, request: dg.RunRequest, trigger: str) -> list[dict]:
+    """Run one request as the daemon would; per familiar it served, what each asset read and wrote.
+
+    The turn sensor's request covers a partition range (its tags) with a per-asset plan (its
+    run config); a familiar in the range but outside the plan reports "not due" and is left out.
+    """
     keys = list(request.asset_selection)
     result = dg.materialize(
         [turns, *ASSETS], selection=keys, partition_key=request.partition_key, instance=instance,
-        tags={**request.tags, "trigger": trigger},
+        tags={**request.tags, "trigger": trigger}, run_config=request.run_config or None,
         resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource(),
                    "embedder": EmbedderResource()},
     )
     assert result.success
-    out = {}
+    out: dict[str, dict] = {}
     for event in result.get_asset_materialization_events():
         m = event.materialization
         meta = {k: v.value for k, v in m.metadata.items()}
-        out[m.asset_key.path[-1]] = (meta["status"], int(meta["turns_read"]), int(meta["rows_written"]))
-    return {"partition": request.partition_key, "trigger": trigger, "assets": out}
+        if meta["status"] == NOT_DUE:
+            continue
+        out.setdefault(m.partition, {})[m.asset_key.path[-1]] = (meta["status"], int(meta["turns_read"]), int(meta["rows_written"]))
+    return [{"partition": p, "trigger": trigger, "assets": assets} for p, assets in sorted(out.items())]
 
 
 def automation_requests(result) -> list[dg.RunRequest]:
@@ -86,11 +93,11 @@ def test_an_hour_of_chat_launches_no_run_that_does_nothing(tmp_path, monkeypatch
             for request in result.dynamic_partitions_requests:
                 instance.add_dynamic_partitions("familiars", list(request.partition_keys))
             for request in result.run_requests:
-                runs.append(execute(instance, tmp_path, request, "turn_watermark_sensor"))
+                runs.extend(execute(instance, tmp_path, request, "turn_watermark_sensor"))
             automation = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=auto_cursor)
             auto_cursor = automation.cursor
             for request in automation_requests(automation):
-                runs.append(execute(instance, tmp_path, request, fact_automation_sensor.name))
+                runs.extend(execute(instance, tmp_path, request, fact_automation_sensor.name))
 
     def does_nothing(run) -> bool:
         return all(read == 0 and written == 0 for _, read, written in run["assets"].values())

@@ -10,6 +10,8 @@ import pytest
 from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, due_assets, read_state
 
+from familiar_pipeline.storage.paths import FamiliarPaths
+
 from .helpers import append_chat, make_familiar
 
 
@@ -30,7 +32,20 @@ def tick(instance, cursor=None):
 
 
 def requested(result):
-    return {r.partition_key: sorted(k.path[-1] for k in r.asset_selection) for r in result.run_requests}
+    """Familiar -> the assets the tick's run is due to process for it (its plan in the run config)."""
+    assert len(result.run_requests) <= 1, "one run per tick"
+    plan: dict[str, list[str]] = {}
+    for request in result.run_requests:
+        assert set(request.run_config["ops"]) == {k.path[-1] for k in request.asset_selection}
+        for asset, op in request.run_config["ops"].items():
+            for familiar in op["config"]["familiars"]:
+                plan.setdefault(familiar, []).append(asset)
+    return {familiar: sorted(assets) for familiar, assets in plan.items()}
+
+
+def covered(result) -> tuple[str, str]:
+    tags = result.run_requests[0].tags
+    return tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]
 
 
 def test_first_tick_with_backlog_adds_partition_and_requests_runs(env):
@@ -122,7 +137,7 @@ def test_running_run_gets_one_follow_on_when_a_whole_batch_arrived_since(env):
     append_chat(paths, 1, start=21)
     follow_on = tick(instance)
     assert requested(follow_on) == {"alpha": FULL}  # queued now, starts when the slot frees
-    assert follow_on.run_requests[0].tags["familiar/turn_id"] == "22"
+    assert json.loads(follow_on.run_requests[0].tags["familiar/turn_ids"]) == {"alpha": 22}
 
 
 def test_queued_run_is_never_joined_by_another(env):
@@ -139,11 +154,11 @@ def test_flood_guard_caps_requests_per_tick(env, monkeypatch):
         append_chat(make_familiar(root, name), 11)
     monkeypatch.setenv("FAMILIAR__PIPELINE__MAX_FAMILIARS_PER_TICK", "2")
     first = tick(instance)
-    assert len(first.run_requests) == 2
+    assert len(requested(first)) == 2
     for r in first.dynamic_partitions_requests:
         instance.add_dynamic_partitions("familiars", list(r.partition_keys))
     second = tick(instance, cursor=first.cursor)
-    assert len(second.run_requests) == 2
+    assert len(requested(second)) == 2
     assert set(requested(first)) | set(requested(second)) == {"a1", "a2", "a3", "a4"}
 
 
@@ -219,3 +234,70 @@ def test_cadence_follows_the_served_familiar_and_a_reload_sees_an_edit(tmp_path,
     paths.character_toml.write_text("[pipeline]\nsensor_interval_s = 1\n")  # invalid: the location still loads
     sensor = served_sensor()
     assert sensor.minimum_interval_seconds == 4 and "sensor_interval_s = 1" in sensor.description
+
+
+def test_one_run_per_tick_covers_every_due_familiar(env):
+    root, instance = env
+    for name in ("a1", "a2", "a3", "a4", "a5"):
+        append_chat(make_familiar(root, name), 12)
+    result = tick(instance)
+    assert len(result.run_requests) == 1
+    assert requested(result) == {name: FULL for name in ("a1", "a2", "a3", "a4", "a5")}
+    assert covered(result) == ("a1", "a5")
+    request = result.run_requests[0]
+    assert request.partition_key is None and request.tags["familiar/queue"] == "projections"
+    assert json.loads(request.tags["familiar/turn_ids"]) == {name: 12 for name in ("a1", "a2", "a3", "a4", "a5")}
+
+
+def published_up_to(paths, turn_id: int) -> None:
+    """A serving manifest whose watermarks say every projector has processed turns up to `turn_id`."""
+    marks = {name: {"turn_id": turn_id, "change_seq": 0}
+             for name in ("turns_fts", "rolling_summary", "rich_note", "supersede", "dossiers", "reflections")}
+    paths.serving_dir.mkdir(parents=True, exist_ok=True)
+    (paths.serving_dir / "manifest.json").write_text(json.dumps({"version": 1, "store_watermark": {"projectors": marks}}))
+
+
+def test_the_range_spans_familiars_between_the_due_ones_and_the_plan_leaves_them_out(env, monkeypatch):
+    root, instance = env
+    monkeypatch.setenv("FAMILIAR__PIPELINE__INDEX_QUIET_S", "0")
+    for name in ("a1", "a2", "a3"):
+        paths = make_familiar(root, name)
+        append_chat(paths, 12)
+        published_up_to(paths, 12)
+    first = tick(instance)
+    assert first.run_requests == []
+    instance.add_dynamic_partitions("familiars", ["a1", "a2", "a3"])
+    append_chat(FamiliarPaths.for_id("a1", root), 10, start=12)
+    append_chat(FamiliarPaths.for_id("a3", root), 1, start=12)
+    second = tick(instance, cursor=first.cursor)
+    assert covered(second) == ("a1", "a3")
+    assert requested(second) == {"a1": FULL, "a3": ["turns_fts"]}, "a2 is in the range, not in the plan"
+
+
+def test_the_range_follows_partition_order_and_a_familiar_added_mid_run_joins_the_next_tick(env):
+    root, instance = env
+    append_chat(make_familiar(root, "zed"), 12)
+    first = tick(instance)
+    instance.add_dynamic_partitions("familiars", ["zed"])
+    instance.add_run(dg.DagsterRun(job_name="project_memory", run_id="range-1", status=dg.DagsterRunStatus.STARTED,
+                                   tags=dict(first.run_requests[0].tags)))
+    append_chat(make_familiar(root, "amy"), 12)  # added while zed's run runs; sorts first, partitioned last
+    second = tick(instance, cursor=first.cursor)
+    assert [k for r in second.dynamic_partitions_requests for k in r.partition_keys] == ["amy"]
+    assert requested(second) == {"amy": FULL}, "zed's run is in flight: only the newcomer"
+    assert covered(second) == ("amy", "amy")
+    instance.add_dynamic_partitions("familiars", ["amy"])
+    append_chat(FamiliarPaths.for_id("zed", root), 10, start=12)  # a whole batch more: one follow-on
+    third = tick(instance, cursor=second.cursor)
+    assert requested(third) == {"zed": FULL}
+
+
+def test_a_range_run_in_flight_defers_every_familiar_it_covers(env):
+    root, instance = env
+    for name in ("a1", "a2", "a3"):
+        append_chat(make_familiar(root, name), 12)
+    instance.add_dynamic_partitions("familiars", ["a1", "a2", "a3"])
+    instance.add_run(dg.DagsterRun(  # a UI backfill over a1..a2: no plan, so both are taken
+        job_name="project_memory", run_id="backfill", status=dg.DagsterRunStatus.NOT_STARTED,
+        tags={"dagster/asset_partition_range_start": "a1", "dagster/asset_partition_range_end": "a2"}))
+    assert requested(tick(instance)) == {"a3": FULL}

@@ -5,7 +5,9 @@ One factory, `projection_asset`, builds every projector's asset from its spec
 condition, description and resources all come from there.
 
 Each asset is partitioned per familiar and watermark-driven: materializing it
-processes what is new past its watermark (or says "no-op"), and the run config
+processes what is new past its watermark (or says "no-op"). A run may cover a
+range of familiars; each is processed in turn and reported on its own partition
+(`materialize_projection`). The run config
 `rebuild: true` drops the projection's rows and watermark first and rebuilds it
 from the turn log. LLM replies are cached by prompt, so a rebuild of unchanged
 prompts costs no tokens and yields the same rows.
@@ -33,6 +35,13 @@ class ProjectionConfig(dg.Config):
     rebuild: bool = Field(
         default=False,
         description="Drop this projection's rows and watermark for the partition, then rebuild it from turns.",
+    )
+    familiars: list[str] = Field(
+        default_factory=list,
+        description=(
+            "The familiars of the run's partitions to process; empty: all of them. The turn sensor lists "
+            "those this asset is due for; the others in its partition range are skipped without a file opened."
+        ),
     )
 
 
@@ -90,16 +99,20 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def materialize_projection(
-    context: dg.AssetExecutionContext,
+def project_familiar(
     spec: ProjectorSpec,
-    config: ProjectionConfig,
+    familiar_id: str,
+    *,
+    rebuild: bool,
     familiar_data: FamiliarData,
     llm: LlmResource,
     embedder: EmbedderResource | None = None,
-) -> dg.MaterializeResult:
-    """Open the familiar, drop the projection first on `rebuild`, run the projector, report."""
-    familiar_id = context.partition_key
+) -> dict:
+    """One familiar: open it, drop the projection first on `rebuild`, run the projector; its metadata.
+
+    The runtime takes the familiar's writer lock at its first write and keeps it until it is
+    closed here, so the whole of this familiar's work in the step has one writer.
+    """
     cfg = familiar_data.config(familiar_id)
     knobs_obj = cfg.memory.knobs(spec.name) if not spec.always_on else None
     knobs = dataclasses.asdict(knobs_obj) if dataclasses.is_dataclass(knobs_obj) else {}
@@ -119,32 +132,88 @@ def materialize_projection(
                 except NoModelConfigured as exc:
                     report.reason = str(exc)
             else:
-                if config.rebuild and not (spec.needs_embedder and runtime.embedder is None):
+                if rebuild and not (spec.needs_embedder and runtime.embedder is None):
                     with runtime.store() as store:
                         registry.drop_projection(store, spec.name)
                         runtime.publish(store)
-                spec.run(runtime, report, rebuild=config.rebuild)
+                spec.run(runtime, report, rebuild=rebuild)
         finally:
             runtime.close()
-    context.log.info(report.summary_line())
-    return dg.MaterializeResult(metadata=report_metadata(report, usage, knobs),
-                                data_version=output_version(context, report, rebuild=config.rebuild))
+    return {"report": report, "metadata": report_metadata(report, usage, knobs)}
 
 
-def output_version(context: dg.AssetExecutionContext, report: ProjectionReport, *, rebuild: bool) -> dg.DataVersion:
+# What a familiar in the run's partition range that the run's plan leaves out reports.
+NOT_DUE = "not due: outside this run's plan (ProjectionConfig.familiars); nothing was opened"
+
+
+def materialize_projection(
+    context: dg.AssetExecutionContext,
+    spec: ProjectorSpec,
+    config: ProjectionConfig,
+    familiar_data: FamiliarData,
+    llm: LlmResource,
+    embedder: EmbedderResource | None = None,
+) -> dg.MaterializeResult:
+    """Every familiar of the run's partitions in turn, each reported as its own partition.
+
+    A run may cover a range of familiars (the turn sensor's one run per tick, a
+    single-run backfill). Each familiar gets its own writer lock, store transactions,
+    projector run and publish, and its metadata goes on its partition's
+    materialization. One familiar's failure is caught and reported on its partition
+    (status "failed: ..." and an error event); its watermark stays where its last
+    committed batch left it, so a later run retries it. The step fails only when every
+    familiar it processed failed, so a run of one familiar fails as it always did.
+    """
+    planned = set(config.familiars)
+    done: dict[str, ProjectionReport] = {}
+    failed: dict[str, Exception] = {}
+    for familiar_id in context.partition_keys:
+        if planned and familiar_id not in planned:
+            context.add_asset_metadata({"status": NOT_DUE}, partition_key=familiar_id)
+            continue
+        try:
+            outcome = project_familiar(spec, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data,
+                                       llm=llm, embedder=embedder)
+        except Exception as exc:  # reported on this familiar's partition; the others carry on
+            failed[familiar_id] = exc
+            context.log.error(f"[{familiar_id}] {spec.name} failed: {type(exc).__name__}: {exc}", exc_info=exc)
+            context.add_asset_metadata({"status": f"failed: {type(exc).__name__}: {exc}"}, partition_key=familiar_id)
+            continue
+        done[familiar_id] = outcome["report"]
+        context.log.info(f"[{familiar_id}] {outcome['report'].summary_line()}")
+        context.add_asset_metadata(outcome["metadata"], partition_key=familiar_id)
+    if failed and not done:
+        if len(failed) == 1:
+            raise next(iter(failed.values()))
+        raise dg.Failure(
+            description=f"{spec.asset}: every familiar failed: "
+            + "; ".join(f"{f}: {type(e).__name__}: {e}" for f, e in failed.items())
+        )
+    return dg.MaterializeResult(data_version=output_version(context, done, rebuild=config.rebuild))
+
+
+def output_version(context: dg.AssetExecutionContext, reports: dict[str, ProjectionReport], *, rebuild: bool) -> dg.DataVersion:
     """A data version that changes only when the run changed the projection's rows.
 
     The followers' automation condition fires on a changed data version, not on any
     materialization: a facts run that wrote nothing (skipped, disabled, no-op, a batch
-    whose facts were all dropped) keeps the partition's previous version.
+    whose facts were all dropped) keeps the partition's previous version. Dagster gives
+    every partition of a run the same version, so in a run over several familiars any
+    familiar's new rows give them all the new version; the turn sensor's runs that include
+    `facts` also include its followers and are tagged so (FOLLOWERS_INCLUDED_TAG), which
+    keeps that from re-triggering them.
     """
-    if report.rows_written > 0 or rebuild:
+    if rebuild or any(report.rows_written > 0 for report in reports.values()):
         return dg.DataVersion(context.run.run_id)
     from dagster._core.definitions.data_version import extract_data_version_from_entry
 
-    record = context.instance.get_latest_data_version_record(context.asset_key, partition_key=context.partition_key)
-    previous = extract_data_version_from_entry(record.event_log_entry) if record else None
-    return previous or dg.DataVersion("empty")
+    previous = set()
+    for partition_key in context.partition_keys:
+        record = context.instance.get_latest_data_version_record(context.asset_key, partition_key=partition_key)
+        previous.add(extract_data_version_from_entry(record.event_log_entry) if record else None)
+    if len(previous) == 1:
+        return previous.pop() or dg.DataVersion("empty")
+    return dg.DataVersion(context.run.run_id)  # the familiars' versions differ: one value cannot keep them all
 
 
 # Run after `facts` (or supersession) changed, for that familiar's partition only:
@@ -158,7 +227,12 @@ FOLLOWERS_INCLUDED_TAG = {"familiar/followers": "included"}
 FOLLOWS_FACTS = (
     dg.AutomationCondition.any_deps_match(
         dg.AutomationCondition.data_version_changed()
-        & ~dg.AutomationCondition.executed_with_tags(tag_values=FOLLOWERS_INCLUDED_TAG)
+        # `executed_with_tags` looks only at the asset's latest materialization of any
+        # partition: in a run over many familiars, that is one of them. The per-partition
+        # test (every update since the last evaluation came from such a run) covers the
+        # others; it needs a previous evaluation that saw an event, the first covers that.
+        & ~(dg.AutomationCondition.executed_with_tags(tag_values=FOLLOWERS_INCLUDED_TAG)
+            | dg.AutomationCondition.all_new_updates_have_run_tags(tag_values=FOLLOWERS_INCLUDED_TAG))
     )
     .ignore(dg.AssetSelection.assets("turns"))
     .with_label("facts changed (rows written) outside a run that already included the followers")
@@ -186,6 +260,9 @@ def projection_asset(spec: ProjectorSpec) -> dg.AssetsDefinition:
         deps=list(spec.inputs),
         tags={"projector": spec.name},
         automation_condition=FOLLOWS_FACTS if spec.trigger == FACTS else None,
+        # A UI or CLI backfill (and declarative automation) over many familiars is one run
+        # per contiguous range of them, not one per familiar: the run's fixed cost is paid once.
+        backfill_policy=dg.BackfillPolicy.single_run(),
         required_resource_keys=resources,
     )(materialize)
 

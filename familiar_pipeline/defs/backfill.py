@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 from familiar_pipeline.defs.jobs import PROJECTION_JOB
+from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.storage.paths import REPO_ROOT, validate_familiar_id
 
@@ -63,7 +64,8 @@ def submit(familiar_id: str, asset: str, *, rebuild: bool, url: str) -> str:
     return client.submit_job_execution(
         PROJECTION_JOB,
         run_config={"ops": {asset: {"config": {"rebuild": rebuild}}}},
-        tags={"dagster/partition": familiar_id, "familiar": familiar_id, "trigger": "familiar backfill"},
+        tags={"dagster/partition": familiar_id, "familiar": familiar_id, "trigger": "familiar backfill",
+              **PROJECTION_QUEUE_TAG},
         asset_selection=[asset],
     )
 
@@ -72,13 +74,12 @@ def run_in_process(familiar_id: str, asset: str, *, rebuild: bool):
     import dagster as dg
 
     from familiar_pipeline.definitions import defs
-    from familiar_pipeline.defs.sensors import IN_FLIGHT
+    from familiar_pipeline.defs.sensors import in_flight_runs
 
     ensure_dagster_home()
     instance = dg.DagsterInstance.get()
-    busy = instance.get_run_records(filters=dg.RunsFilter(tags={"dagster/partition": familiar_id}, statuses=IN_FLIGHT), limit=1)
-    if busy:
-        raise BackfillError(f"a run of {familiar_id!r} is already queued or running ({busy[0].dagster_run.run_id}); try again when it ends")
+    if familiar_id in in_flight_runs(instance, list(instance.get_dynamic_partitions("familiars"))):
+        raise BackfillError(f"a run serving {familiar_id!r} is already queued or running; try again when it ends")
     instance.add_dynamic_partitions("familiars", [familiar_id])
     job = defs.resolve_job_def(PROJECTION_JOB)
     result = job.execute_in_process(

@@ -57,6 +57,39 @@ def snapshot_lag(store: ProjectionStore, serving_dir) -> dict | None:
     return None if published == current else {"store": current, "snapshot": published}
 
 
+def checked_familiars(context: dg.AssetCheckExecutionContext) -> list[str]:
+    """The run's familiars that its plan had the checked asset process (all of them without a plan)."""
+    asset = context.check_specs[0].asset_key.path[-1]
+    ops = (context.run.run_config or {}).get("ops") or {}
+    planned = set(((ops.get(asset) or {}).get("config") or {}).get("familiars") or ())
+    return [f for f in context.partition_keys if not planned or f in planned]
+
+
+def per_familiar(context: dg.AssetCheckExecutionContext, check_one) -> dg.AssetCheckResult:
+    """`check_one(familiar_id)` for each familiar of the run, as one result.
+
+    Dagster 1.13 evaluates a check once per run, with no partition when the run covers
+    several; the result passes only if every familiar passed, and names the ones that
+    did not with their own metadata. A run of one familiar reports its result as is.
+    """
+    results = {f: check_one(f) for f in checked_familiars(context)}
+    if len(results) == 1:
+        return next(iter(results.values()))
+    failing = {f: r for f, r in results.items() if not r.passed}
+    errors = any(r.severity == dg.AssetCheckSeverity.ERROR for r in failing.values())
+    severity = dg.AssetCheckSeverity.ERROR if errors or not failing else dg.AssetCheckSeverity.WARN
+    return dg.AssetCheckResult(
+        passed=not failing,
+        severity=severity,
+        metadata={
+            "familiars_checked": len(results),
+            "failing": dg.MetadataValue.json(
+                {f: {k: v.value for k, v in r.metadata.items()} for f, r in failing.items()}
+            ),
+        },
+    )
+
+
 def _check_facts(familiar_data: FamiliarData, familiar_id: str, finder, what: str) -> dg.AssetCheckResult:
     paths, store = _open(familiar_data, familiar_id)
     if store is None:
@@ -74,15 +107,14 @@ def _check_facts(familiar_data: FamiliarData, familiar_id: str, finder, what: st
 
 @dg.asset_check(asset="facts", blocking=True, partitions_def=familiars_partitions, description="Every fact's source_turn_ids exist in the turn log.")
 def facts_cite_existing_turns(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return _check_facts(familiar_data, context.partition_key, missing_source_turns, "(fact id, missing turn id)")
+    return per_familiar(context, lambda f: _check_facts(familiar_data, f, missing_source_turns, "(fact id, missing turn id)"))
 
 
 @dg.asset_check(asset="facts", blocking=True, partitions_def=familiars_partitions, description="Every subject key is a known participant or the familiar's own ego key.")
 def fact_subjects_are_participants(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    familiar_id = context.partition_key
-    return _check_facts(
+    return per_familiar(context, lambda familiar_id: _check_facts(
         familiar_data, familiar_id, lambda s, t: unknown_subject_keys(s, t, familiar_id), "(fact id, unknown key)"
-    )
+    ))
 
 
 def snapshot_check(asset_name: str) -> dg.AssetChecksDefinition:
@@ -93,20 +125,24 @@ def snapshot_check(asset_name: str) -> dg.AssetChecksDefinition:
         description="The bot's Parquet snapshot carries the same watermarks as memory.duckdb.",
     )
     def _check(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-        paths, store = _open(familiar_data, context.partition_key)
-        if store is None:
-            return dg.AssetCheckResult(passed=True, metadata={"note": "no store yet"})
-        try:
-            lag = snapshot_lag(store, paths.serving_dir)
-        finally:
-            store.close()
-        return dg.AssetCheckResult(
-            passed=lag is None,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={"lag": dg.MetadataValue.json(lag or {})},
-        )
+        return per_familiar(context, lambda familiar_id: _snapshot_in_step(familiar_data, familiar_id))
 
     return _check
+
+
+def _snapshot_in_step(familiar_data: FamiliarData, familiar_id: str) -> dg.AssetCheckResult:
+    paths, store = _open(familiar_data, familiar_id)
+    if store is None:
+        return dg.AssetCheckResult(passed=True, metadata={"note": "no store yet"})
+    try:
+        lag = snapshot_lag(store, paths.serving_dir)
+    finally:
+        store.close()
+    return dg.AssetCheckResult(
+        passed=lag is None,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"lag": dg.MetadataValue.json(lag or {})},
+    )
 
 
 # ----------------------------------------------------------------------------- fact-driven invariants
@@ -147,22 +183,22 @@ def dossiers_ahead_of_facts(store: ProjectionStore, turn_log: TurnLog | None = N
 
 @dg.asset_check(asset="fact_supersessions", blocking=True, partitions_def=familiars_partitions, description="No fact was retired by more than one supersession decision.")
 def no_fact_superseded_twice(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return _check_facts(familiar_data, context.partition_key, facts_superseded_twice, "(fact id, times retired)")
+    return per_familiar(context, lambda f: _check_facts(familiar_data, f, facts_superseded_twice, "(fact id, times retired)"))
 
 
 @dg.asset_check(asset="fact_supersessions", blocking=True, partitions_def=familiars_partitions, description="Every superseded_by points at an existing, different fact.")
 def superseded_by_exists(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return _check_facts(familiar_data, context.partition_key, dangling_superseded_by, "(fact id, missing replacement)")
+    return per_familiar(context, lambda f: _check_facts(familiar_data, f, dangling_superseded_by, "(fact id, missing replacement)"))
 
 
 @dg.asset_check(asset="reflections", partitions_def=familiars_partitions, description="Every reflection cites at least one existing turn or fact.")
 def reflections_cite_something(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return _check_facts(familiar_data, context.partition_key, uncited_reflections, "(reflection id, citations)")
+    return per_familiar(context, lambda f: _check_facts(familiar_data, f, uncited_reflections, "(reflection id, citations)"))
 
 
 @dg.asset_check(asset="people_dossiers", partitions_def=familiars_partitions, description="No dossier's last_fact_id is past the newest fact id.")
 def dossiers_within_facts(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return _check_facts(familiar_data, context.partition_key, dossiers_ahead_of_facts, "(subject, last_fact_id)")
+    return per_familiar(context, lambda f: _check_facts(familiar_data, f, dossiers_ahead_of_facts, "(subject, last_fact_id)"))
 
 
 FACT_DRIVEN_CHECKS = [

@@ -3,7 +3,12 @@
 Each tick scans data/familiars/*/turns.db, adds familiars it has not seen as
 dynamic partitions, and for each familiar compares the turn log (latest turn id,
 latest edit/delete seq) and the published snapshot's watermarks with what it
-dispatched last time. The cursor only records what was dispatched; what each
+dispatched last time. It requests at most one run per tick, covering every
+familiar that is due: a partition key range from the first to the last of them
+(in partition order), the union of their due assets, and, per asset, the
+familiars it is due for (`ProjectionConfig.familiars`), so the run's fixed cost
+(process start, imports, code location load) is paid once per tick, not once
+per familiar. The cursor only records what was dispatched; what each
 projection has processed is its own watermark in memory.duckdb (read here,
 lock-free, from the serving manifest). Resetting the cursor therefore loses
 nothing: the next tick re-dispatches and each asset processes only what is new.
@@ -18,10 +23,12 @@ import os
 from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import dagster as dg
 
 from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG
+from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.config import ConfigError, PipelineConfig, load_config
 from familiar_pipeline.storage.paths import FamiliarPaths, data_root, list_familiars
 from familiar_pipeline.defs.partitions import familiars_partitions
@@ -38,7 +45,10 @@ IN_FLIGHT = [
     dg.DagsterRunStatus.STARTED,
 ]
 WAITING = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED}
-DISPATCHED_TURN_TAG = "familiar/turn_id"
+DISPATCHED_TURN_TAG = "familiar/turn_id"  # a run of one familiar: its newest turn id when requested
+DISPATCHED_TURNS_TAG = "familiar/turn_ids"  # a run the sensor requested: {familiar: newest turn id}, JSON
+RANGE_START_TAG = "dagster/asset_partition_range_start"  # what RunRequest.partition_key_range reads
+RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 
 @dataclass(frozen=True)
@@ -167,7 +177,7 @@ def held_for_no_model(config, told: dict, familiar_id: str, model_assets: frozen
 def evaluate_tick(
     cursor: dict,
     familiars: list[str],
-    known_partitions: set[str],
+    known_partitions: Iterable[str],
     *,
     root: Path,
     in_flight: dict[str, InFlightRun],
@@ -176,14 +186,21 @@ def evaluate_tick(
 ) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
     """Pure tick logic: (run requests, new partitions, new cursor, log lines).
 
+    `known_partitions`: the dynamic partitions in their order (Dagster's: insertion);
+    the new ones are added after them in `familiars` order. At most one run request:
+    the range over every due familiar, at most `max_requests` of them (the flood guard).
     `model_assets`: the assets that need the background model (kind "llm").
     """
-    requests: list[dg.RunRequest] = []
     notes: list[str] = []
     new_cursor = dict(cursor)
     told = dict(cursor.get(TOLD_NO_MODEL, {}))
-    new_partitions = [f for f in familiars if f not in known_partitions]
-    for familiar_id in familiars:
+    known = list(dict.fromkeys(known_partitions))
+    known_set, on_disk = set(known), set(familiars)
+    new_partitions = [f for f in familiars if f not in known_set]
+    order = [f for f in known if f in on_disk] + new_partitions
+    plan: dict[str, list[str]] = {}  # familiar -> its due assets, in partition order
+    states: dict[str, FamiliarState] = {}
+    for familiar_id in order:
         paths = FamiliarPaths.for_id(familiar_id, root)
         try:
             config = load_config(familiar_id, root=root)
@@ -202,35 +219,80 @@ def evaluate_tick(
             if not index_behind(state):  # else the index waits for quiet: look again next tick
                 new_cursor[familiar_id] = state.signature()
             continue
-        if len(requests) >= max_requests:
-            notes.append(f"{familiar_id}: deferred by the flood guard (max {max_requests} runs per tick)")
+        if len(plan) >= max_requests:
+            notes.append(f"{familiar_id}: deferred by the flood guard (max {max_requests} familiars per run)")
             continue
         knobs = {f"{s.name}.{s.batch_knob}": getattr(config.memory.knobs(s.name), s.batch_knob) for s in _triggered(TURNS)}
         notes.append(f"{familiar_id}: turns up to {state.latest_turn_id} -> {', '.join(assets)} ({knobs})")
-        requests.append(
-            dg.RunRequest(
-                run_key=f"{familiar_id}:t{state.latest_turn_id}:c{state.latest_change_seq}:v{state.snapshot_version}",
-                partition_key=familiar_id,
-                asset_selection=[dg.AssetKey(a) for a in assets],
-                tags={
-                    "familiar": familiar_id,
-                    "trigger": "turn_watermark_sensor",
-                    DISPATCHED_TURN_TAG: str(state.latest_turn_id),
-                    **(FOLLOWERS_INCLUDED_TAG if any(s.asset in assets for s in _triggered(FACTS)) else {}),
-                },
-            )
-        )
+        plan[familiar_id], states[familiar_id] = assets, state
         new_cursor[familiar_id] = state.signature()
         if config.llm.slot("background").configured:
             told.pop(familiar_id, None)
         elif model_assets.intersection(assets):
             told[familiar_id] = config_fingerprint(config)
-    told = {f: mark for f, mark in told.items() if f in familiars}
+    told = {f: mark for f, mark in told.items() if f in on_disk}
     if told:
         new_cursor[TOLD_NO_MODEL] = told
     else:
         new_cursor.pop(TOLD_NO_MODEL, None)
+    requests = [range_request(plan, states)] if plan else []
     return requests, new_partitions, new_cursor, notes
+
+
+def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState]) -> dg.RunRequest:
+    """One run over every planned familiar: the range from the first to the last (in partition order).
+
+    Familiars between them that are not in the plan are in the range too; each asset's
+    `familiars` config lists those it is due for, and it skips the others unopened.
+    """
+    first, last = next(iter(plan)), next(reversed(plan))
+    selection = list(dict.fromkeys(a for assets in plan.values() for a in assets))
+    due_for = {asset: [f for f, assets in plan.items() if asset in assets] for asset in selection}
+    dispatched = {f: states[f].latest_turn_id for f in plan}
+    marks = json.dumps(
+        {f: [s.latest_turn_id, s.latest_change_seq, s.snapshot_version] for f, s in states.items()}, sort_keys=True
+    )
+    return dg.RunRequest(
+        # Idempotent: the same familiars in the same state ask for the same run.
+        run_key=f"{first}..{last}:{hashlib.sha256((marks + repr(selection)).encode()).hexdigest()[:16]}",
+        asset_selection=[dg.AssetKey(a) for a in selection],
+        run_config={"ops": {asset: {"config": {"familiars": familiars}} for asset, familiars in due_for.items()}},
+        tags={
+            RANGE_START_TAG: first,
+            RANGE_END_TAG: last,
+            "trigger": "turn_watermark_sensor",
+            DISPATCHED_TURNS_TAG: json.dumps(dispatched, separators=(",", ":")),
+            **PROJECTION_QUEUE_TAG,
+            **(FOLLOWERS_INCLUDED_TAG if any(s.asset in selection for s in _triggered(FACTS)) else {}),
+        },
+    )
+
+
+def run_familiars(run: dg.DagsterRun, order: list[str]) -> dict[str, int | None]:
+    """The familiars a queued or running run serves, each with its newest turn id when requested (None: not known)."""
+    tags = run.tags
+    if DISPATCHED_TURNS_TAG in tags:
+        try:
+            return {f: int(t) for f, t in json.loads(tags[DISPATCHED_TURNS_TAG]).items()}
+        except (ValueError, TypeError, AttributeError):
+            pass
+    if "dagster/partition" in tags:
+        dispatched = tags.get(DISPATCHED_TURN_TAG)
+        return {tags["dagster/partition"]: int(dispatched) if dispatched and dispatched.isdigit() else None}
+    start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)
+    if start in order and end in order:  # a backfill or automation run over a range
+        return {f: None for f in order[order.index(start): order.index(end) + 1]}
+    return {}
+
+
+def in_flight_runs(instance: dg.DagsterInstance, order: list[str]) -> dict[str, InFlightRun]:
+    """Familiar -> its newest queued or running run, whether that run serves one familiar or many."""
+    in_flight: dict[str, InFlightRun] = {}
+    for record in instance.get_run_records(filters=dg.RunsFilter(statuses=IN_FLIGHT)):  # newest first
+        run = record.dagster_run
+        for familiar_id, dispatched in run_familiars(run, order).items():
+            in_flight.setdefault(familiar_id, InFlightRun(waiting=run.status in WAITING, dispatched_turn_id=dispatched))
+    return in_flight
 
 
 # The daemon's sensor loop wakes every 5 s (dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME) and
@@ -286,9 +348,9 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         target=targets,
         description=(
             f"Every {interval}s ([pipeline].sensor_interval_s of {cadence.source}, read when the code "
-            "location loads): adds new familiars as partitions and requests runs of turns_fts, "
-            "rolling_summary and facts (with the active fact-driven assets in the same run) for familiars "
-            f"whose thresholds are met.{fallback}"
+            "location loads): adds new familiars as partitions and requests one run over every familiar whose "
+            "thresholds are met (a partition range), with turns_fts, rolling_summary and facts (and the active "
+            f"fact-driven assets) as due for each.{fallback}"
         ),
         metadata={"sensor_interval_s": interval, "cadence_from": cadence.source},
     )
@@ -296,18 +358,8 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         root = data_root()
         cursor = json.loads(context.cursor) if context.cursor else {}
         familiars = list_familiars(root)
-        known = set(context.instance.get_dynamic_partitions(familiars_partitions.name))
-        in_flight = {}
-        for familiar_id in familiars:
-            records = context.instance.get_run_records(
-                filters=dg.RunsFilter(tags={"dagster/partition": familiar_id}, statuses=IN_FLIGHT), limit=1
-            )
-            if records:
-                run = records[0].dagster_run
-                dispatched = run.tags.get(DISPATCHED_TURN_TAG)
-                in_flight[familiar_id] = InFlightRun(
-                    waiting=run.status in WAITING, dispatched_turn_id=int(dispatched) if dispatched else None
-                )
+        known = list(context.instance.get_dynamic_partitions(familiars_partitions.name))
+        in_flight = in_flight_runs(context.instance, known)
         try:
             max_requests = load_config(None, root=root).pipeline.max_familiars_per_tick
         except ConfigError:

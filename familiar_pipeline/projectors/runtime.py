@@ -1,14 +1,22 @@
 """Everything a projection needs for one familiar, opened lazily and closed once.
 
 A run holds the DuckDB write connection only while it writes: `store()` opens
-the file, yields, and closes it, so a notebook can open `memory.duckdb`
-read-only between batches and the bot never touches it (it reads the Parquet
-snapshot that `publish()` writes after each write).
+the file and keeps it open for the writes that follow, and the runtime closes
+it before every model call (`llm`) and at `close()`, so a notebook can open
+`memory.duckdb` read-only while a run waits on its model, and the bot never
+touches it (it reads the Parquet snapshot that `publish()` writes after each
+write). Opening the file costs more than a small write, and a run over many
+familiars makes several writes per familiar per step.
+
+The first `store()` also takes the familiar's writer lock (`WriterLock`), held
+until `close()`: one writer per familiar, whichever run it is in.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +41,66 @@ class NoModelConfigured(RuntimeError):
     """An LLM projector ran with no model set for the background slot."""
 
 
+class FamiliarBusy(RuntimeError):
+    """Another process holds the familiar's writer lock."""
+
+
+class WriterLock:
+    """One writer per familiar: an exclusive, non-blocking `flock` on `<familiar>/memory.lock`.
+
+    A run that serves many familiars carries no `dagster/partition` tag, so the run
+    queue's one-run-per-partition limit does not cover it. DuckDB refuses a second
+    process only while the file is open, and a projector closes the store between
+    batches (its model calls happen with the store closed), so two runs could otherwise
+    interleave one familiar's batches. The lock spans all of one familiar's work in a
+    step and a second writer fails at once; the kernel drops it when its process dies,
+    so a crashed run never leaves a familiar locked.
+    """
+
+    def __init__(self, paths: FamiliarPaths):
+        self.paths = paths
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        self.paths.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.paths.writer_lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise FamiliarBusy(
+                f"familiar {self.paths.familiar_id!r} is being written by another process"
+                f"{f' (pid {holder})' if holder.isdigit() else ''} holding {self.paths.writer_lock}; "
+                "one writer per familiar, so this run leaves it to that one and a later run retries"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> "WriterLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 @dataclass
 class FamiliarRuntime:
     paths: FamiliarPaths
@@ -43,6 +111,8 @@ class FamiliarRuntime:
     _indexes: dict[str, FtsIndex] = field(default_factory=dict, init=False, repr=False)
     _unpublished: bool = field(default=False, init=False, repr=False)
     _last_publish: float = field(default=0.0, init=False, repr=False)
+    _writer: WriterLock | None = field(default=None, init=False, repr=False)
+    _open_store: ProjectionStore | None = field(default=None, init=False, repr=False)
     published_version: int = field(default=0, init=False)
 
     @property
@@ -53,6 +123,7 @@ class FamiliarRuntime:
                 f"{self.paths.character_toml} (or FAMILIAR__LLM__BACKGROUND__MODEL), e.g. "
                 '"openrouter/openai/gpt-4o-mini" or "ollama/llama3.1"'
             )
+        self.release_store()  # never hold the write connection through a model call
         return self.llm_client
 
     def turn_log(self) -> TurnLog:
@@ -62,12 +133,31 @@ class FamiliarRuntime:
 
     @contextmanager
     def store(self) -> Iterator[ProjectionStore]:
-        self.paths.dir.mkdir(parents=True, exist_ok=True)
-        store = ProjectionStore(self.paths.memory_db)
+        """The store open for writing; the first call takes the writer lock (FamiliarBusy if held).
+
+        The connection stays open for the next `store()` until a model call, an error
+        inside the block (which discards it, uncommitted work with it) or `close()`.
+        """
+        self.hold_writer_lock()
+        if self._open_store is None:
+            self._open_store = ProjectionStore(self.paths.memory_db)
         try:
-            yield store
-        finally:
+            yield self._open_store
+        except BaseException:
+            self.release_store()
+            raise
+
+    def release_store(self) -> None:
+        """Close the write connection if open (the writer lock stays until `close()`)."""
+        if self._open_store is not None:
+            store, self._open_store = self._open_store, None
             store.close()
+
+    def hold_writer_lock(self) -> None:
+        """Take the familiar's writer lock until `close()` (a no-op when already held)."""
+        if self._writer is None:
+            self._writer = WriterLock(self.paths)
+        self._writer.acquire()
 
     def publish(self, store: ProjectionStore, *, force: bool = False) -> None:
         """Publish the serving snapshot after a committed write (at most every PUBLISH_INTERVAL_S)."""
@@ -93,6 +183,7 @@ class FamiliarRuntime:
 
     def _index(self, name: str) -> FtsIndex:
         if name not in self._indexes:
+            self.hold_writer_lock()  # the full-text indexes are written with the store
             path = self.paths.fts_turns if name == "turns" else self.paths.fts_facts
             self._indexes[name] = FtsIndex(path, writable=True)
         return self._indexes[name]
@@ -101,7 +192,12 @@ class FamiliarRuntime:
         try:
             self.flush()
         finally:
-            self._close_handles()
+            try:
+                self._close_handles()
+                self.release_store()
+            finally:
+                if self._writer is not None:
+                    self._writer.release()
 
     def _close_handles(self) -> None:
         for index in self._indexes.values():

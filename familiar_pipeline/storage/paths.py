@@ -79,6 +79,11 @@ class FamiliarPaths:
         return self.dir / "memory.duckdb"
 
     @property
+    def writer_lock(self) -> Path:
+        """Held (flock, exclusive) by the one process writing this familiar's projections."""
+        return self.dir / "memory.lock"
+
+    @property
     def serving_dir(self) -> Path:
         return self.dir / "serving"
 

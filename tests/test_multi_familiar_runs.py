@@ -1,0 +1,213 @@
+"""Runs that serve many familiars: one run over a partition range, each familiar on its own.
+
+Every run here goes through Dagster (`dg.materialize` with the partition range tags the
+turn sensor puts on its request) against a test instance, with the scripted model at the
+network edge. What is checked: each familiar's rows and watermarks, one materialization
+per familiar per asset with that familiar's metadata, a failing familiar reported on its
+own partition while the others commit, and the writer lock refusing a second writer.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from familiar_pipeline.defs.assets import ASSETS, FACT_DRIVEN_ASSETS, NOT_DUE, TURN_DRIVEN_ASSETS, turns
+from familiar_pipeline.defs.checks import ALL_CHECKS
+from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
+from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
+from familiar_pipeline.projectors.runtime import FamiliarBusy, WriterLock
+from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.testing.fake_llm import fake_llm
+from familiar_pipeline.testing.scripted import careful_model
+
+from .helpers import append_chat, make_familiar
+
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
+FACTS_AND_INDEX = [ASSETS["turns_fts"], ASSETS["facts"]]
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    with fake_llm(careful_model), dg.instance_for_test() as instance:
+        yield tmp_path, instance
+
+
+def run_range(root, instance, assets, first: str, last: str, *, plan: dict[str, list[str]] | None = None,
+              tags: dict | None = None, checks=()) -> dg.ExecuteInProcessResult:
+    """One run over the familiars `first`..`last` (partition order), as the turn sensor requests it."""
+    config = {a.key.path[-1]: {"config": {"familiars": (plan or {}).get(a.key.path[-1], [])}} for a in assets}
+    return dg.materialize(
+        [turns, *assets, *checks], selection=[a.key for a in assets], instance=instance,
+        tags={RANGE_START: first, RANGE_END: last, **(tags or {})}, run_config={"ops": config},
+        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource(),
+                   "embedder": EmbedderResource()},
+        raise_on_error=False,
+    )
+
+
+def by_partition(result, asset: str) -> dict[str, dict]:
+    """Partition -> the metadata of its one materialization of `asset` in this run."""
+    out: dict[str, dict] = {}
+    for event in result.get_asset_materialization_events():
+        m = event.materialization
+        if m.asset_key.path[-1] == asset:
+            assert m.partition not in out, f"two materializations of {asset} for {m.partition}"
+            out[m.partition] = {k: v.value for k, v in m.metadata.items()}
+    return out
+
+
+def facts_and_mark(paths: FamiliarPaths) -> tuple[int, int]:
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        return len(store.all_fact_ids()), store.get_watermark("rich_note").turn_id
+
+
+def familiars(root, instance, names_and_turns) -> dict[str, FamiliarPaths]:
+    out = {}
+    for name, n in names_and_turns:
+        out[name] = make_familiar(root, name)
+        append_chat(out[name], n)
+    instance.add_dynamic_partitions("familiars", [name for name, _ in names_and_turns])
+    return out
+
+
+def test_one_run_writes_each_familiars_rows_and_reports_each_partition(env):
+    root, instance = env
+    fams = familiars(root, instance, [("a1", 10), ("a2", 20), ("a3", 10)])
+    result = run_range(root, instance, FACTS_AND_INDEX, "a1", "a3", checks=ALL_CHECKS)
+    assert result.success
+    facts = by_partition(result, "facts")
+    assert sorted(facts) == ["a1", "a2", "a3"]
+    for name, batches in (("a1", 1), ("a2", 2), ("a3", 1)):
+        meta = facts[name]
+        assert meta["status"] == "ok" and meta["batches"] == batches and meta["turns_read"] == 10 * batches
+        assert meta["watermark_after"]["turn_id"] == 10 * batches, "each familiar's own watermark"
+        count, mark = facts_and_mark(fams[name])
+        assert count == meta["rows_written"] > 0 and mark == 10 * batches
+    assert by_partition(result, "turns_fts")["a2"]["rows_written"] == 20
+    # The checks ran over the three familiars: one evaluation, which passed.
+    evaluations = result.get_asset_check_evaluations()
+    assert evaluations and all(e.passed for e in evaluations)
+    # Each partition's materialization is in the event log under its own key, as the UI reads it.
+    for name in ("a1", "a2", "a3"):
+        record = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("facts"), asset_partitions=[name]), limit=1).records
+        assert record and record[0].asset_materialization.metadata["status"].value == "ok"
+
+
+def test_familiars_between_the_due_ones_are_skipped_unopened(env):
+    root, instance = env
+    fams = familiars(root, instance, [("a1", 10), ("a2", 10), ("a3", 10)])
+    result = run_range(root, instance, FACTS_AND_INDEX, "a1", "a3",
+                       plan={"facts": ["a1", "a3"], "turns_fts": ["a1", "a3"]})
+    assert result.success
+    assert by_partition(result, "facts")["a2"] == {"status": NOT_DUE}
+    assert not fams["a2"].memory_db.exists() and not fams["a2"].writer_lock.exists(), "nothing opened"
+    assert facts_and_mark(fams["a1"])[1] == facts_and_mark(fams["a3"])[1] == 10
+
+
+def test_one_familiar_failing_leaves_the_others_committed_and_is_retried(env):
+    root, instance = env
+    fams = familiars(root, instance, [("a1", 10), ("a2", 10), ("a3", 10)])
+    fams["a2"].memory_db.write_bytes(b"this is not a DuckDB file" * 100)
+    result = run_range(root, instance, [ASSETS["facts"]], "a1", "a3")
+    assert result.success, "one familiar's failure does not fail the step"
+    facts = by_partition(result, "facts")
+    assert facts["a1"]["status"] == facts["a3"]["status"] == "ok"
+    assert facts["a2"]["status"].startswith("failed: ")
+    assert not [e for e in result.all_events if e.is_step_failure]
+    logs = instance.all_logs(result.run_id)
+    assert any(entry.level >= 40 and "[a2] rich_note failed" in entry.user_message for entry in logs)
+    assert facts_and_mark(fams["a1"])[1] == facts_and_mark(fams["a3"])[1] == 10
+    fams["a2"].memory_db.unlink()  # repaired: the next run picks it up from its watermark (none yet)
+    retry = run_range(root, instance, [ASSETS["facts"]], "a1", "a3", plan={"facts": ["a2"]})
+    assert by_partition(retry, "facts")["a2"]["status"] == "ok"
+    assert facts_and_mark(fams["a2"])[1] == 10
+
+
+def test_a_raising_projector_fails_the_step_only_when_every_familiar_failed(env, monkeypatch):
+    import familiar_pipeline.projectors.facts as facts_module
+
+    root, instance = env
+    familiars(root, instance, [("a1", 10), ("a2", 10)])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("extractor exploded")
+
+    monkeypatch.setattr(facts_module, "extraction_messages", broken)  # inside the projector, per batch
+    result = run_range(root, instance, [ASSETS["facts"]], "a1", "a2")
+    assert not result.success
+    failure = [e for e in result.all_events if e.is_step_failure][0]
+    assert "every familiar failed" in failure.event_specific_data.error.message
+    assert "a1: RuntimeError: extractor exploded" in failure.event_specific_data.error.message
+
+
+def test_a_second_writer_is_refused_at_once_naming_the_familiar(env):
+    root, instance = env
+    fams = familiars(root, instance, [("a1", 10), ("a2", 10)])
+    with WriterLock(fams["a2"]):  # another writer holds a2 (a lock is per open file, so this process counts)
+        with pytest.raises(FamiliarBusy, match="familiar 'a2' is being written by another process"):
+            WriterLock(fams["a2"]).acquire()
+        result = run_range(root, instance, [ASSETS["facts"]], "a1", "a2")
+        assert result.success
+        facts = by_partition(result, "facts")
+        assert facts["a1"]["status"] == "ok"
+        assert facts["a2"]["status"].startswith("failed: FamiliarBusy: familiar 'a2' is being written")
+        assert not fams["a2"].memory_db.exists(), "the refused writer wrote nothing"
+    later = run_range(root, instance, [ASSETS["facts"]], "a1", "a2")
+    assert by_partition(later, "facts")["a2"]["status"] == "ok", "a later run retries it"
+
+
+def test_a_single_partition_run_takes_the_same_lock(env):
+    root, instance = env
+    fams = familiars(root, instance, [("a1", 10)])
+    with WriterLock(fams["a1"]):
+        result = dg.materialize(
+            [turns, ASSETS["facts"]], selection=[ASSETS["facts"].key], partition_key="a1", instance=instance,
+            resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource()},
+            raise_on_error=False,
+        )
+    assert not result.success
+    failure = [e for e in result.all_events if e.is_step_failure][0]
+    assert "familiar 'a1' is being written by another process" in str(failure.event_specific_data.error)
+
+
+def test_sensor_ticks_feed_range_runs_and_a_familiar_added_mid_way_joins_the_next(env, monkeypatch):
+    root, instance = env
+    monkeypatch.setenv("FAMILIAR__PIPELINE__INDEX_QUIET_S", "0")
+    assets = [*TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS]
+    sensor = build_turn_watermark_sensor(assets)
+    for name in ("b1", "b2", "b3"):
+        append_chat(make_familiar(root, name), 10)
+
+    def tick_and_run(cursor):
+        result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor))
+        for request in result.dynamic_partitions_requests:
+            instance.add_dynamic_partitions("familiars", list(request.partition_keys))
+        assert len(result.run_requests) == 1
+        request = result.run_requests[0]
+        run = dg.materialize(
+            [turns, *assets], selection=request.asset_selection, instance=instance, tags=request.tags,
+            run_config=request.run_config,
+            resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource(),
+                       "embedder": EmbedderResource()},
+        )
+        return result.cursor, request, by_partition(run, "facts")
+
+    cursor, first, facts = tick_and_run(None)
+    assert (first.tags[RANGE_START], first.tags[RANGE_END]) == ("b1", "b3")
+    assert {f: m["status"] for f, m in facts.items()} == {"b1": "ok", "b2": "ok", "b3": "ok"}
+    append_chat(make_familiar(root, "a0"), 10)  # sorts first; added as the last partition
+    append_chat(FamiliarPaths.for_id("b2", root), 10, start=10)
+    cursor, second, facts = tick_and_run(cursor)
+    assert list(instance.get_dynamic_partitions("familiars")) == ["b1", "b2", "b3", "a0"]
+    assert (second.tags[RANGE_START], second.tags[RANGE_END]) == ("b2", "a0")
+    assert facts["b3"] == {"status": NOT_DUE}
+    assert facts["b2"]["watermark_after"]["turn_id"] == 20 and facts["a0"]["watermark_after"]["turn_id"] == 10
+
+
+def test_projection_assets_backfill_many_familiars_in_one_run():
+    for asset in ASSETS.values():
+        assert asset.backfill_policy == dg.BackfillPolicy.single_run()
