@@ -467,7 +467,7 @@ def test_a_failed_load_changes_no_file(tmp_path):
 def test_registry_builtins_and_registration():
     assert registry.known_projectors() == (
         "fact_embedding", "fact_supersede", "people_dossier", "reflection", "rich_note", "rolling_summary",
-        "turn_embedding")
+        "turn_embedding", "turn_window_embedding")
     assert registry.get_projector("fact_embedding").needs_llm is False
     assert registry.get_projector("rich_note").needs_llm is True
     with pytest.raises(registry.UnknownProjectorError, match="unknown memory projector 'nope'; valid: fact_embedding"):

@@ -114,13 +114,13 @@ def test_the_snapshot_serves_a_normalised_matrix_of_the_active_model(tmp_path):
     assert reader.turn_matrix("other")[0].size == 0
 
 
-def test_schema_v2_file_upgrades_to_v3(tmp_path):
+def test_schema_v2_file_upgrades_to_the_current_version(tmp_path):
     path = tmp_path / "memory.duckdb"
     conn = duckdb.connect(str(path))
     assert store_schema.migrate(conn, target=2) == [1, 2]
     conn.close()
     with ProjectionStore(path) as store:
-        assert store.schema_version == 3
+        assert store.schema_version == store_schema.SCHEMA_VERSION
         assert store.set_turn_embeddings("m", [(1, [0.5, 0.5])]) == 1
     with pytest.raises(TypeError):
         with ProjectionStore(path) as store:
@@ -166,7 +166,7 @@ def test_dense_turns_needs_the_projector_the_weight_and_vectors(tmp_path):
     embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 2.0, 0.1], dtype=np.float32)])
 
     def memory(weight, projectors=("turn_embedding",)):
-        retrieval = SimpleNamespace(turn_embedding_weight=weight)
+        retrieval = SimpleNamespace(turn_embedding_weight=weight, turn_context=0.0)
         mem = SimpleNamespace(is_active=lambda p: p in projectors)
         config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=mem.is_active))
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
@@ -249,13 +249,13 @@ def test_without_an_embedder_both_embedding_projectors_skip_naming_the_settings(
         assert "[providers.embedding].backend" in report.reason and f"list {module.PROJECTOR} in" in report.reason
 
 
-def test_cosine_lookup_is_the_same_by_binary_search_and_by_membership():
+def test_cosine_lookup_finds_the_wanted_ids_that_have_a_vector():
     from familiar_bot.prompt.retrieval import _cosines_of
 
     ids = np.array([2, 5, 9, 14])
     sims = np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32)
     wanted = [14, 3, 2, 99]
     expected = {14: pytest.approx(0.4), 2: pytest.approx(0.1)}
-    assert _cosines_of(ids, sims, wanted, ids_sorted=True) == expected
-    assert _cosines_of(ids[::-1].copy(), sims[::-1].copy(), wanted) == expected
-    assert _cosines_of(ids, sims, [], ids_sorted=True) == {}
+    assert _cosines_of(ids, sims, wanted) == expected
+    assert _cosines_of(ids, sims, [1, 20]) == {}
+    assert _cosines_of(ids, sims, []) == {}

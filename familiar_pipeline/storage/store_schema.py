@@ -29,7 +29,7 @@ import duckdb
 
 from familiar_pipeline.storage.records import validity_sql
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = (
     """
@@ -159,7 +159,22 @@ _V3 = (
     """,
 )
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: _V1, 2: _V2, 3: _V3}
+# v4: context-window vectors (projector `turn_window_embedding`): per (turn, model) the vector
+# of the turn together with its nearest same-channel turns, shaped like turn_embeddings.
+_V4 = (
+    """
+    CREATE TABLE turn_window_embeddings (
+        turn_id    BIGINT NOT NULL,
+        model      VARCHAR NOT NULL,
+        dim        INTEGER NOT NULL,
+        vector     FLOAT[] NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (turn_id, model)
+    )
+    """,
+)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
 # Every table, with the columns that order its rows deterministically.
@@ -171,6 +186,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "reflections": ("id",),
     "fact_embeddings": ("fact_id", "model"),
     "turn_embeddings": ("turn_id", "model"),
+    "turn_window_embeddings": ("turn_id", "model"),
     "watermarks": ("projector",),
     "supersede_decisions": ("id",),
     "schema_version": ("version",),
