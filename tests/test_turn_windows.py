@@ -134,7 +134,7 @@ def test_dense_turns_read_the_precombined_matrix_instead_of_query_time_windows()
     embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 1.0, 0.0], dtype=np.float32)])
 
     def memory(share, projectors):
-        retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share)
+        retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share, turn_vector_search_rows=2)
         config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=lambda p: p in projectors))
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
                                memo=lambda key, compute: compute(), warn_once=lambda *a: None)
@@ -143,11 +143,13 @@ def test_dense_turns_read_the_precombined_matrix_instead_of_query_time_windows()
         raise AssertionError("no query-time windows when window vectors are served")
 
     both = ("turn_embedding", "turn_window_embedding")
-    assert _dense_turns("cue", memory(0.5, both), 3, [], windows) == pytest.approx({7: 0.5, 8: 1.0, 9: 0.5})
-    assert asked == [0.5]
+    # The newest 2 rows are searched; turn 7 comes in only when named (a BM25 hit).
+    assert _dense_turns("cue", memory(0.5, both), 3, [], windows) == pytest.approx({8: 1.0, 9: 0.5})
+    assert _dense_turns("cue", memory(0.5, both), 3, [7], windows) == pytest.approx({7: 0.5, 8: 1.0, 9: 0.5})
+    assert asked == [0.5, 0.5]  # one per reply (no cache passed here)
     # Without the projector (or with no context share) the turn's own cosine, blended at query time.
-    assert _dense_turns("cue", memory(0.0, both), 3, [], windows) == pytest.approx({7: 0.0, 8: 1.0, 9: 0.0})
-    query_time = _dense_turns("cue", memory(0.5, ("turn_embedding",)), 3, [], lambda c: {t: [t] for t in c})
+    assert _dense_turns("cue", memory(0.0, both), 3, [7], windows) == pytest.approx({7: 0.0, 8: 1.0, 9: 0.0})
+    query_time = _dense_turns("cue", memory(0.5, ("turn_embedding",)), 3, [7], lambda c: {t: [t] for t in c})
     assert query_time == pytest.approx({7: 0.0, 8: 1.0, 9: 0.0})
 
 

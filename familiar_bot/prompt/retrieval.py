@@ -262,8 +262,10 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     id -> the ids of its context window, itself included), it is the mean of
     the window turns' own cosines, already in the matrix product; only the
     ``MAX_CONTEXT_CANDIDATES`` nearest candidates are blended, so a deep
-    refetch does not look up thousands of windows. ``cache`` keeps the matrix
-    product for the next refetch round of the same reply.
+    refetch does not look up thousands of windows. The nearest turns are
+    searched among the newest ``turn_vector_search_rows`` vectors (see
+    :class:`TurnScores`); ``also`` gets its cosines wherever it lies. ``cache``
+    keeps the scores for the next refetch round of the same reply.
     """
     retrieval = memory.config.memory.retrieval
     embedder = memory.embedder
@@ -275,15 +277,15 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
         cache["sims"] = _turn_similarities(cue, memory, embedder)
     if cache["sims"] is None:
         return {}
-    ids, sims, blended = cache["sims"]
-    out = {int(ids[i]): float(sims[i]) for i in top_rows(sims, limit)}
+    scores: TurnScores = cache["sims"]
+    out = scores.nearest(limit)
     if also:
-        out.update(_cosines_of(ids, sims, also))
-    if blended or windows is None or retrieval.turn_context <= 0 or not out:
+        out.update(scores.of(also))
+    if scores.blended or windows is None or retrieval.turn_context <= 0 or not out:
         return out
     share = retrieval.turn_context
     window = windows(sorted(out, key=lambda t: -out[t])[:MAX_CONTEXT_CANDIDATES])
-    around = _cosines_of(ids, sims, {t for members in window.values() for t in members})
+    around = scores.of({t for members in window.values() for t in members})
     for tid, own in out.items():
         near = [around[t] for t in window.get(tid, ()) if t in around]
         if near:
@@ -298,17 +300,53 @@ def top_rows(scores: np.ndarray, limit: int) -> np.ndarray:
     return np.argpartition(-scores, limit - 1)[:limit]
 
 
-def _turn_similarities(cue: str, memory, embedder) -> tuple[np.ndarray, np.ndarray, bool] | None:
-    """``(turn ids ascending, cosines to the cue, whether they already hold the window blend)``,
-    or None without usable vectors."""
+@dataclass(frozen=True)
+class TurnScores:
+    """Cosines of one cue to the turn vectors (rows ascending by turn id).
+
+    Only the newest ``len(ids) - start`` rows are scored at once (``sims``): a
+    reply's nearest-turn search covers the newest ``turn_vector_search_rows``
+    turns, so its cost stays flat as the log grows past that (one product over
+    100k x 384 floats was most of a reply's time at 100k turns; docs/benchmarks.md).
+    Older turns still get their exact cosine when named (the BM25 hits): a few
+    rows' product each time. ``blended`` says the rows already hold the window blend.
+    """
+
+    ids: np.ndarray
+    matrix: np.ndarray
+    cue: np.ndarray
+    start: int
+    sims: np.ndarray
+    blended: bool
+
+    def nearest(self, limit: int) -> dict[int, float]:
+        """``{turn id: cosine}`` of the ``limit`` best-scoring searched rows."""
+        return {int(self.ids[self.start + r]): float(self.sims[r]) for r in top_rows(self.sims, limit)}
+
+    def of(self, wanted) -> dict[int, float]:
+        """``{turn id: cosine}`` for the ``wanted`` ids that have a vector (a binary search)."""
+        want = np.fromiter(wanted, dtype=np.int64)
+        if len(want) == 0 or len(self.ids) == 0:
+            return {}
+        at = np.minimum(np.searchsorted(self.ids, want), len(self.ids) - 1)
+        rows = np.unique(at[self.ids[at] == want])
+        old, new = rows[rows < self.start], rows[rows >= self.start]
+        out = {int(self.ids[r]): float(self.sims[r - self.start]) for r in new}
+        if len(old):
+            out.update(zip(self.ids[old].tolist(), (self.matrix[old] @ self.cue).tolist()))
+        return out
+
+
+def _turn_similarities(cue: str, memory, embedder) -> TurnScores | None:
+    """The cue's :class:`TurnScores`, or None without usable vectors."""
     snapshot = memory.snapshot
     if getattr(snapshot, "turn_matrix", None) is None:
         return None
-    share = memory.config.memory.retrieval.turn_context
+    retrieval = memory.config.memory.retrieval
     found = None
     windowed = getattr(snapshot, "context_turn_matrix", None)
-    if share > 0 and windowed is not None and memory.config.memory.is_active("turn_window_embedding"):
-        found = windowed(embedder.name, share)
+    if retrieval.turn_context > 0 and windowed is not None and memory.config.memory.is_active("turn_window_embedding"):
+        found = windowed(embedder.name, retrieval.turn_context)
     blended = found is not None
     ids, matrix = found if blended else snapshot.turn_matrix(embedder.name)
     if len(ids) == 0:
@@ -319,16 +357,10 @@ def _turn_similarities(cue: str, memory, embedder) -> tuple[np.ndarray, np.ndarr
         memory.warn_once("turn-dim", "turn vectors under %s have dim %d but the cue has %d; ignoring them",
                          embedder.name, matrix.shape[1], cue_vec.shape[0])
         return None
-    norm = float(np.linalg.norm(cue_vec))
-    return ids, matrix @ (cue_vec / (norm or 1.0)), blended
-
-
-def _cosines_of(ids: np.ndarray, sims: np.ndarray, wanted) -> dict[int, float]:
-    """``{turn id: cosine}`` for the ``wanted`` ids that have a vector (``ids`` ascend: a binary search)."""
-    want = np.fromiter(wanted, dtype=np.int64)
-    at = np.minimum(np.searchsorted(ids, want), len(ids) - 1)
-    rows = at[ids[at] == want]
-    return {int(ids[i]): float(sims[i]) for i in rows}
+    cue_vec = cue_vec / (float(np.linalg.norm(cue_vec)) or 1.0)
+    searched = retrieval.turn_vector_search_rows
+    start = max(0, len(ids) - searched) if searched > 0 else 0
+    return TurnScores(ids, matrix, cue_vec, start, matrix[start:] @ cue_vec, blended)
 
 
 class _TurnRows:

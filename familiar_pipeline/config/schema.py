@@ -168,6 +168,9 @@ class RetrievalConfig:
     # and its `turn_context_span` nearest same-channel turns each side); 0 = the turn alone.
     turn_context: float = knob(0.5, minimum=0.0, maximum=1.0)
     turn_context_span: int = knob(2, minimum=0)  # query-time blend only; window vectors: their projector's span
+    # The nearest-turn search covers the newest this many turn vectors (0 = all); older turns
+    # still get their cosine when BM25 finds them. Keeps a reply's cost flat past it.
+    turn_vector_search_rows: int = knob(20000, minimum=0)
     # "weighted": the min-max weighted sum above; "rrf": reciprocal rank fusion (k=60), kept to
     # re-check the measurement that chose "weighted" (docs/benchmarks.md).
     turn_fusion: str = knob("weighted", choices=("weighted", "rrf"))
