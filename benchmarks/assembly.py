@@ -51,7 +51,7 @@ from familiar_pipeline.storage.store import ProjectionStore, normalize_fact_text
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
 from familiar_bot.prompt.assembly import Assembler, AssemblyContext, MemoryView  # noqa: E402
-from familiar_bot.prompt.layers import default_layers  # noqa: E402
+from familiar_bot.prompt.layers.stack import default_layers  # noqa: E402
 
 FAMILIAR = "bench"
 GUILD = 900000000000000001

@@ -123,7 +123,7 @@ def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: f
             if now >= next_check:
                 for f in [f for f, ids in pending.items() if ids]:
                     readers[f].refresh()
-                    cited = {t for row in readers[f].current().current_facts() for t in (row["source_turn_ids"] or [])}
+                    cited = {t for row in readers[f].current().current_facts() for t in row.source_turn_ids}
                     for turn_id in pending[f] & cited:
                         visible[(f, turn_id)] = time.monotonic()
                     pending[f] -= cited

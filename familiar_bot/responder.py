@@ -30,10 +30,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
+import pyarrow.compute as pc
+
 from familiar_pipeline.config import FamiliarConfig
+from familiar_pipeline.models.embedders import create_embedder
+from familiar_pipeline.models.llm import LlmError, LlmNotConfigured, client_for
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.turns import TurnLog, TurnLogError
+
+from familiar_bot.prompt.assembly import AssemblyContext, build_assembler, render_sections
+from familiar_bot.prompt.memory_view import MemoryView
 
 log = logging.getLogger(__name__)
 
@@ -402,8 +409,6 @@ class Responder:
 
     async def context_report(self, channel_id: int, *, guild_id: int | None = None, cue: str = "") -> str:
         """The `/context` report: which layers said what, with token counts."""
-        from familiar_bot.prompt.assembly import render_sections
-
         report = render_sections(await self.inspect(channel_id, guild_id=guild_id, cue=cue))
         snapshot = getattr(getattr(self.assembler, "memory", None), "snapshot", None)
         return report + ("\n\n" + retired_facts_report(snapshot) if snapshot is not None else "")
@@ -411,8 +416,6 @@ class Responder:
     # -- composing
 
     async def _assemble(self, channel_id: int, guild_id: int | None, cue: str) -> Any:
-        from familiar_bot.prompt.assembly import AssemblyContext
-
         ctx = AssemblyContext(
             familiar_id=self.familiar_id, channel_id=channel_id, guild_id=guild_id, tier=TIER, cue=cue
         )
@@ -423,8 +426,6 @@ class Responder:
             return await asyncio.to_thread(self.assembler.assemble, ctx)
 
     async def _compose(self, message: IncomingMessage, turn_id: int) -> str:
-        from familiar_pipeline.models.llm import LlmError, LlmNotConfigured
-
         where = f"familiar {self.familiar_id} channel {message.channel_id} turn {turn_id}"
         try:
             prompt = await self._assemble(message.channel_id, message.guild_id, message.content)
@@ -515,8 +516,6 @@ def retired_facts_report(snapshot, limit: int = 5) -> str:
 
     The prompt shows only current facts; this is where `/context` shows supersession at work.
     """
-    import pyarrow.compute as pc
-
     try:
         facts = snapshot.table("facts")
     except (KeyError, OSError, ValueError):
@@ -524,11 +523,11 @@ def retired_facts_report(snapshot, limit: int = 5) -> str:
     retired = facts.filter(pc.is_valid(facts["superseded_at"]))
     lines = [f"=== memory: {facts.num_rows - retired.num_rows} current facts, {retired.num_rows} retired ==="]
     rows = retired.to_pylist()[-limit:]
-    by_id = {f["id"]: f for f in snapshot.facts_by_ids([r["superseded_by"] for r in rows if r["superseded_by"]])}
+    by_id = {f.id: f for f in snapshot.facts_by_ids([r["superseded_by"] for r in rows if r["superseded_by"]])}
     for row in reversed(rows):
         newer = by_id.get(row["superseded_by"])
         lines.append(f"retired #{row['id']} {row['text']!r}"
-                     + (f" <- replaced by #{newer['id']} {newer['text']!r}" if newer else ""))
+                     + (f" <- replaced by #{newer.id} {newer.text!r}" if newer else ""))
     return "\n".join(lines)
 
 
@@ -579,11 +578,6 @@ def open_responder(paths: FamiliarPaths, config: FamiliarConfig) -> ResponderHan
     The memory view reads through the responder's own turn-log connection, so a
     turn appended a moment ago is visible to the assembly that follows.
     """
-    from familiar_bot.prompt.assembly import build_assembler
-    from familiar_bot.prompt.memory_view import MemoryView
-    from familiar_pipeline.models.embedders import create_embedder
-    from familiar_pipeline.models.llm import client_for
-
     turn_log = TurnLog(paths.turns_db)
     handle = ResponderHandle(responder=None, closers=[turn_log.close])  # type: ignore[arg-type]
     try:

@@ -23,7 +23,7 @@ from familiar_bot.prompt.assembly import (
     build_assembler,
     render_sections,
 )
-from familiar_bot.prompt.layers import default_layers
+from familiar_bot.prompt.layers.stack import default_layers
 from tests.helpers import FAKE_MODEL_TOML, make_familiar
 
 T0 = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)

@@ -121,3 +121,31 @@ def test_incremental_build_with_quiet_cuts_equals_rebuild(tmp_path, instance, fa
     assert rebuilt["batches"] == 4 and rebuilt["llm_calls"] == 0 and rebuilt["llm_cached_calls"] == 4
     assert len(fake_llm.calls) == calls, "the same batches, so the same prompts: every reply cached"
     assert projection_tables(paths.memory_db) == incremental
+
+
+def test_dossiers_fold_at_quiet_cuts_and_every_few_full_batches_and_rebuild_agrees(tmp_path, instance, fake_llm):
+    """`batches_per_fold` = 3 saves calls on steady talk, yet a pause folds what was said before it."""
+    from familiar_pipeline.storage.store import ProjectionStore
+
+    toml = QUIET_TOML + "\n[providers.memory.people_dossier]\nbatches_per_fold = 3\n"
+    paths = make_familiar(tmp_path, "fam", toml)
+    minute = timedelta(minutes=1)
+    graph = [turns_fts, rolling_summary, facts, *(a for a in FACT_DRIVEN_ASSETS if a.key.path[-1] != "fact_embeddings")]
+
+    def dossier_turn() -> int:
+        run_assets(tmp_path, "fam", instance, graph)
+        with ProjectionStore(paths.memory_db, read_only=True) as store:
+            return store.get_watermark("people_dossier").turn_id
+
+    append_at(paths, [T0 + i * minute for i in range(3)])
+    assert dossier_turn() == 0, "written just now: the log is not quiet yet"
+    age_log(paths, 200)
+    assert dossier_turn() == 3, "1-3 closed for quiet: a short batch folds at once"
+    later = T0 + timedelta(hours=1)
+    append_at(paths, [later + i * minute for i in range(30)], start=3)  # three full batches: 4-13, 14-23, 24-33
+    assert dossier_turn() == 33, "the third full batch folds"
+    append_at(paths, [later + timedelta(hours=1) + i * minute for i in range(12)], start=33)  # 34-43 full; 44-45 open
+    assert dossier_turn() == 33, "one full batch waits for two more"
+    incremental = projection_tables(paths.memory_db)
+    run_assets(tmp_path, "fam", instance, graph, rebuild=True)
+    assert projection_tables(paths.memory_db) == incremental

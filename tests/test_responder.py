@@ -366,3 +366,26 @@ def test_strip_speaker_prefix():
     assert strip_speaker_prefix("[12:04] fam:  hi", ["Fam"]) == "hi"
     assert strip_speaker_prefix("Famous: last words", ["Fam"]) == "Famous: last words"
     assert strip_speaker_prefix("Ana: hi", ["Fam"]) == "Ana: hi"
+
+
+def test_context_report_names_the_retired_fact_and_its_replacement(tmp_path):
+    """`/context`'s memory footer reads the serving snapshot: counts, then each retired fact and what replaced it."""
+    from familiar_bot.responder import retired_facts_report
+    from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot
+    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+
+    sam = [Subject("discord:1", "Sam")]
+    with ProjectionStore(tmp_path / "memory.duckdb") as store:
+        lisbon, porto, cat = (f for f, _ in store.append_facts([
+            FactDraft(text="Sam lives in Lisbon.", source_turn_ids=[1], subjects=sam),
+            FactDraft(text="Sam moved to Porto.", source_turn_ids=[5], subjects=sam),
+            FactDraft(text="Sam has a cat called Miso.", source_turn_ids=[4], subjects=sam),
+        ]))
+        store.supersede([lisbon.id], porto.id)
+        publish_snapshot(store.conn, tmp_path / "serving", store_watermark=store.serving_watermark())
+    report = retired_facts_report(SnapshotReader(tmp_path / "serving").current())
+    assert report.splitlines() == [
+        "=== memory: 2 current facts, 1 retired ===",
+        f"retired #{lisbon.id} 'Sam lives in Lisbon.' <- replaced by #{porto.id} 'Sam moved to Porto.'",
+    ]
+    assert retired_facts_report(SnapshotReader(tmp_path / "nothing").current()).startswith("=== memory:")

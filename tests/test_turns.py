@@ -663,3 +663,16 @@ def test_newer_schema_is_refused_and_left_alone(db_path: Path):
             TurnLog(db_path, readonly=readonly)
     assert raw(db_path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
     assert_file_healthy(db_path, ["from the future"])
+
+
+def test_each_log_has_its_own_id_kept_across_opens(tmp_path):
+    """A familiar deleted and created again under its name gets a new log id (run keys include it)."""
+    path = tmp_path / "turns.db"
+    with TurnLog(path) as log:
+        first = log.log_id()
+    with TurnLog(path) as log, TurnLog(path, readonly=True) as reader:
+        assert log.log_id() == reader.log_id() == first
+    assert len(first) == 8 and int(first, 16) >= 0
+    path.unlink()
+    with TurnLog(path) as log:
+        assert log.log_id() != first

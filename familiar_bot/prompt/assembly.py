@@ -29,7 +29,7 @@ from cachetools import LRUCache
 from familiar_pipeline.config import LAYER_NAMES, FamiliarConfig
 from familiar_pipeline.storage.paths import FamiliarPaths
 
-from familiar_bot.prompt.layers import default_layers
+from familiar_bot.prompt.layers.stack import default_layers
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.tokens import estimate_tokens, message_tokens
 from familiar_bot.prompt.types import AssembledPrompt, AssemblyContext, HistoryLayer, Layer, Message, Section

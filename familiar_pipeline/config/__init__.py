@@ -17,34 +17,11 @@ from familiar_pipeline.config.loading import (
     read_toml,
 )
 from familiar_pipeline.config.rendering import dotted, render_config, toml_value
-from familiar_pipeline.config.schema import (
-    BUDGET_TIERS,
-    DEFAULT_BUDGETS,
-    DEFAULT_FAMILIAR_ID,
-    DEFAULT_LLM_SLOTS,
-    LAYER_NAMES,
-    LLM_SLOTS,
-    MESSAGE_RENDERINGS,
-    ChannelConfig,
-    ConfigError,
-    EmbeddingConfig,
-    FamiliarConfig,
-    FrozenDict,
-    HistoryConfig,
-    LlmConfig,
-    LlmSlotConfig,
-    MemoryConfig,
-    PipelineConfig,
-    RetrievalConfig,
-    Secrets,
-    TierBudget,
-)
+from familiar_pipeline.config import schema
+from familiar_pipeline.config.schema import *  # noqa: F403 (the names in schema.__all__)
 from familiar_pipeline.projectors.spec import knob
 
 __all__ = [
-    "BUDGET_TIERS", "DEFAULT_BUDGETS", "DEFAULT_FAMILIAR_ID", "DEFAULT_LLM_SLOTS", "ENV_PREFIX",
-    "LAYER_NAMES", "LLM_SLOTS", "MESSAGE_RENDERINGS", "ChannelConfig", "ConfigError", "EmbeddingConfig",
-    "FamiliarConfig", "FrozenDict", "HistoryConfig", "LlmConfig", "LlmSlotConfig", "MemoryConfig",
-    "PipelineConfig", "RetrievalConfig", "Secrets", "TierBudget", "dotted", "env_overrides", "knob",
-    "load_config", "parse_env_value", "read_toml", "render_config", "toml_value",
+    *schema.__all__, "ENV_PREFIX", "dotted", "env_overrides", "knob", "load_config", "parse_env_value",
+    "read_toml", "render_config", "toml_value",
 ]

@@ -27,6 +27,15 @@ from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.spec import knob
 
 
+# What the `familiar_pipeline.config` facade re-exports.
+__all__ = [
+    "BUDGET_TIERS", "DEFAULT_BUDGETS", "DEFAULT_FAMILIAR_ID", "DEFAULT_LLM_SLOTS", "LAYER_NAMES", "LLM_SLOTS",
+    "MESSAGE_RENDERINGS", "ChannelConfig", "ConfigError", "EmbeddingConfig", "FamiliarConfig", "FrozenDict",
+    "HistoryConfig", "LlmConfig", "LlmSlotConfig", "MemoryConfig", "PipelineConfig", "RetrievalConfig",
+    "Secrets", "TierBudget",
+]
+
+
 class ConfigError(ValueError):
     """A configuration problem, with the file and key it concerns."""
 

@@ -119,6 +119,7 @@ def steps_pending(rt, store, watermark_turn: int, watermark_fact: int) -> list[S
         if supersede_ready is not None and supersede_ready < horizon:
             break
         steps.append(Step(batch[-1].id, horizon))
+        walked = 0  # count from this step, as the next run will from its watermark
     return steps
 
 
@@ -193,8 +194,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     last = steps[-1] if steps else None
     report.watermark_after = {"turn_id": last.turn_id if last else mark.turn_id, "fact_id": previous}
     if not steps:
-        report.status = "no-op"
-        report.reason = "no new extraction batch (or supersession has not caught up)"
+        report.no_op("no new extraction batch (or supersession has not caught up)")
 
 
 

@@ -70,8 +70,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     report.watermark_after = {"fact_id": highest}
     report.extra["dim"] = embedder.dim
     if report.batches == 0 and not report.dropped:
-        report.status = "no-op"
-        report.reason = f"every current fact has a vector for {embedder.name}"
+        report.no_op(f"every current fact has a vector for {embedder.name}")
 
 
 SPEC = ProjectorSpec(

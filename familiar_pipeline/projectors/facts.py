@@ -350,8 +350,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     write_outcomes(rt, report, pending)
     report.watermark_after = {"turn_id": watermark}
     if report.batches == 0:
-        report.status = "no-op"
-        report.reason = f"fewer than batch_size={knobs.batch_size} new turns and no quiet gap of quiet_s={knobs.quiet_s}"
+        report.no_op(f"fewer than batch_size={knobs.batch_size} new turns and no quiet gap of quiet_s={knobs.quiet_s}")
 
 
 SPEC = ProjectorSpec(

@@ -130,8 +130,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             break  # one failed call per run is enough; the next run tries the next window
     report.watermark_after = {"turn_id": turn_wm, "fact_id": fact_wm}
     if report.batches == 0:
-        report.status = "no-op"
-        report.reason = waiting or f"fewer than turns_threshold={knobs.turns_threshold} new turns"
+        report.no_op(waiting or f"fewer than turns_threshold={knobs.turns_threshold} new turns")
 
 
 SPEC = ProjectorSpec(

@@ -32,6 +32,7 @@ from familiar_pipeline.projectors import (
     turns_index,
 )
 from familiar_pipeline.projectors.spec import ProjectorSpec
+from familiar_pipeline.storage.paths import checked_name
 
 if TYPE_CHECKING:
     from familiar_pipeline.storage.store import ProjectionStore
@@ -49,12 +50,7 @@ _PROJECTORS: dict[str, ProjectorSpec] = {}
 
 
 def _check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(
-            f"invalid projector name {name!r}: use a lowercase identifier "
-            "(a-z, 0-9, '_', starting with a letter)"
-        )
-    return name
+    return checked_name(name, _NAME, "projector name", "use a lowercase identifier (a-z, 0-9, '_', starting with a letter)")
 
 
 def register_projector(

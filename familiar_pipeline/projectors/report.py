@@ -32,6 +32,10 @@ class ProjectionReport:
     started_at: float = field(default_factory=time.perf_counter)
     llm_seconds: float = 0.0
 
+    def no_op(self, reason: str) -> None:
+        """Nothing new to process: say why (the run's summary line and metadata show it)."""
+        self.status, self.reason = "no-op", reason
+
     def drop(self, reason: str, n: int = 1) -> None:
         if n:
             self.dropped[reason] += n

@@ -86,8 +86,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     if prior_text:
         report.preview = [{"summary": prior_text[:500]}]
     if report.batches == 0 and not report.dropped:
-        report.status = "no-op"
-        report.reason = f"fewer than turns_threshold={window_size} new turns"
+        report.no_op(f"fewer than turns_threshold={window_size} new turns")
 
 
 SPEC = ProjectorSpec(

@@ -177,8 +177,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         report.drop("llm_error")
         raise failure
     if evaluated == 0:
-        report.status = "no-op"
-        report.reason = "no new facts"
+        report.no_op("no new facts")
 
 
 def evaluate(rt, report, group: Group, retired: set[int], priors_max: int) -> list[Decision]:

@@ -105,8 +105,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     report.watermark_after = {"turn_id": turn_wm, "change_seq": change_wm}
     report.extra["dim"] = embedder.dim
     if report.batches == 0 and not report.dropped and not report.extra.get("removed"):
-        report.status = "no-op"
-        report.reason = f"every live turn has a vector for {embedder.name}"
+        report.no_op(f"every live turn has a vector for {embedder.name}")
 
 
 SPEC = ProjectorSpec(

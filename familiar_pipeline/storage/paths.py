@@ -24,14 +24,19 @@ class InvalidFamiliarId(ValueError):
     pass
 
 
+def checked_name(value: object, pattern: re.Pattern[str], what: str, rule: str,
+                 error: type[Exception] = ValueError) -> str:
+    """`value` if it is a string that `pattern` matches whole; else `error` naming it and the rule."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise error(f"invalid {what} {value!r}: {rule}")
+    return value
+
+
 def validate_familiar_id(familiar_id: str) -> str:
     """Familiar ids name folders, Dagster partitions and ``ego:<id>`` keys."""
-    if not isinstance(familiar_id, str) or not _FAMILIAR_ID.match(familiar_id):
-        raise InvalidFamiliarId(
-            f"invalid familiar id {familiar_id!r}: use 1-63 characters of a-z, 0-9, '_' "
-            "or '-', starting with a letter or digit"
-        )
-    return familiar_id
+    return checked_name(familiar_id, _FAMILIAR_ID, "familiar id",
+                        "use 1-63 characters of a-z, 0-9, '_' or '-', starting with a letter or digit",
+                        InvalidFamiliarId)
 
 
 def data_root() -> Path:

@@ -90,6 +90,15 @@ class SnapshotFormatError(ValueError):
 # The serving contract: what is published and with which types.
 # --------------------------------------------------------------------------- #
 
+def _vector_sql(table: str, key: str) -> str:
+    """The served query of an embedding table (one vector per key and model, every model)."""
+    return f"""
+        SELECT {key}::BIGINT AS {key}, model::VARCHAR AS model, dim::INTEGER AS dim,
+               vector::FLOAT[] AS vector, created_at::TIMESTAMPTZ AS created_at
+        FROM {table} ORDER BY model, {key}
+    """
+
+
 # Columns are cast explicitly so the Parquet schema is a stable contract for the
 # bot and notebooks, independent of how the store happens to declare them.
 # `facts` carries every row (superseded and expired ones too: `as_of` reads and
@@ -142,21 +151,9 @@ SERVING_TABLES: dict[str, str] = {
         FROM reflections ORDER BY id
     """,
     # Every model's vectors: switching the active model must not need a re-publish.
-    "fact_embeddings": """
-        SELECT fact_id::BIGINT AS fact_id, model::VARCHAR AS model, dim::INTEGER AS dim,
-               vector::FLOAT[] AS vector, created_at::TIMESTAMPTZ AS created_at
-        FROM fact_embeddings ORDER BY model, fact_id
-    """,
-    "turn_embeddings": """
-        SELECT turn_id::BIGINT AS turn_id, model::VARCHAR AS model, dim::INTEGER AS dim,
-               vector::FLOAT[] AS vector, created_at::TIMESTAMPTZ AS created_at
-        FROM turn_embeddings ORDER BY model, turn_id
-    """,
-    "turn_window_embeddings": """
-        SELECT turn_id::BIGINT AS turn_id, model::VARCHAR AS model, dim::INTEGER AS dim,
-               vector::FLOAT[] AS vector, created_at::TIMESTAMPTZ AS created_at
-        FROM turn_window_embeddings ORDER BY model, turn_id
-    """,
+    "fact_embeddings": _vector_sql("fact_embeddings", "fact_id"),
+    "turn_embeddings": _vector_sql("turn_embeddings", "turn_id"),
+    "turn_window_embeddings": _vector_sql("turn_window_embeddings", "turn_id"),
     "watermarks": """
         SELECT projector::VARCHAR AS projector, turn_id::BIGINT AS turn_id,
                fact_id::BIGINT AS fact_id, change_seq::BIGINT AS change_seq,
@@ -166,6 +163,14 @@ SERVING_TABLES: dict[str, str] = {
 }
 
 _TS = pa.timestamp("us", tz="UTC")
+
+
+def _vector_schema(key: str) -> pa.Schema:
+    """Embedding rows (facts' and turns' alike): one vector per key and model."""
+    return pa.schema([(key, pa.int64()), ("model", pa.string()), ("dim", pa.int32()),
+                      ("vector", pa.list_(pa.float32())), ("created_at", _TS)])
+
+
 _SUBJECT = pa.struct([("canonical_key", pa.string()), ("display_at_write", pa.string())])
 
 # The Arrow schema of each served table; also the schema of the empty tables a
@@ -222,33 +227,9 @@ SERVING_SCHEMAS: dict[str, pa.Schema] = {
             ("created_at", _TS),
         ]
     ),
-    "fact_embeddings": pa.schema(
-        [
-            ("fact_id", pa.int64()),
-            ("model", pa.string()),
-            ("dim", pa.int32()),
-            ("vector", pa.list_(pa.float32())),
-            ("created_at", _TS),
-        ]
-    ),
-    "turn_embeddings": pa.schema(
-        [
-            ("turn_id", pa.int64()),
-            ("model", pa.string()),
-            ("dim", pa.int32()),
-            ("vector", pa.list_(pa.float32())),
-            ("created_at", _TS),
-        ]
-    ),
-    "turn_window_embeddings": pa.schema(
-        [
-            ("turn_id", pa.int64()),
-            ("model", pa.string()),
-            ("dim", pa.int32()),
-            ("vector", pa.list_(pa.float32())),
-            ("created_at", _TS),
-        ]
-    ),
+    "fact_embeddings": _vector_schema("fact_id"),
+    "turn_embeddings": _vector_schema("turn_id"),
+    "turn_window_embeddings": _vector_schema("turn_id"),
     "watermarks": pa.schema(
         [
             ("projector", pa.string()),

@@ -299,19 +299,27 @@ _REFLECTION_SELECT = (
 
 
 def _reflection(row: tuple) -> Reflection:
-    return Reflection(
-        id=row[0],
-        channel_id=row[1],
-        text=row[2],
-        cited_turn_ids=tuple(row[3]),
-        cited_fact_ids=tuple(row[4]),
-        last_turn_id=row[5],
-        last_fact_id=row[6],
-        created_at=as_utc(row[7]),
-    )
+    rid, channel_id, text, turn_ids, fact_ids, last_turn_id, last_fact_id, created_at = row
+    return Reflection(rid, channel_id, text, tuple(turn_ids), tuple(fact_ids), last_turn_id, last_fact_id,
+                      as_utc(created_at))
 
 
 # --------------------------------------------------------------------------- the store
+
+
+def _checked_vector(model: Any, kind: str, key: int, vector: Iterable[float]) -> list[float]:
+    """The vector as floats; a one-line error for a bad model name or a non-numeric, empty or non-finite vector."""
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError(f"model must be a non-empty string, got {model!r}")
+    try:
+        values = [float(x) for x in vector]
+    except (TypeError, ValueError):
+        raise TypeError(f"the vector of {kind} {key} is not a sequence of numbers") from None
+    if not values:
+        raise ValueError(f"the vector of {kind} {key} is empty")
+    if not all(math.isfinite(x) for x in values):
+        raise ValueError(f"embedding of {kind} {key} under {model} holds NaN or infinity")
+    return values
 
 
 class ProjectionStore:
@@ -992,16 +1000,7 @@ class ProjectionStore:
     def set_fact_embedding(self, fact_id: int, model: str, vector: Iterable[float], *, now: Any = None) -> None:
         """Upsert the vector of ``fact_id`` under ``model`` (a new dim simply replaces the old)."""
         fid = _int(fact_id, "fact_id")
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError(f"model must be a non-empty string, got {model!r}")
-        try:
-            values = [float(x) for x in vector]
-        except (TypeError, ValueError):
-            raise TypeError("set_fact_embedding requires a sequence of numbers") from None
-        if not values:
-            raise ValueError("set_fact_embedding requires a non-empty vector")
-        if not all(math.isfinite(x) for x in values):
-            raise ValueError(f"embedding of fact {fid} under {model} holds NaN or infinity")
+        values = _checked_vector(model, "fact", fid, vector)
         at = now_or(now)
         with self.transaction():
             if not self._q("SELECT 1 FROM facts WHERE id = ?", [fid]).fetchone():
@@ -1012,14 +1011,17 @@ class ProjectionStore:
             )
 
     def embeddings_for(self, model: str, fact_ids: Iterable[int]) -> dict[int, list[float]]:
-        wanted = list(_ids(fact_ids, "fact_ids"))
+        return self._vectors("fact_embeddings", "fact_id", model, fact_ids)
+
+    def _vectors(self, table: str, id_column: str, model: str, ids: Iterable[int]) -> dict[int, list[float]]:
+        wanted = list(_ids(ids, id_column + "s"))
         if not wanted:
             return {}
         rows = self._q(
-            "SELECT fact_id, vector FROM fact_embeddings WHERE model = ? AND fact_id IN (SELECT unnest(?))",
+            f"SELECT {id_column}, vector FROM {table} WHERE model = ? AND {id_column} IN (SELECT unnest(?))",
             [model, wanted],
         ).fetchall()
-        return {fact_id: list(vector) for fact_id, vector in rows}
+        return {key: list(vector) for key, vector in rows}
 
     def unembedded_facts(self, model: str, limit: int, *, now: Any = None) -> list[Fact]:
         """Current facts (not retired, not expired) with no vector under ``model``, ascending."""
@@ -1045,19 +1047,10 @@ class ProjectionStore:
         validated before anything is written.
         """
         table = _turn_vector_table(table)
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError(f"model must be a non-empty string, got {model!r}")
         rows = []
         for turn_id, vector in vectors:
             tid = _int(turn_id, "turn_id", minimum=1)
-            try:
-                values = [float(x) for x in vector]
-            except (TypeError, ValueError):
-                raise TypeError(f"the vector of turn {tid} is not a sequence of numbers") from None
-            if not values:
-                raise ValueError(f"the vector of turn {tid} is empty")
-            if not all(math.isfinite(x) for x in values):
-                raise ValueError(f"embedding of turn {tid} under {model} holds NaN or infinity")
+            values = _checked_vector(model, "turn", tid, vector)
             rows.append((tid, model, len(values), values))
         if not rows:
             return 0
@@ -1084,15 +1077,7 @@ class ProjectionStore:
 
     def turn_embeddings_for(self, model: str, turn_ids: Iterable[int], *,
                             table: str = "turn_embeddings") -> dict[int, list[float]]:
-        table = _turn_vector_table(table)
-        wanted = list(_ids(turn_ids, "turn_ids"))
-        if not wanted:
-            return {}
-        rows = self._q(
-            f"SELECT turn_id, vector FROM {table} WHERE model = ? AND turn_id IN (SELECT unnest(?))",
-            [model, wanted],
-        ).fetchall()
-        return {turn_id: list(vector) for turn_id, vector in rows}
+        return self._vectors(_turn_vector_table(table), "turn_id", model, turn_ids)
 
     def turn_embedding_count(self, model: str, *, table: str = "turn_embeddings") -> int:
         table = _turn_vector_table(table)

@@ -25,6 +25,8 @@ Two DuckDB facts shape the DDL (checked against duckdb 2.0.1):
 
 from __future__ import annotations
 
+import hashlib
+
 import duckdb
 
 from familiar_pipeline.storage.records import validity_sql
@@ -143,36 +145,28 @@ _V2 = (
     """,
 )
 
+def _turn_vector_table(name: str) -> str:
+    """DDL of a table holding one vector per (turn, model)."""
+    return f"""
+    CREATE TABLE {name} (
+        turn_id    BIGINT NOT NULL,
+        model      VARCHAR NOT NULL,
+        dim        INTEGER NOT NULL,
+        vector     FLOAT[] NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (turn_id, model)
+    )
+    """
+
+
 # v3: opt-in turn embeddings (projector `turn_embedding`), a vector per (turn, model),
 # for hybrid BM25 + cosine turn retrieval. Keyed like fact_embeddings so a model
 # swap accumulates beside the old rows.
-_V3 = (
-    """
-    CREATE TABLE turn_embeddings (
-        turn_id    BIGINT NOT NULL,
-        model      VARCHAR NOT NULL,
-        dim        INTEGER NOT NULL,
-        vector     FLOAT[] NOT NULL,
-        created_at TIMESTAMPTZ NOT NULL,
-        PRIMARY KEY (turn_id, model)
-    )
-    """,
-)
+_V3 = (_turn_vector_table("turn_embeddings"),)
 
 # v4: context-window vectors (projector `turn_window_embedding`): per (turn, model) the vector
 # of the turn together with its nearest same-channel turns, shaped like turn_embeddings.
-_V4 = (
-    """
-    CREATE TABLE turn_window_embeddings (
-        turn_id    BIGINT NOT NULL,
-        model      VARCHAR NOT NULL,
-        dim        INTEGER NOT NULL,
-        vector     FLOAT[] NOT NULL,
-        created_at TIMESTAMPTZ NOT NULL,
-        PRIMARY KEY (turn_id, model)
-    )
-    """,
-)
+_V4 = (_turn_vector_table("turn_window_embeddings"),)
 
 MIGRATIONS: dict[int, tuple[str, ...]] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
@@ -324,8 +318,6 @@ def migrate(conn: duckdb.DuckDBPyConnection, *, target: int = SCHEMA_VERSION) ->
 
 
 def _views_fingerprint() -> str:
-    import hashlib
-
     return hashlib.sha256("\n;\n".join(NOTEBOOK_VIEWS.values()).encode()).hexdigest()[:16]
 
 

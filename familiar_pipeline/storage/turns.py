@@ -19,6 +19,7 @@ read by pipeline runs in other processes. Every projection (summaries, facts, in
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -30,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator
 from familiar_pipeline.storage.identity import check_key, is_ego_key
 from familiar_pipeline.storage.times import utc_text
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ROLES = ("user", "assistant", "system", "tool")
 MAX_CONTENT_BYTES = 1024 * 1024
 BUSY_TIMEOUT_MS = 5000
@@ -185,9 +186,18 @@ def _migrate_to_v2(conn: sqlite3.Connection) -> None:
     _run_script(conn, _V2_TABLES)
 
 
+def _migrate_to_v3(conn: sqlite3.Connection) -> None:
+    """A random id for this log, minted once: a familiar deleted and created again under the
+    same name starts a new log, and whatever is keyed by turn ids (Dagster run keys) must not
+    mistake its turns for the old log's."""
+    conn.execute("CREATE TABLE IF NOT EXISTS log_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("INSERT OR IGNORE INTO log_meta VALUES ('log_id', ?)", (secrets.token_hex(4),))
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _migrate_to_v1,
     2: _migrate_to_v2,
+    3: _migrate_to_v3,
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
@@ -285,22 +295,9 @@ _INSERT_TURN = (
 
 
 def _turn_from_row(row: tuple) -> Turn:
-    return Turn(
-        id=row[0],
-        channel_id=row[1],
-        guild_id=row[2],
-        role=row[3],
-        author_key=row[4],
-        author_display=row[5],
-        content=row[6],
-        mode=row[7],
-        platform_message_id=row[8],
-        reply_to_message_id=row[9],
-        created_at=datetime.fromisoformat(row[10]),
-        revision=row[11],
-        edited_at=_parse_time(row[12]),
-        deleted_at=_parse_time(row[13]),
-    )
+    # Columns in _TURN_COLUMNS order, which is Turn's field order.
+    return Turn(*row[:10], created_at=datetime.fromisoformat(row[10]), revision=row[11],
+                edited_at=_parse_time(row[12]), deleted_at=_parse_time(row[13]))
 
 
 def _participant_from_row(row: tuple) -> Participant:
@@ -606,7 +603,7 @@ class TurnLog:
 
     # -- edits and deletions
 
-    def _locate(self, conn: sqlite3.Connection, turn_id: Any, platform_message_id: Any) -> tuple | None:
+    def _locate(self, conn: sqlite3.Connection, turn_id: Any, platform_message_id: Any) -> Turn | None:
         if (turn_id is None) == (platform_message_id is None):
             raise TurnLogError("give exactly one of turn_id or platform_message_id")
         if turn_id is not None:
@@ -620,7 +617,16 @@ class TurnLog:
                 f"SELECT {_TURN_COLUMNS} FROM turns WHERE platform_message_id = ? "
                 "ORDER BY id DESC LIMIT 1"
             )
-        return conn.execute(sql, (param,)).fetchone()
+        row = conn.execute(sql, (param,)).fetchone()
+        return None if row is None else _turn_from_row(row)
+
+    @staticmethod
+    def _log_change(conn: sqlite3.Connection, turn_id: int, kind: str, revision: int,
+                    prior_content: str | None, at: str) -> None:
+        conn.execute(
+            "INSERT INTO turn_changes (turn_id, kind, revision, prior_content, at) VALUES (?, ?, ?, ?, ?)",
+            (turn_id, kind, revision, prior_content, at),
+        )
 
     def record_edit(
         self,
@@ -639,22 +645,15 @@ class TurnLog:
         _check_text(new_content, "new_content", optional=False, max_bytes=MAX_CONTENT_BYTES)
         at = _utc_text(edited_at, "edited_at")
         with self._write() as conn:
-            row = self._locate(conn, turn_id, platform_message_id)
-            if row is None:
-                return None
-            current = _turn_from_row(row)
-            if current.deleted or current.content == new_content:
+            current = self._locate(conn, turn_id, platform_message_id)
+            if current is None or current.deleted or current.content == new_content:
                 return current
             revision = current.revision + 1
             conn.execute(
                 "UPDATE turns SET content = ?, revision = ?, edited_at = ? WHERE id = ?",
                 (new_content, revision, at, current.id),
             )
-            conn.execute(
-                "INSERT INTO turn_changes (turn_id, kind, revision, prior_content, at) "
-                "VALUES (?, 'edit', ?, ?, ?)",
-                (current.id, revision, current.content, at),
-            )
+            self._log_change(conn, current.id, "edit", revision, current.content, at)
         return replace(current, content=new_content, revision=revision, edited_at=datetime.fromisoformat(at))
 
     def record_deletion(
@@ -670,18 +669,11 @@ class TurnLog:
         """
         at = _utc_text(deleted_at, "deleted_at")
         with self._write() as conn:
-            row = self._locate(conn, turn_id, platform_message_id)
-            if row is None:
-                return None
-            current = _turn_from_row(row)
-            if current.deleted:
+            current = self._locate(conn, turn_id, platform_message_id)
+            if current is None or current.deleted:
                 return current
             conn.execute("UPDATE turns SET deleted_at = ? WHERE id = ?", (at, current.id))
-            conn.execute(
-                "INSERT INTO turn_changes (turn_id, kind, revision, prior_content, at) "
-                "VALUES (?, 'delete', ?, NULL, ?)",
-                (current.id, current.revision, at),
-            )
+            self._log_change(conn, current.id, "delete", current.revision, None, at)
         return replace(current, deleted_at=datetime.fromisoformat(at))
 
     def changes_after(self, seq: int, limit: int | None = None) -> list[TurnChange]:
@@ -698,6 +690,14 @@ class TurnLog:
             )
             for r in rows
         ]
+
+    def log_id(self) -> str:
+        """This log's random id (8 hex digits), or "" for a read-only log not yet migrated to have one."""
+        try:
+            row = self._query("SELECT value FROM log_meta WHERE key = 'log_id'")
+        except TurnLogError:  # no log_meta table: a read-only view of an older log
+            return ""
+        return row[0][0] if row else ""
 
     def latest_change_seq(self) -> int:
         return self._query("SELECT coalesce(max(seq), 0) FROM turn_changes")[0][0]

@@ -1,0 +1,24 @@
+"""The default stack of prompt layers, in ``config.LAYER_NAMES`` order (most stable first)."""
+
+from __future__ import annotations
+
+from familiar_pipeline.config import LAYER_NAMES
+
+from familiar_bot.prompt.layers.character_card import CharacterCardLayer
+from familiar_bot.prompt.layers.conversation_summary import ConversationSummaryLayer
+from familiar_bot.prompt.layers.lorebook import LorebookLayer
+from familiar_bot.prompt.layers.operating_mode import OperatingModeLayer
+from familiar_bot.prompt.layers.people_dossier import PeopleDossierLayer
+from familiar_bot.prompt.layers.rag_context import RagContextLayer
+from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
+from familiar_bot.prompt.layers.reflection import ReflectionLayer
+
+
+def default_layers() -> list:
+    """One instance of every layer, in ``config.LAYER_NAMES`` order (most stable first)."""
+    layers = [
+        CharacterCardLayer(), OperatingModeLayer(), LorebookLayer(), ConversationSummaryLayer(),
+        ReflectionLayer(), PeopleDossierLayer(), RagContextLayer(), RecentHistoryLayer(),
+    ]
+    assert tuple(layer.name for layer in layers) == LAYER_NAMES, "default stack out of step with LAYER_NAMES"
+    return layers
