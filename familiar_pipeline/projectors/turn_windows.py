@@ -29,6 +29,7 @@ from typing import Iterable, Mapping
 
 from familiar_pipeline.projectors.embeddings import embedder_or_skip
 from familiar_pipeline.projectors.spec import TURN_INDEX, DropRule, ProjectorSpec, knob
+from familiar_pipeline.projectors.turn_embeddings import TurnVectorPass, run_turn_vectors
 from familiar_pipeline.projectors.turns_index import search_text
 
 PROJECTOR = "turn_window_embedding"
@@ -90,22 +91,10 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     batch_size, span = knobs.batch_size, knobs.span
     reach = ID_REACH_PER_SPAN * span
     turn_log = rt.turn_log()
-    with rt.store() as store:
-        mark = store.get_watermark(PROJECTOR)
-        restart = mark.turn_id > 0 and store.turn_embedding_count(embedder.name, table=TABLE) == 0
-    turn_wm, change_wm = (0, 0) if restart else (mark.turn_id, mark.change_seq)
-    report.watermark_before = {"turn_id": mark.turn_id, "change_seq": mark.change_seq}
-    report.extra["model"] = embedder.name
-    if restart:
-        report.extra["restarted"] = f"no window vectors under {embedder.name}; embedding every turn"
-    latest_change = turn_log.latest_change_seq()
-    if turn_wm == 0:
-        change_wm = latest_change  # every turn is read with its current text below
-    removed = 0
+    report.extra["removed"] = 0
 
-    def write(targets: list[int], position: int) -> bool:
+    def write(targets: list[int], position: int, state: TurnVectorPass) -> bool:
         """(Re)embed the windows of ``targets`` (ids up to ``position``), remove dead targets' rows."""
-        nonlocal removed
         texts = window_texts(turn_log, targets, span)
         live = [(tid, text) for tid, text in texts.items() if text is not None]
         dead = [tid for tid, text in texts.items() if text is None]
@@ -117,47 +106,29 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         with rt.store() as store:
             with store.transaction():
                 if dead:
-                    removed += store.delete_turn_embeddings(dead, table=TABLE)
+                    report.extra["removed"] += store.delete_turn_embeddings(dead, table=TABLE)
                 if live:
                     store.set_turn_embeddings(embedder.name, [(tid, v) for (tid, _), v in zip(live, vectors)],
                                               table=TABLE)
-                store.set_watermark(PROJECTOR, turn_id=position, change_seq=change_wm)
+                store.set_watermark(PROJECTOR, turn_id=position, change_seq=state.change_wm)
             rt.publish(store)
         if live:
             report.batches += 1
             report.rows_written += len(live)
         return True
 
-    for _ in range(rt.config.pipeline.max_batches_per_run):
-        chunk = turn_log.turns_after(turn_wm, limit=batch_size)
-        if not chunk:
-            break
-        report.turns_read += len(chunk)
+    def on_chunk(chunk: list, state: TurnVectorPass) -> bool:
         # The new turns, and the embedded turns whose windows may reach them.
-        targets = list(range(max(1, chunk[0].id - reach), chunk[-1].id + 1))
-        if not write(targets, chunk[-1].id):
-            break
-        turn_wm = chunk[-1].id
+        return write(list(range(max(1, chunk[0].id - reach), chunk[-1].id + 1)), chunk[-1].id, state)
 
-    # Edits and deletions of turns already read: every window within reach of them.
-    if not report.dropped and change_wm < latest_change:
-        changed = {c.turn_id for c in turn_log.changes_after(change_wm)
-                   if c.seq <= latest_change and c.turn_id <= turn_wm}
-        change_wm = latest_change
-        targets = sorted({i for c in changed for i in range(c - reach, c + reach + 1) if 0 < i <= turn_wm})
-        for start in range(0, len(targets), batch_size):
-            if not write(targets[start:start + batch_size], turn_wm):
-                break
-        else:
-            with rt.store() as store:
-                store.set_watermark(PROJECTOR, turn_id=turn_wm, change_seq=change_wm)
-                rt.publish(store)
-    report.watermark_after = {"turn_id": turn_wm, "change_seq": change_wm}
-    report.extra["dim"] = embedder.dim
-    report.extra["removed"] = removed
-    if report.batches == 0 and not report.dropped and not removed:
-        report.status = "no-op"
-        report.reason = f"every live turn has a window vector for {embedder.name}"
+    def on_changes(changed: list[int], state: TurnVectorPass) -> bool:
+        """Edits and deletions of turns already read: every window within reach of them."""
+        targets = sorted({i for c in changed for i in range(c - reach, c + reach + 1) if 0 < i <= state.turn_wm})
+        return all(write(targets[start:start + batch_size], state.turn_wm, state)
+                   for start in range(0, len(targets), batch_size))
+
+    run_turn_vectors(rt, report, embedder, projector=PROJECTOR, table=TABLE, batch_size=batch_size,
+                     what="window vector", on_chunk=on_chunk, on_changes=on_changes)
 
 
 SPEC = ProjectorSpec(
