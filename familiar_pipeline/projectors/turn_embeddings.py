@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from familiar_pipeline.projectors.embeddings import embedder_or_skip
+from familiar_pipeline.projectors.embeddings import embed_all, embedder_or_skip
 from familiar_pipeline.projectors.spec import TURN_INDEX, DropRule, ProjectorSpec, knob
 from familiar_pipeline.projectors.turns_index import search_text
 
@@ -102,10 +102,8 @@ def run(rt, report, *, rebuild: bool = False) -> None:
     turn_log = rt.turn_log()
 
     def write(batch: list, position: int, state: TurnVectorPass) -> bool:
-        vectors = embedder.embed([embedding_text(t) for t in batch])
-        if len(vectors) != len(batch):
-            report.drop("length_mismatch", len(batch))
-            report.extra["mismatch"] = f"{len(batch)} texts, {len(vectors)} vectors"
+        vectors = embed_all(embedder, [embedding_text(t) for t in batch], report)
+        if vectors is None:
             return False
         with rt.store() as store:
             with store.transaction():

@@ -27,7 +27,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from familiar_pipeline.projectors.embeddings import embedder_or_skip
+from familiar_pipeline.projectors.embeddings import embed_all, embedder_or_skip
 from familiar_pipeline.projectors.spec import TURN_INDEX, DropRule, ProjectorSpec, knob
 from familiar_pipeline.projectors.turn_embeddings import TurnVectorPass, run_turn_vectors
 from familiar_pipeline.projectors.turns_index import search_text
@@ -98,10 +98,8 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         texts = window_texts(turn_log, targets, span)
         live = [(tid, text) for tid, text in texts.items() if text is not None]
         dead = [tid for tid, text in texts.items() if text is None]
-        vectors = embedder.embed([text for _, text in live]) if live else []
-        if len(vectors) != len(live):
-            report.drop("length_mismatch", len(live))
-            report.extra["mismatch"] = f"{len(live)} texts, {len(vectors)} vectors"
+        vectors = embed_all(embedder, [text for _, text in live], report) if live else []
+        if vectors is None:
             return False
         with rt.store() as store:
             with store.transaction():
