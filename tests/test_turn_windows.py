@@ -17,7 +17,7 @@ from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.storage.snapshots import Snapshot, SnapshotReader
 from familiar_pipeline.storage.store import ProjectionStore
-from familiar_pipeline.storage.turns import TurnLog
+from familiar_pipeline.storage.turns import TurnLog, context_windows
 
 from .helpers import CountingEmbedder, append_chat, make_familiar
 
@@ -46,8 +46,8 @@ def stored(paths, model="hash-v1-d64"):
 
 def test_context_windows_take_span_turns_each_side_in_the_same_channel():
     channel_of = {1: 10, 2: 20, 3: 10, 5: 10, 6: 10, 7: 20}
-    assert turn_windows.context_windows(channel_of, [3, 7, 4], 1) == {3: [1, 3, 5], 7: [2, 7]}
-    assert turn_windows.context_windows(channel_of, [5], 2) == {5: [1, 3, 5, 6]}
+    assert context_windows(channel_of, [3, 7, 4], 1) == {3: [1, 3, 5], 7: [2, 7]}
+    assert context_windows(channel_of, [5], 2) == {5: [1, 3, 5, 6]}
 
 
 def test_window_text_is_the_speaker_lines_within_reach(tmp_path):

@@ -49,7 +49,7 @@ from typing import Any, Callable
 import numpy as np
 
 from familiar_pipeline.models.embedders import cosine
-from familiar_pipeline.projectors.turn_windows import context_windows
+from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.layers.common import Labels, clock_12h, content_hash, local_date, one_line
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens

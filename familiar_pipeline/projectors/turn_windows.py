@@ -23,14 +23,14 @@ same way. Changing `span` changes every window: rebuild (`backfill --rebuild`).
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from familiar_pipeline.projectors.embeddings import embed_all, embedder_or_skip
 from familiar_pipeline.projectors.spec import TURN_INDEX, DropRule, ProjectorSpec, knob
 from familiar_pipeline.projectors.turn_embeddings import TurnVectorPass, run_turn_vectors
 from familiar_pipeline.projectors.turns_index import search_text
+from familiar_pipeline.storage.turns import context_windows
 
 PROJECTOR = "turn_window_embedding"
 TABLE = "turn_window_embeddings"
@@ -44,27 +44,6 @@ class TurnWindowConfig:
     batch_size: int = knob(64, minimum=1)
     # Same-channel turns on each side embedded with a turn (2 measured best on LoCoMo).
     span: int = knob(2, minimum=1, maximum=10)
-
-
-def context_windows(channel_of: Mapping[int, int], targets: Iterable[int], span: int) -> dict[int, list[int]]:
-    """``{target: ids of its window}``: the target and up to ``span`` ids of its channel on each side.
-
-    ``channel_of`` maps the eligible turns (the caller decides which: live, not
-    excluded) to their channel; a target missing from it has no window. The one
-    definition of a context window, used by this projector at index time and by
-    `rag_context`'s query-time blend when this projector is off.
-    """
-    by_channel: dict[int, list[int]] = {}
-    for tid in sorted(channel_of):
-        by_channel.setdefault(channel_of[tid], []).append(tid)
-    out: dict[int, list[int]] = {}
-    for tid in targets:
-        if tid not in channel_of:
-            continue
-        same = by_channel[channel_of[tid]]
-        at = bisect_left(same, tid)
-        out[tid] = same[max(0, at - span):at] + [tid] + same[at + 1:at + 1 + span]
-    return out
 
 
 def window_texts(turn_log, targets: Iterable[int], span: int) -> dict[int, str | None]:
