@@ -817,7 +817,8 @@ class Snapshot:
         one matrix-vector product per reply, the same as the turn vectors alone.
         A turn whose window vector is missing (its projector lags) keeps its own
         row. None when no window vector exists under ``model``. Built once per
-        snapshot, model and share; the parts are not kept.
+        snapshot, model and share; the window rows are not kept (the turn rows are, by
+        ``turn_matrix``).
         """
         cache = self.__dict__.setdefault("_context_matrices", {})
         key = (model, float(share))
