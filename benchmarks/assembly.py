@@ -4,7 +4,8 @@ Builds one familiar with 100k turns (4 channels, 12 people, chat-shaped text)
 and 20k facts (subjects, importance, sources, a share retired), 12 dossiers,
 reflections and a summary, all filled directly into the real stores: turn log,
 projection store, published Parquet snapshot, and both tantivy indexes. Every
-fact and every turn also gets a real all-MiniLM-L6-v2 vector in the snapshot.
+fact and every turn also gets a real all-MiniLM-L6-v2 vector in the snapshot,
+and every turn a context-window vector too.
 
 Then, per mode, it plays the responder: append the user's message to the turn
 log (not timed), assemble the prompt for it (timed), with a new message every
@@ -13,7 +14,8 @@ time, so window-dependent layers and retrieval really rebuild. Modes:
 * ``embedding weight 0``: BM25 + importance fusion, no model call;
 * ``embedding weight > 0``: the cue is embedded with the real local MiniLM
   (``FastEmbedEmbedder`` over ``ensure_local_minilm()``) for every message, and
-  turns are ranked by BM25 and cosine with context windows (``turn_embedding`` on).
+  turns are ranked by BM25 and cosine with context windows (``turn_embedding`` and
+  ``turn_window_embedding`` on).
 
     uv run python benchmarks/assembly.py                 # 100k turns, 20k facts
     uv run python benchmarks/assembly.py --turns 20000 --facts 4000 --iterations 100
@@ -185,6 +187,13 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
         })
         conn.register("b_turn_vectors", turn_vectors)
         conn.execute("INSERT INTO turn_embeddings SELECT * FROM b_turn_vectors")
+        # And a context-window vector per turn (projector turn_window_embedding), which the
+        # snapshot precombines with the turn's own vector into the one matrix a reply searches.
+        window_vectors = turn_vectors.set_column(
+            3, "vector", pa.array(list(pool_vectors[[rng.randrange(len(pool)) for _ in range(n_turns)]]),
+                                  pa.list_(pa.float32())))
+        conn.register("b_window_vectors", window_vectors)
+        conn.execute("INSERT INTO turn_window_embeddings SELECT * FROM b_window_vectors")
         conn.execute(f"SELECT max(nextval('facts_id_seq')) FROM range({n_facts})")
         store.supersede(retired, None)
         print(f"  facts: {n_facts} in {time.perf_counter() - t0:.1f}s ({len(retired)} retired)")
@@ -256,7 +265,8 @@ def run_mode(label: str, paths: FamiliarPaths, env: dict, embedder, iterations: 
 
 SEMANTIC_ENV = {"FAMILIAR__PROVIDERS__EMBEDDING__BACKEND": '"fastembed"',
                 "FAMILIAR__PROVIDERS__EMBEDDING__FASTEMBED_MODEL": f'"{MINILM_MODEL_NAME}"',
-                "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding", "turn_embedding"]',
+                "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS":
+                    '["rich_note", "fact_embedding", "turn_embedding", "turn_window_embedding"]',
                 "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "0.5"}
 
 
@@ -270,7 +280,7 @@ def measure(root: Path, turns: int, facts: int, *, embedder: FastEmbedEmbedder, 
             iterations: int = 300, warmup: int = 30, seed: int = 7) -> dict:
     """Build (or reuse) a familiar of this size under `root` and time both modes."""
     root.mkdir(parents=True, exist_ok=True)
-    marker = root / f"built-{turns}-{facts}-{seed}"
+    marker = root / f"built-v2-{turns}-{facts}-{seed}"  # v2: with window vectors
     if marker.exists():  # reuse an earlier build in --dir (it only grows by the benchmark's own turns)
         print(f"reusing the familiar built under {root}")
         paths = FamiliarPaths.for_id(FAMILIAR, root)

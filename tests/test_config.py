@@ -76,8 +76,9 @@ def test_defaults_are_the_documented_values(tmp_path):
     assert mem.fact_embedding.batch_size == 32
     assert dataclasses.asdict(mem.retrieval) == {
         "bm25_weight": 1.0, "recency_weight": 0.0, "importance_weight": 0.6,
-        "embedding_weight": 3.0, "fact_overfetch": 4, "turn_embedding_weight": 1.5, "turn_candidates": 50,
-        "turn_neighbours": 2, "turn_fusion": "weighted", "turn_context": 0.5, "turn_context_span": 2}
+        "embedding_weight": 3.0, "fact_overfetch": 4, "turn_embedding_weight": 1.0, "turn_candidates": 50,
+        "turn_neighbours": 2, "turn_fusion": "weighted", "turn_context": 0.5, "turn_context_span": 2,
+        "turn_vector_search_rows": 20000}
     assert cfg.embedding == EmbeddingConfig(backend="off", dim=256, fastembed_model="BAAI/bge-small-en-v1.5",
                                             fastembed_cache_dir=None, fastembed_model_path=None)
     assert dataclasses.asdict(cfg.history) == {
@@ -467,7 +468,7 @@ def test_a_failed_load_changes_no_file(tmp_path):
 def test_registry_builtins_and_registration():
     assert registry.known_projectors() == (
         "fact_embedding", "fact_supersede", "people_dossier", "reflection", "rich_note", "rolling_summary",
-        "turn_embedding")
+        "turn_embedding", "turn_window_embedding")
     assert registry.get_projector("fact_embedding").needs_llm is False
     assert registry.get_projector("rich_note").needs_llm is True
     with pytest.raises(registry.UnknownProjectorError, match="unknown memory projector 'nope'; valid: fact_embedding"):

@@ -199,3 +199,15 @@ def test_held_out_rotation_tunes_on_the_others_and_scores_the_one_left_out():
     assert by_held["c3"]["best_on_held_out"] == "b" and by_held["c3"]["best_on_held_out_any@10"] == 100.0
     assert by_held["c1"]["chosen"] == "a" and by_held["c1"]["tuned_any@10"] == 50.0
     assert rotation["pooled_held_out"]["any@10"] == round(100 * 2 / 3, 2)
+
+
+def test_held_out_rotation_selects_on_the_sum_of_the_headline_targets():
+    def rec(conv, hit, session):
+        return {"conversation": conv, "category": 4, "rendered_tokens": 0, "latency_ms": 0.0,
+                **{m: 0.0 for m in evaluation.METRICS}, "any@10": float(hit), "session_any@10": float(session)}
+    # "a" has the better any@10 everywhere, "b" gives up a little of it for much more session recall.
+    convs = ("c1", "c2", "c3")
+    records = {"a": [rec(c, 1, 0) for c in convs] + [rec(c, 1, 0) for c in convs],
+               "b": [rec(c, 1, 1) for c in convs] + [rec(c, 0, 1) for c in convs]}
+    assert {r["chosen"] for r in evaluation.held_out_rotation(records)["rotations"]} == {"b"}
+    assert {r["chosen"] for r in evaluation.held_out_rotation(records, ("any@10",))["rotations"]} == {"a"}

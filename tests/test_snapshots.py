@@ -51,6 +51,8 @@ CREATE TABLE fact_embeddings (fact_id BIGINT NOT NULL, model VARCHAR NOT NULL, d
     vector FLOAT[] NOT NULL, created_at TIMESTAMPTZ NOT NULL);
 CREATE TABLE turn_embeddings (turn_id BIGINT NOT NULL, model VARCHAR NOT NULL, dim INTEGER NOT NULL,
     vector FLOAT[] NOT NULL, created_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE turn_window_embeddings (turn_id BIGINT NOT NULL, model VARCHAR NOT NULL, dim INTEGER NOT NULL,
+    vector FLOAT[] NOT NULL, created_at TIMESTAMPTZ NOT NULL);
 CREATE TABLE watermarks (projector VARCHAR PRIMARY KEY, turn_id BIGINT, fact_id BIGINT,
     change_seq BIGINT, updated_at TIMESTAMPTZ);
 """

@@ -578,6 +578,7 @@ def populated(store):
                             last_turn_id=3, last_fact_id=c.id)
     store.set_fact_embedding(b.id, "m", [1.0])
     store.set_turn_embeddings("m", [(1, [1.0])])
+    store.set_turn_embeddings("m", [(1, [1.0])], table="turn_window_embeddings")
     for name in PROJECTIONS:
         store.set_watermark(name, turn_id=3, fact_id=c.id)
     return a, b, c
@@ -596,10 +597,10 @@ def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
     drop_projection(store, "rich_note")
     assert row_counts(store) == {
         "facts": 0, "fact_subjects": 0, "summaries": 1, "people_dossiers": 0, "reflections": 0,
-        "fact_embeddings": 0, "turn_embeddings": 1, "watermarks": 3, "supersede_decisions": 0,
+        "fact_embeddings": 0, "turn_embeddings": 1, "turn_window_embeddings": 1, "watermarks": 4, "supersede_decisions": 0,
     }
-    # Turn vectors are built from turns, not facts: they survive.
-    assert remaining_watermarks(store) == {"rolling_summary", "turns_fts", "turn_embedding"}
+    # Turn and window vectors are built from turns, not facts: they survive.
+    assert remaining_watermarks(store) == {"rolling_summary", "turns_fts", "turn_embedding", "turn_window_embedding"}
     # nothing citing a fact id survives, so ids restart: a rebuild reproduces the incremental ids
     assert add(store, "Cass likes tea.", CASS).id == 1
 
@@ -701,7 +702,7 @@ def test_a_v1_file_migrates_on_writer_open_and_never_on_read_only_open(tmp_path)
         assert raw.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'supersede_decisions'").fetchone()[0] == 0
 
     with ProjectionStore(path) as store:
-        assert store.schema_version == store_schema.SCHEMA_VERSION == 3
+        assert store.schema_version == store_schema.SCHEMA_VERSION == 4
         (fact,) = store.current_facts()
         assert (fact.text, fact.subjects, fact.importance) == ("Cass likes tea.", (CASS,), 6)
         assert store.append_fact(FactDraft("cass likes TEA", subjects=[CASS]))[1] is False
@@ -709,8 +710,9 @@ def test_a_v1_file_migrates_on_writer_open_and_never_on_read_only_open(tmp_path)
                                         retired_ids=[], skipped=[], model=None)
         assert add(store, "Aria sings.", ARIA).id == 2  # the v1 sequence carries on
         assert store.set_turn_embeddings("m", [(4, [1.0, 0.0])]) == 1  # v3's table exists after the upgrade
+        assert store.set_turn_embeddings("m", [(4, [1.0])], table="turn_window_embeddings") == 1  # and v4's
     with ProjectionStore(path, read_only=True) as reader:
-        assert [v for v, *_ in reader.table_rows("schema_version")] == [1, 2, 3]
+        assert [v for v, *_ in reader.table_rows("schema_version")] == [1, 2, 3, 4]
 
 
 def test_files_from_the_future_or_foreign_files_are_refused(tmp_path):

@@ -114,13 +114,13 @@ def test_the_snapshot_serves_a_normalised_matrix_of_the_active_model(tmp_path):
     assert reader.turn_matrix("other")[0].size == 0
 
 
-def test_schema_v2_file_upgrades_to_v3(tmp_path):
+def test_schema_v2_file_upgrades_to_the_current_version(tmp_path):
     path = tmp_path / "memory.duckdb"
     conn = duckdb.connect(str(path))
     assert store_schema.migrate(conn, target=2) == [1, 2]
     conn.close()
     with ProjectionStore(path) as store:
-        assert store.schema_version == 3
+        assert store.schema_version == store_schema.SCHEMA_VERSION
         assert store.set_turn_embeddings("m", [(1, [0.5, 0.5])]) == 1
     with pytest.raises(TypeError):
         with ProjectionStore(path) as store:
@@ -166,7 +166,7 @@ def test_dense_turns_needs_the_projector_the_weight_and_vectors(tmp_path):
     embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 2.0, 0.1], dtype=np.float32)])
 
     def memory(weight, projectors=("turn_embedding",)):
-        retrieval = SimpleNamespace(turn_embedding_weight=weight)
+        retrieval = SimpleNamespace(turn_embedding_weight=weight, turn_context=0.0, turn_vector_search_rows=0)
         mem = SimpleNamespace(is_active=lambda p: p in projectors)
         config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=mem.is_active))
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
@@ -188,7 +188,7 @@ def test_dense_turns_blend_each_cosine_with_its_context_window():
     embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 1.0, 0.0], dtype=np.float32)])
 
     def memory(share):
-        retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share)
+        retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share, turn_vector_search_rows=0)
         config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=lambda p: True))
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
                                memo=lambda key, compute: compute(), warn_once=lambda *a: None)
@@ -249,13 +249,17 @@ def test_without_an_embedder_both_embedding_projectors_skip_naming_the_settings(
         assert "[providers.embedding].backend" in report.reason and f"list {module.PROJECTOR} in" in report.reason
 
 
-def test_cosine_lookup_is_the_same_by_binary_search_and_by_membership():
-    from familiar_bot.prompt.retrieval import _cosines_of
+def test_turn_scores_search_the_newest_rows_and_score_older_ones_on_demand():
+    from familiar_bot.prompt.retrieval import TurnScores
 
     ids = np.array([2, 5, 9, 14])
-    sims = np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32)
-    wanted = [14, 3, 2, 99]
-    expected = {14: pytest.approx(0.4), 2: pytest.approx(0.1)}
-    assert _cosines_of(ids, sims, wanted, ids_sorted=True) == expected
-    assert _cosines_of(ids[::-1].copy(), sims[::-1].copy(), wanted) == expected
-    assert _cosines_of(ids, sims, [], ids_sorted=True) == {}
+    matrix = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.5, 0.5]], dtype=np.float32)
+    cue = np.array([1.0, 0.0], dtype=np.float32)
+    full = TurnScores(ids, matrix, cue, 0, matrix @ cue, False)
+    assert full.nearest(2) == pytest.approx({2: 1.0, 5: 0.9})
+    assert full.of([14, 3, 2, 99]) == pytest.approx({14: 0.5, 2: 1.0})
+    assert full.of([1, 20]) == {} and full.of([]) == {}
+    # Only the newest two rows searched: turn 2, the best match, is found only when named.
+    tail = TurnScores(ids, matrix, cue, 2, matrix[2:] @ cue, False)
+    assert tail.nearest(1) == pytest.approx({14: 0.5})
+    assert tail.of([2, 9, 2]) == pytest.approx({2: 1.0, 9: 0.0})

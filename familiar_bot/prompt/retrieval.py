@@ -49,6 +49,7 @@ from typing import Any, Callable
 import numpy as np
 
 from familiar_pipeline.models.embedders import cosine
+from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.layers.common import Labels, clock_12h, content_hash, local_date, one_line
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
@@ -252,14 +253,19 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     """Cosines of the ``limit`` turns nearest to the cue and of the turns ``also`` (the BM25 hits),
     when turn vectors are on and present.
 
-    With ``windows`` (candidate id -> the ids of its context window, itself
-    included) and ``turn_context > 0``, each candidate's cosine becomes
-    ``(1 - share) x own + share x mean over its window``: a reply is often
-    about what the turns just before it said ("Which one?" after a question
-    about dogs), and the window's cosines are already in the matrix product.
-    Only the ``MAX_CONTEXT_CANDIDATES`` nearest candidates are blended, so a
-    deep refetch does not look up thousands of windows. ``cache`` keeps the
-    matrix product for the next refetch round of the same reply.
+    With ``turn_context > 0`` each turn's cosine becomes ``(1 - share) x own +
+    share x its context window's``: a reply is often about what the turns just
+    before it said ("Which one?" after a question about dogs). When the
+    ``turn_window_embedding`` projection is on, the window's cosine is that of
+    its window vector, precombined with the turn's own into one matrix per
+    snapshot (no extra work per reply). Otherwise, with ``windows`` (candidate
+    id -> the ids of its context window, itself included), it is the mean of
+    the window turns' own cosines, already in the matrix product; only the
+    ``MAX_CONTEXT_CANDIDATES`` nearest candidates are blended, so a deep
+    refetch does not look up thousands of windows. The nearest turns are
+    searched among the newest ``turn_vector_search_rows`` vectors (see
+    :class:`TurnScores`); ``also`` gets its cosines wherever it lies. ``cache``
+    keeps the scores for the next refetch round of the same reply.
     """
     retrieval = memory.config.memory.retrieval
     embedder = memory.embedder
@@ -271,16 +277,15 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
         cache["sims"] = _turn_similarities(cue, memory, embedder)
     if cache["sims"] is None:
         return {}
-    ids, sims, ids_sorted = cache["sims"]
-    top = np.argpartition(-sims, min(limit, len(sims)) - 1)[:limit] if len(sims) > limit else np.arange(len(sims))
-    out = {int(ids[i]): float(sims[i]) for i in top}
+    scores: TurnScores = cache["sims"]
+    out = scores.nearest(limit)
     if also:
-        out.update(_cosines_of(ids, sims, also, ids_sorted))
-    if windows is None or retrieval.turn_context <= 0 or not out:
+        out.update(scores.of(also))
+    if scores.blended or windows is None or retrieval.turn_context <= 0 or not out:
         return out
     share = retrieval.turn_context
     window = windows(sorted(out, key=lambda t: -out[t])[:MAX_CONTEXT_CANDIDATES])
-    around = _cosines_of(ids, sims, {t for members in window.values() for t in members}, ids_sorted)
+    around = scores.of({t for members in window.values() for t in members})
     for tid, own in out.items():
         near = [around[t] for t in window.get(tid, ()) if t in around]
         if near:
@@ -288,12 +293,62 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     return out
 
 
-def _turn_similarities(cue: str, memory, embedder) -> tuple[np.ndarray, np.ndarray, bool] | None:
-    """``(turn ids, cosines to the cue, whether the ids ascend)``, or None without usable vectors."""
-    turn_matrix = getattr(memory.snapshot, "turn_matrix", None)
-    if turn_matrix is None:
+def top_rows(scores: np.ndarray, limit: int) -> np.ndarray:
+    """Row numbers of the ``limit`` highest scores, in no particular order (argpartition, not a sort)."""
+    if len(scores) <= limit:
+        return np.arange(len(scores))
+    return np.argpartition(-scores, limit - 1)[:limit]
+
+
+@dataclass(frozen=True)
+class TurnScores:
+    """Cosines of one cue to the turn vectors (rows ascending by turn id).
+
+    Only the newest ``len(ids) - start`` rows are scored at once (``sims``): a
+    reply's nearest-turn search covers the newest ``turn_vector_search_rows``
+    turns, so its cost stays flat as the log grows past that (one product over
+    100k x 384 floats was most of a reply's time at 100k turns; docs/benchmarks.md).
+    Older turns still get their exact cosine when named (the BM25 hits): a few
+    rows' product each time. ``blended`` says the rows already hold the window blend.
+    """
+
+    ids: np.ndarray
+    matrix: np.ndarray
+    cue: np.ndarray
+    start: int
+    sims: np.ndarray
+    blended: bool
+
+    def nearest(self, limit: int) -> dict[int, float]:
+        """``{turn id: cosine}`` of the ``limit`` best-scoring searched rows."""
+        return {int(self.ids[self.start + r]): float(self.sims[r]) for r in top_rows(self.sims, limit)}
+
+    def of(self, wanted) -> dict[int, float]:
+        """``{turn id: cosine}`` for the ``wanted`` ids that have a vector (a binary search)."""
+        want = np.fromiter(wanted, dtype=np.int64)
+        if len(want) == 0 or len(self.ids) == 0:
+            return {}
+        at = np.minimum(np.searchsorted(self.ids, want), len(self.ids) - 1)
+        rows = np.unique(at[self.ids[at] == want])
+        old, new = rows[rows < self.start], rows[rows >= self.start]
+        out = {int(self.ids[r]): float(self.sims[r - self.start]) for r in new}
+        if len(old):
+            out.update(zip(self.ids[old].tolist(), (self.matrix[old] @ self.cue).tolist()))
+        return out
+
+
+def _turn_similarities(cue: str, memory, embedder) -> TurnScores | None:
+    """The cue's :class:`TurnScores`, or None without usable vectors."""
+    snapshot = memory.snapshot
+    if getattr(snapshot, "turn_matrix", None) is None:
         return None
-    ids, matrix = turn_matrix(embedder.name)
+    retrieval = memory.config.memory.retrieval
+    found = None
+    windowed = getattr(snapshot, "context_turn_matrix", None)
+    if retrieval.turn_context > 0 and windowed is not None and memory.config.memory.is_active("turn_window_embedding"):
+        found = windowed(embedder.name, retrieval.turn_context)
+    blended = found is not None
+    ids, matrix = found if blended else snapshot.turn_matrix(embedder.name)
     if len(ids) == 0:
         return None
     cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)), lambda: embedder.embed([cue])[0])
@@ -302,19 +357,10 @@ def _turn_similarities(cue: str, memory, embedder) -> tuple[np.ndarray, np.ndarr
         memory.warn_once("turn-dim", "turn vectors under %s have dim %d but the cue has %d; ignoring them",
                          embedder.name, matrix.shape[1], cue_vec.shape[0])
         return None
-    norm = float(np.linalg.norm(cue_vec))
-    return ids, matrix @ (cue_vec / (norm or 1.0)), bool(np.all(ids[1:] > ids[:-1]))
-
-
-def _cosines_of(ids: np.ndarray, sims: np.ndarray, wanted, ids_sorted: bool = False) -> dict[int, float]:
-    """``{turn id: cosine}`` for the ``wanted`` ids that have a vector (a binary search when ids ascend)."""
-    want = np.fromiter(wanted, dtype=np.int64)
-    if ids_sorted:
-        at = np.minimum(np.searchsorted(ids, want), len(ids) - 1)
-        rows = at[ids[at] == want]
-    else:
-        rows = np.flatnonzero(np.isin(ids, want))
-    return {int(ids[i]): float(sims[i]) for i in rows}
+    cue_vec = cue_vec / (float(np.linalg.norm(cue_vec)) or 1.0)
+    searched = retrieval.turn_vector_search_rows
+    start = max(0, len(ids) - searched) if searched > 0 else 0
+    return TurnScores(ids, matrix, cue_vec, start, matrix[start:] @ cue_vec, blended)
 
 
 class _TurnRows:
@@ -335,7 +381,8 @@ class _TurnRows:
 
 
 def _same_channel_windows(log, span: int, exclude: frozenset[int]) -> Callable[[list[int]], dict[int, list[int]]]:
-    """For :func:`_dense_turns`: each candidate with its ``span`` nearest live same-channel turns each side.
+    """For :func:`_dense_turns`: each candidate with its ``span`` nearest live same-channel turns each side
+    (``context_windows``, the same windows the ``turn_window_embedding`` projector embeds).
 
     Reads only ids and channels (``live_channels``): building full turn rows for
     every window was most of the blend's cost at 100k turns.
@@ -343,19 +390,8 @@ def _same_channel_windows(log, span: int, exclude: frozenset[int]) -> Callable[[
     def windows(candidates: list[int]) -> dict[int, list[int]]:
         reach = NEIGHBOUR_SPAN * span
         channel_of = log.live_channels({i for t in candidates for i in range(t - reach, t + reach + 1) if i > 0})
-        live: dict[int, list[int]] = {}
-        for tid in sorted(channel_of):
-            if tid not in exclude:
-                live.setdefault(channel_of[tid], []).append(tid)
-        out = {}
-        for tid in candidates:
-            if tid not in channel_of:
-                continue
-            same = live.get(channel_of[tid], [])
-            at = bisect_left(same, tid)
-            after = at + 1 if at < len(same) and same[at] == tid else at
-            out[tid] = same[max(0, at - span):at] + [tid] + same[after:after + span]
-        return out
+        eligible = {tid: ch for tid, ch in channel_of.items() if tid not in exclude or tid in candidates}
+        return context_windows(eligible, candidates, span)
     return windows
 
 

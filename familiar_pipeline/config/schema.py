@@ -168,13 +168,18 @@ class RetrievalConfig:
     fact_overfetch: int = knob(4, minimum=1)  # candidates fetched = this x max_rag_facts
     # Turns: BM25 and (when turn_embedding is active) cosine, min-max normalised over
     # the union of each signal's top `turn_candidates`, summed with these weights.
-    turn_embedding_weight: float = knob(1.5, minimum=0.0)
+    # 1.0 with context windows: best on held-out LoCoMo conversations (docs/benchmarks.md).
+    turn_embedding_weight: float = knob(1.0, minimum=0.0)
     turn_candidates: int = knob(50, minimum=1)
     turn_neighbours: int = knob(2, minimum=0)  # same-channel turns shown before and after each hit
-    # Share of a turn's cosine taken from the mean over its context window (itself and its
-    # `turn_context_span` nearest same-channel turns each side); 0 = the turn alone.
+    # Share of a turn's cosine taken from its context window's: the window vector when the
+    # turn_window_embedding projector is on, else the mean over the window's turns (itself
+    # and its `turn_context_span` nearest same-channel turns each side); 0 = the turn alone.
     turn_context: float = knob(0.5, minimum=0.0, maximum=1.0)
-    turn_context_span: int = knob(2, minimum=0)
+    turn_context_span: int = knob(2, minimum=0)  # query-time blend only; window vectors: their projector's span
+    # The nearest-turn search covers the newest this many turn vectors (0 = all); older turns
+    # still get their cosine when BM25 finds them. Keeps a reply's cost flat past it.
+    turn_vector_search_rows: int = knob(20000, minimum=0)
     # "weighted": the min-max weighted sum above; "rrf": reciprocal rank fusion (k=60), kept to
     # re-check the measurement that chose "weighted" (docs/benchmarks.md).
     turn_fusion: str = knob("weighted", choices=("weighted", "rrf"))

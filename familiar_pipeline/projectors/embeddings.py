@@ -25,6 +25,17 @@ class FactEmbeddingConfig:
     batch_size: int = knob(32, minimum=1)
 
 
+def embed_all(embedder, texts: list[str], report):
+    """The texts' vectors, or None (counted as dropped) when the model returned another number
+    of them: misaligned vectors would attach meaning to the wrong rows, so nothing is written."""
+    vectors = embedder.embed(texts)
+    if len(vectors) != len(texts):
+        report.drop("length_mismatch", len(texts))
+        report.extra["mismatch"] = f"{len(texts)} texts, {len(vectors)} vectors"
+        return None
+    return vectors
+
+
 def embedder_or_skip(rt, report, projector: str):
     """The run's embedder, or None after marking the run skipped with the settings to change."""
     if rt.embedder is None:
@@ -51,10 +62,8 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             pending = store.unembedded_facts(embedder.name, batch_size)
         if not pending:
             break
-        vectors = embedder.embed([f.text for f in pending])
-        if len(vectors) != len(pending):
-            report.drop("length_mismatch", len(pending))
-            report.extra["mismatch"] = f"{len(pending)} texts, {len(vectors)} vectors"
+        vectors = embed_all(embedder, [f.text for f in pending], report)
+        if vectors is None:
             break
         highest = max(highest, max(f.id for f in pending))
         with rt.store() as store:

@@ -28,6 +28,7 @@ from familiar_pipeline.projectors import (
     summary,
     supersede,
     turn_embeddings,
+    turn_windows,
     turns_index,
 )
 from familiar_pipeline.projectors.spec import ProjectorSpec
@@ -154,6 +155,7 @@ BUILTIN_SPECS: tuple[ProjectorSpec, ...] = (
     reflections.SPEC,
     embeddings.SPEC,
     turn_embeddings.SPEC,
+    turn_windows.SPEC,
 )
 for _spec in BUILTIN_SPECS:
     register_projector(_spec)

@@ -90,6 +90,15 @@ class SnapshotFormatError(ValueError):
 # The serving contract: what is published and with which types.
 # --------------------------------------------------------------------------- #
 
+def _vector_sql(table: str, key: str) -> str:
+    """The served query of an embedding table (one vector per key and model, every model)."""
+    return f"""
+        SELECT {key}::BIGINT AS {key}, model::VARCHAR AS model, dim::INTEGER AS dim,
+               vector::FLOAT[] AS vector, created_at::TIMESTAMPTZ AS created_at
+        FROM {table} ORDER BY model, {key}
+    """
+
+
 # Columns are cast explicitly so the Parquet schema is a stable contract for the
 # bot and notebooks, independent of how the store happens to declare them.
 # `facts` carries every row (superseded and expired ones too: `as_of` reads and
@@ -142,16 +151,9 @@ SERVING_TABLES: dict[str, str] = {
         FROM reflections ORDER BY id
     """,
     # Every model's vectors: switching the active model must not need a re-publish.
-    "fact_embeddings": """
-        SELECT fact_id::BIGINT AS fact_id, model::VARCHAR AS model, dim::INTEGER AS dim,
-               vector::FLOAT[] AS vector, created_at::TIMESTAMPTZ AS created_at
-        FROM fact_embeddings ORDER BY model, fact_id
-    """,
-    "turn_embeddings": """
-        SELECT turn_id::BIGINT AS turn_id, model::VARCHAR AS model, dim::INTEGER AS dim,
-               vector::FLOAT[] AS vector, created_at::TIMESTAMPTZ AS created_at
-        FROM turn_embeddings ORDER BY model, turn_id
-    """,
+    "fact_embeddings": _vector_sql("fact_embeddings", "fact_id"),
+    "turn_embeddings": _vector_sql("turn_embeddings", "turn_id"),
+    "turn_window_embeddings": _vector_sql("turn_window_embeddings", "turn_id"),
     "watermarks": """
         SELECT projector::VARCHAR AS projector, turn_id::BIGINT AS turn_id,
                fact_id::BIGINT AS fact_id, change_seq::BIGINT AS change_seq,
@@ -227,6 +229,7 @@ SERVING_SCHEMAS: dict[str, pa.Schema] = {
     ),
     "fact_embeddings": _vector_schema("fact_id"),
     "turn_embeddings": _vector_schema("turn_id"),
+    "turn_window_embeddings": _vector_schema("turn_id"),
     "watermarks": pa.schema(
         [
             ("projector", pa.string()),
@@ -793,33 +796,64 @@ class Snapshot:
         return out
 
 
-    def turn_matrix(self, model: str) -> tuple[np.ndarray, np.ndarray]:
+    def turn_matrix(self, model: str, table: str = "turn_embeddings") -> tuple[np.ndarray, np.ndarray]:
         """``(turn ids, unit-length float32 rows)`` of every turn vector under ``model``.
 
-        Built once per snapshot and model (the snapshot never changes), so a
-        reply's dense turn search is one matrix-vector product. Rows of another
+        Built once per snapshot, table and model (the snapshot never changes), so
+        a reply's dense turn search is one matrix-vector product. Rows of another
         dimension than the model's first row are left out (a corrupt row must
-        not break every reply).
+        not break every reply). ``table`` may name ``turn_window_embeddings``.
         """
         cache = self.__dict__.setdefault("_turn_matrices", {})
-        if model in cache:
-            return cache[model]
-        table = self._tables["turn_embeddings"]
-        ids = np.zeros(0, dtype=np.int64)
-        matrix = np.zeros((0, 0), dtype=np.float32)
-        if table.num_rows:
-            hits = _where(table, pc.equal(table["model"], pa.scalar(model, pa.string())))
-            if hits.num_rows:
-                dims = hits["dim"].to_numpy()
-                keep = pc.equal(hits["dim"], pa.scalar(int(dims[0]), pa.int32()))
-                hits = _where(hits, keep)
-                ids = hits["turn_id"].to_numpy().astype(np.int64)
-                flat = pc.list_flatten(hits["vector"]).to_numpy(zero_copy_only=False).astype(np.float32)
-                matrix = flat.reshape(hits.num_rows, int(dims[0]))
-                norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-                matrix = matrix / np.where(norms > 0, norms, 1.0)
-        cache[model] = (ids, matrix)
-        return ids, matrix
+        if (table, model) not in cache:
+            cache[(table, model)] = _unit_rows(self._tables[table], model)
+        return cache[(table, model)]
+
+    def context_turn_matrix(self, model: str, share: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(turn ids, rows)`` with each row ``(1 - share) x turn vector + share x window vector``.
+
+        Both parts are unit length, so the product with a unit cue is exactly
+        ``(1 - share) x cos(turn) + share x cos(window)``: the context blend costs
+        one matrix-vector product per reply, the same as the turn vectors alone.
+        A turn whose window vector is missing (its projector lags) keeps its own
+        row. None when no window vector exists under ``model``. Built once per
+        snapshot, model and share; the window rows are not kept (the turn rows are, by
+        ``turn_matrix``).
+        """
+        cache = self.__dict__.setdefault("_context_matrices", {})
+        key = (model, float(share))
+        if key not in cache:
+            wids, windows = _unit_rows(self._tables["turn_window_embeddings"], model)
+            ids, own = self.turn_matrix(model)
+            if len(wids) == 0 or len(ids) == 0 or windows.shape[1] != own.shape[1]:
+                cache[key] = None
+            else:
+                at = np.searchsorted(wids, ids).clip(0, len(wids) - 1)
+                has = wids[at] == ids
+                blended = own.copy()
+                blended[has] = (1 - share) * own[has] + share * windows[at[has]]
+                cache[key] = (ids, blended)
+        return cache[key]
+
+
+def _unit_rows(table: pa.Table, model: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(turn ids ascending, unit float32 rows)`` of ``model``'s rows of a turn vector table."""
+    ids = np.zeros(0, dtype=np.int64)
+    matrix = np.zeros((0, 0), dtype=np.float32)
+    if table.num_rows:
+        hits = _where(table, pc.equal(table["model"], pa.scalar(model, pa.string())))
+        if hits.num_rows:
+            dims = hits["dim"].to_numpy()
+            keep = pc.equal(hits["dim"], pa.scalar(int(dims[0]), pa.int32()))
+            hits = _where(hits, keep)
+            ids = hits["turn_id"].to_numpy().astype(np.int64)
+            flat = pc.list_flatten(hits["vector"]).to_numpy(zero_copy_only=False).astype(np.float32)
+            matrix = flat.reshape(hits.num_rows, int(dims[0]))
+            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+            matrix = matrix / np.where(norms > 0, norms, 1.0)
+            order = np.argsort(ids, kind="stable")
+            ids, matrix = ids[order], np.ascontiguousarray(matrix[order])
+    return ids, matrix
 
 
 def load_snapshot(serving_dir: str | Path, manifest: Manifest) -> Snapshot:
@@ -966,7 +1000,7 @@ class SnapshotReader:
     QUERIES = frozenset({
         "table", "facts_by_ids", "current_facts", "recent_facts", "facts_for_subject",
         "superseded_fact_ids", "latest_fact_id", "summary", "dossier", "dossiers",
-        "recent_reflections", "watermark", "embeddings_for", "turn_matrix",
+        "recent_reflections", "watermark", "embeddings_for", "turn_matrix", "context_turn_matrix",
     })
 
     def __getattr__(self, name: str) -> Any:

@@ -1035,13 +1035,18 @@ class ProjectionStore:
             limit=limit,
         )
 
-    def set_turn_embeddings(self, model: str, vectors: Iterable[tuple[int, Iterable[float]]], *, now: Any = None) -> int:
+    def set_turn_embeddings(self, model: str, vectors: Iterable[tuple[int, Iterable[float]]], *, now: Any = None,
+                            table: str = "turn_embeddings") -> int:
         """Upsert ``(turn_id, vector)`` rows under ``model`` in one transaction; returns the count.
+
+        ``table`` is one of ``TURN_VECTOR_TABLES``: the turn's own vector, or its
+        context window's (projector ``turn_window_embedding``).
 
         Turns live in turns.db, so ids are not checked against it here; the
         projector only passes ids it just read from the turn log. Every row is
         validated before anything is written.
         """
+        table = _turn_vector_table(table)
         rows = []
         for turn_id, vector in vectors:
             tid = _int(turn_id, "turn_id", minimum=1)
@@ -1051,29 +1056,32 @@ class ProjectionStore:
             return 0
         at = now_or(now)
         with self.transaction():
-            self._q("DELETE FROM turn_embeddings WHERE model = ? AND turn_id IN (SELECT unnest(?))",
+            self._q(f"DELETE FROM {table} WHERE model = ? AND turn_id IN (SELECT unnest(?))",
                     [model, [r[0] for r in rows]])
             # One statement: parallel lists unnested side by side (executemany is a round trip per row).
-            self._q("INSERT INTO turn_embeddings SELECT unnest(?::BIGINT[]), ?, unnest(?::INTEGER[]), "
+            self._q(f"INSERT INTO {table} SELECT unnest(?::BIGINT[]), ?, unnest(?::INTEGER[]), "
                     "unnest(?::FLOAT[][]), ?",
                     [[r[0] for r in rows], model, [r[2] for r in rows], [r[3] for r in rows], at])
         return len(rows)
 
-    def delete_turn_embeddings(self, turn_ids: Iterable[int]) -> int:
+    def delete_turn_embeddings(self, turn_ids: Iterable[int], *, table: str = "turn_embeddings") -> int:
         """Remove every model's vector of these turns (deleted turns must not be retrievable)."""
+        table = _turn_vector_table(table)
         wanted = list(_ids(turn_ids, "turn_ids"))
         if not wanted:
             return 0
         with self.transaction():
-            count = self._q("SELECT count(*) FROM turn_embeddings WHERE turn_id IN (SELECT unnest(?))", [wanted]).fetchone()[0]
-            self._q("DELETE FROM turn_embeddings WHERE turn_id IN (SELECT unnest(?))", [wanted])
+            count = self._q(f"SELECT count(*) FROM {table} WHERE turn_id IN (SELECT unnest(?))", [wanted]).fetchone()[0]
+            self._q(f"DELETE FROM {table} WHERE turn_id IN (SELECT unnest(?))", [wanted])
         return int(count)
 
-    def turn_embeddings_for(self, model: str, turn_ids: Iterable[int]) -> dict[int, list[float]]:
-        return self._vectors("turn_embeddings", "turn_id", model, turn_ids)
+    def turn_embeddings_for(self, model: str, turn_ids: Iterable[int], *,
+                            table: str = "turn_embeddings") -> dict[int, list[float]]:
+        return self._vectors(_turn_vector_table(table), "turn_id", model, turn_ids)
 
-    def turn_embedding_count(self, model: str) -> int:
-        return int(self._q("SELECT count(*) FROM turn_embeddings WHERE model = ?", [model]).fetchone()[0])
+    def turn_embedding_count(self, model: str, *, table: str = "turn_embeddings") -> int:
+        table = _turn_vector_table(table)
+        return int(self._q(f"SELECT count(*) FROM {table} WHERE model = ?", [model]).fetchone()[0])
 
     # ----------------------------------------------------------------- watermarks
 
@@ -1204,3 +1212,13 @@ class ProjectionStore:
         order = ", ".join(f'"{c}"' for c in store_schema.TABLE_KEYS[table])
         select = ", ".join(f'"{c}"' for c in kept)
         return [tuple(row) for row in self._q(f'SELECT {select} FROM "{table}" ORDER BY {order}').fetchall()]
+
+
+# The tables holding one vector per (turn, model): a turn's own text, and its context window's.
+TURN_VECTOR_TABLES = ("turn_embeddings", "turn_window_embeddings")
+
+
+def _turn_vector_table(table: str) -> str:
+    if table not in TURN_VECTOR_TABLES:
+        raise ValueError(f"unknown turn vector table {table!r}; known: {', '.join(TURN_VECTOR_TABLES)}")
+    return table

@@ -31,7 +31,7 @@ import duckdb
 
 from familiar_pipeline.storage.records import validity_sql
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _V1 = (
     """
@@ -145,12 +145,10 @@ _V2 = (
     """,
 )
 
-# v3: opt-in turn embeddings (projector `turn_embedding`), a vector per (turn, model),
-# for hybrid BM25 + cosine turn retrieval. Keyed like fact_embeddings so a model
-# swap accumulates beside the old rows.
-_V3 = (
-    """
-    CREATE TABLE turn_embeddings (
+def _turn_vector_table(name: str) -> str:
+    """DDL of a table holding one vector per (turn, model)."""
+    return f"""
+    CREATE TABLE {name} (
         turn_id    BIGINT NOT NULL,
         model      VARCHAR NOT NULL,
         dim        INTEGER NOT NULL,
@@ -158,10 +156,19 @@ _V3 = (
         created_at TIMESTAMPTZ NOT NULL,
         PRIMARY KEY (turn_id, model)
     )
-    """,
-)
+    """
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: _V1, 2: _V2, 3: _V3}
+
+# v3: opt-in turn embeddings (projector `turn_embedding`), a vector per (turn, model),
+# for hybrid BM25 + cosine turn retrieval. Keyed like fact_embeddings so a model
+# swap accumulates beside the old rows.
+_V3 = (_turn_vector_table("turn_embeddings"),)
+
+# v4: context-window vectors (projector `turn_window_embedding`): per (turn, model) the vector
+# of the turn together with its nearest same-channel turns, shaped like turn_embeddings.
+_V4 = (_turn_vector_table("turn_window_embeddings"),)
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
 # Every table, with the columns that order its rows deterministically.
@@ -173,6 +180,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "reflections": ("id",),
     "fact_embeddings": ("fact_id", "model"),
     "turn_embeddings": ("turn_id", "model"),
+    "turn_window_embeddings": ("turn_id", "model"),
     "watermarks": ("projector",),
     "supersede_decisions": ("id",),
     "schema_version": ("version",),

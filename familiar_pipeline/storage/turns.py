@@ -22,11 +22,12 @@ import json
 import secrets
 import sqlite3
 import threading
+from bisect import bisect_left
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from familiar_pipeline.storage.identity import check_key, is_ego_key
 from familiar_pipeline.storage.times import utc_text
@@ -952,3 +953,24 @@ def _sql_limit(limit: Any) -> int:
     if _check_int(limit, "limit") < 0:  # type: ignore[operator]
         raise TurnLogError(f"limit must be >= 0 or None, got {limit}")
     return limit
+
+
+def context_windows(channel_of: Mapping[int, int], targets: Iterable[int], span: int) -> dict[int, list[int]]:
+    """``{target: ids of its window}``: the target and up to ``span`` ids of its channel on each side.
+
+    ``channel_of`` maps the eligible turns (the caller decides which: live, not
+    excluded) to their channel; a target missing from it has no window. The one
+    definition of a context window: the `turn_window_embedding` projector embeds
+    these at index time, `rag_context` blends over them when that projector is off.
+    """
+    by_channel: dict[int, list[int]] = {}
+    for tid in sorted(channel_of):
+        by_channel.setdefault(channel_of[tid], []).append(tid)
+    out: dict[int, list[int]] = {}
+    for tid in targets:
+        if tid not in channel_of:
+            continue
+        same = by_channel[channel_of[tid]]
+        at = bisect_left(same, tid)
+        out[tid] = same[max(0, at - span):at] + [tid] + same[at + 1:at + 1 + span]
+    return out
