@@ -223,7 +223,7 @@ api_base = "http://127.0.0.1:8000/v1"
     assert cfg.secrets.discord_token == "tok-planted-456"
     for text in (repr(cfg.secrets), repr(cfg)):
         assert "sk-planted-123" not in text and "tok-planted-456" not in text
-    with pytest.raises(ConfigError, match="unknown LLM slot 'fast'; valid: background, reply"):
+    with pytest.raises(ConfigError, match="unknown LLM slot 'fast'; valid: background, judge, reply"):
         cfg.llm.slot("fast")
 
 
@@ -364,7 +364,7 @@ def test_non_utf8_file(tmp_path):
     ("[memory.retrieval]\nbm25 = 1.0", "unknown key 'bm25' in [memory.retrieval]"),
     ("[budget.text]\ntotal_tokens = 5", "unknown key 'total_tokens' in [budget.text]"),
     ("[llm]\nmax_concurrent_requests = 4",
-     "unknown key 'max_concurrent_requests' in [llm]; valid: background, max_concurrency, reply"),
+     "unknown key 'max_concurrent_requests' in [llm]; valid: background, judge, max_concurrency, reply"),
     ("[llm.reply]\ntemp = 1.0", "unknown key 'temp' in [llm.reply]"),
     ('[channels."5"]\ntotal_tokens = 5', "unknown key 'total_tokens' in [channels.5]"),
     # bad budget tier

@@ -115,6 +115,8 @@ class Question:
     category: int
     text: str
     evidence: tuple[str, ...]
+    answer: str = ""  # the gold answer (scored only by the answer harness)
+    index: int = 0  # position in the conversation's qa list
 
 
 @dataclass
@@ -268,7 +270,7 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     timings["materialize_s"] = time.perf_counter() - started
 
     questions, evidence_skipped, questions_skipped = [], 0, 0
-    for qa in sample.get("qa") or []:
+    for position, qa in enumerate(sample.get("qa") or []):
         category = qa.get("category")
         if category not in CATEGORIES:
             continue
@@ -278,7 +280,8 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
         if not known or not str(qa.get("question", "")).strip():
             questions_skipped += 1
             continue
-        questions.append(Question(sample_id, category, str(qa["question"]), known))
+        questions.append(Question(sample_id, category, str(qa["question"]), known,
+                                  answer=str(qa.get("answer", "")), index=position))
     return PreparedConversation(sample_id, familiar_id, root, turn_of, session_of_turn, questions,
                                 facts_loaded=loaded, evidence_skipped=evidence_skipped,
                                 questions_skipped=questions_skipped, timings=timings, extraction=extraction)
@@ -508,9 +511,14 @@ def write_outputs(results: Mapping[str, Any], out: Path) -> list[str]:
 
 
 def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | None = None,
-                facts: str = "none", background_model: str | None = None,
+                facts: str = "none", background_model: str | None = None, only: Iterable[str] | None = None,
                 progress: Callable[[str], None] | None = None) -> list[PreparedConversation]:
-    """Every conversation of ``data`` as a throwaway familiar under ``workdir`` (which gets the shipped defaults)."""
+    """Every conversation of ``data`` (or those ``only`` names) as a throwaway familiar under ``workdir``.
+
+    ``only`` holds indices into the file ("0" is the first) or sample ids; one that
+    matches nothing is an error, so a typo never silently measures nothing.
+    ``workdir`` gets the shipped defaults.
+    """
     from dagster import DagsterInstance
 
     from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, default_dir
@@ -521,14 +529,21 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
         raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
     if facts == "extracted" and not (background_model or "").strip():
         raise ValueError("--facts extracted needs a background model (--background-model, a litellm model string)")
-    samples = locomo.load(data)
+    samples = list(enumerate(locomo.load(data)))
+    if only is not None:
+        wanted = set(only)
+        unknown = wanted - {str(i) for i, _ in samples} - {str(s.get("sample_id")) for _, s in samples}
+        if unknown:
+            raise ValueError(f"no conversation {', '.join(sorted(unknown))} (give indices from 0 to "
+                             f"{len(samples) - 1} or sample ids)")
+        samples = [(i, s) for i, s in samples if str(i) in wanted or str(s.get("sample_id")) in wanted]
     workdir.mkdir(parents=True, exist_ok=True)
     # With no _default of its own, a data root falls back to the shipped defaults: what is measured.
     if default_dir(workdir) != SHIPPED_DEFAULT_DIR:
         raise ValueError(f"{workdir} has its own _default/character.toml; the evaluation measures the shipped defaults")
     prepared = []
     with DagsterInstance.ephemeral() as instance:
-        for index, sample in enumerate(samples):
+        for index, sample in samples:
             if progress is not None:
                 progress(f"preparing {sample.get('sample_id', index)}")
             prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder, model_path=model_path,

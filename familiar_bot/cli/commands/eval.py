@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -43,6 +44,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="also sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file "
                           "only); writes sweep.json and sweep.md into --out")
     loc.add_argument("--workdir", metavar="DIR", help="keep the throwaway familiars here instead of a temporary folder")
+    loc.add_argument("--conversations", metavar="LIST",
+                     help="only these conversations: comma-separated indices (0 is the file's first) or sample ids")
+    loc.add_argument("--answer", action="store_true",
+                     help="also answer every question through the bot (real assembler, text tier, [llm.reply]) and "
+                          "score the answers: token F1 and an LLM judge's CORRECT/WRONG ([llm.judge]), per category")
+    loc.add_argument("--answer-model", metavar="MODEL",
+                     help="litellm model string answering with --answer (default: [llm.reply].model)")
+    loc.add_argument("--judge-model", metavar="MODEL",
+                     help="litellm model string judging with --answer (default: [llm.judge].model, else the "
+                          "answering model)")
+    loc.add_argument("--answer-cache", metavar="PATH",
+                     help="response cache of the answering and judging calls, kept so a rerun is free (default: "
+                          "$XDG_CACHE_HOME/familiar/eval/llm_cache.sqlite)")
 
 
 def evaluation_fact_modes() -> tuple[str, ...]:
@@ -54,7 +68,7 @@ def evaluation_fact_modes() -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from familiar_bot.eval import evaluation, locomo
+    from familiar_bot.eval import answer, evaluation, locomo
 
     try:
         data = locomo.locate(args.data)
@@ -62,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_CONFIG) from None
     if args.facts == "extracted" and not (args.background_model or "").strip():
         raise CliError("--facts extracted needs --background-model (a litellm model string)", EXIT_CONFIG)
+    if args.answer and not (args.answer_model or os.environ.get("FAMILIAR__LLM__REPLY__MODEL", "").strip(' "')):
+        raise CliError("--answer needs an answering model: --answer-model MODEL (a litellm model string) or "
+                       "FAMILIAR__LLM__REPLY__MODEL", EXIT_CONFIG)
     model_path = None
     if args.embedder == "fastembed":
         from familiar_pipeline.models.minilm import MinilmUnavailable, ensure_local_minilm
@@ -70,13 +87,14 @@ def run(args: argparse.Namespace) -> int:
             model_path = ensure_local_minilm(args.model_path, progress=lambda line: print(line, file=sys.stderr))
         except MinilmUnavailable as exc:
             raise CliError(str(exc), EXIT_CONFIG) from None
+    only = [part.strip() for part in (args.conversations or "").split(",") if part.strip()] or None
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="familiar-eval-") as scratch:
         workdir = Path(args.workdir).expanduser() if args.workdir else Path(scratch)
         try:
             prepared = evaluation.prepare_all(
                 data, workdir, embedder=args.embedder, model_path=model_path,
-                facts=args.facts, background_model=args.background_model,
+                facts=args.facts, background_model=args.background_model, only=only,
                 progress=lambda message: print(message, file=sys.stderr),
             )
         except (ValueError, KeyError) as exc:
@@ -89,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         if args.sweep:
             sweep = evaluation.run_sweep(prepared, embedder_cache=cache,
                                          progress=lambda message: print(message, file=sys.stderr))
+        try:
+            answers = run_answers(args, prepared, total) if args.answer else None
+        except ValueError as exc:
+            raise CliError(str(exc), EXIT_CONFIG) from None
     results = evaluation.summarize(records)
     results["setup"] = {
         "data": str(data), "embedder": args.embedder, "conversations": len(prepared),
@@ -105,15 +127,44 @@ def run(args: argparse.Namespace) -> int:
           f"{setup['questions_skipped']} questions without usable evidence; {setup['seconds']} s")
     if sweep is not None:
         print("\nsweep (overall figures per configuration):\n" + evaluation.sweep_table(sweep))
+    if answers is not None:
+        results["answer"] = answers
+        print("\n" + answer.answer_table(answers))
     if args.out:
         out = Path(args.out).expanduser()
         for note in evaluation.write_outputs(results, out):
             print(f"note: {note}", file=sys.stderr)
+        if answers is not None:
+            with (out / "results.md").open("a") as md:
+                md.write("\n" + answer.answer_table(answers) + "\n")
         if sweep is not None:
             (out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
             (out / "sweep.md").write_text(evaluation.sweep_table(sweep) + "\n")
         print(f"wrote {args.out}/results.json and results.md")
     return 0
+
+
+def default_answer_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(base) / "familiar" / "eval" / "llm_cache.sqlite"
+
+
+def run_answers(args: argparse.Namespace, prepared: list, total: int) -> dict:
+    """``--answer``: every prepared question answered and judged; the results' ``answer`` section."""
+    from tqdm import tqdm
+
+    from familiar_bot.eval import answer
+
+    cache_path = Path(args.answer_cache).expanduser() if args.answer_cache else default_answer_cache()
+    records: list[dict] = []
+    with tqdm(total=total, unit="q", file=sys.stderr, desc="answers") as bar:
+        for conv in prepared:
+            records += answer.answer_conversation(conv, cache_path=cache_path, answer_model=args.answer_model,
+                                                  judge_model=args.judge_model, progress=bar.update)
+    answer_model, judge_model = answer.resolved_models(prepared, args.answer_model, args.judge_model)
+    section = answer.summarize_answers(records, answer_model=answer_model, judge_model=judge_model)
+    section["cache"] = str(cache_path)
+    return section
 
 
 COMMAND = Command("eval", "measure retrieval quality on a benchmark file (LoCoMo)", configure, run)
