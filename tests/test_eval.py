@@ -229,6 +229,10 @@ def test_eval_answer_asks_the_bot_and_a_judge_and_a_rerun_is_free(tmp_path, caps
     out, cache = tmp_path / "out", tmp_path / "answers.sqlite"
     argv = ["eval", "locomo", "--data", str(data), "--out", str(out), "--workdir", str(tmp_path / "work"),
             "--answer", "--answer-model", "fake/answerer", "--judge-model", "fake/judge", "--answer-cache", str(cache)]
+    assert main(argv[:-1] + [str(tmp_path / "other.sqlite"), "--questions", "2"]) == 0
+    assert json.loads((out / "results.json").read_text())["answer"]["overall"]["n"] == 2
+    fake_llm.calls.clear()
+    capsys.readouterr()
     assert main(argv) == 0
     printed = capsys.readouterr().out
     answer = json.loads((out / "results.json").read_text())["answer"]
@@ -277,6 +281,8 @@ def test_eval_answer_needs_an_answering_model_and_known_conversations(tmp_path, 
     assert "--answer needs an answering model" in err and err.count("\n") == 1
     assert main(["eval", "locomo", "--data", str(data), "--conversations", "3"]) == 2
     assert "no conversation 3" in capsys.readouterr().err
+    assert main(["eval", "locomo", "--data", str(data), "--questions", "0"]) == 2
+    assert "--questions must be at least 1" in capsys.readouterr().err
 
 
 def test_eval_conversations_picks_a_subset_by_index_or_sample_id(tmp_path):

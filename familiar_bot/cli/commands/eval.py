@@ -46,6 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     loc.add_argument("--workdir", metavar="DIR", help="keep the throwaway familiars here instead of a temporary folder")
     loc.add_argument("--conversations", metavar="LIST",
                      help="only these conversations: comma-separated indices (0 is the file's first) or sample ids")
+    loc.add_argument("--questions", type=int, metavar="N",
+                     help="only the first N scored questions of each conversation (a quick look with a slow model)")
     loc.add_argument("--answer", action="store_true",
                      help="also answer every question through the bot (real assembler, text tier, [llm.reply]) and "
                           "score the answers: token F1 and an LLM judge's CORRECT/WRONG ([llm.judge]), per category")
@@ -79,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if args.answer and not (args.answer_model or os.environ.get("FAMILIAR__LLM__REPLY__MODEL", "").strip(' "')):
         raise CliError("--answer needs an answering model: --answer-model MODEL (a litellm model string) or "
                        "FAMILIAR__LLM__REPLY__MODEL", EXIT_CONFIG)
+    if args.questions is not None and args.questions < 1:
+        raise CliError(f"--questions must be at least 1, not {args.questions}", EXIT_CONFIG)
     model_path = None
     if args.embedder == "fastembed":
         from familiar_pipeline.models.minilm import MinilmUnavailable, ensure_local_minilm
@@ -99,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
             )
         except (ValueError, KeyError) as exc:
             raise CliError(f"{data}: not a usable LoCoMo file ({exc})", EXIT_CONFIG) from None
+        if args.questions is not None:
+            for conv in prepared:
+                del conv.questions[args.questions:]
         total = sum(len(p.questions) for p in prepared)
         cache: dict = {}
         with tqdm(total=total, unit="q", file=sys.stderr, desc="questions") as bar:
@@ -117,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         **evaluation.facts_setup(prepared, args.facts, args.background_model),
         "evidence_ids_skipped": sum(p.evidence_skipped for p in prepared),
         "questions_skipped": sum(p.questions_skipped for p in prepared),
+        "questions_per_conversation": args.questions,
         "seconds": round(time.perf_counter() - started, 1),
     }
     print(evaluation.mode_line(results))
