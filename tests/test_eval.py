@@ -292,3 +292,12 @@ def test_eval_conversations_picks_a_subset_by_index_or_sample_id(tmp_path):
     for only in (["1"], ["tiny-2"]):
         prepared = evaluation.prepare_all(data, tmp_path / "work", embedder="off", only=only)
         assert [p.sample_id for p in prepared] == ["tiny-2"]
+
+
+def test_eval_turns_keeps_the_first_turns_and_the_questions_they_answer(tmp_path):
+    data = tmp_path / "tiny.json"
+    data.write_text(json.dumps(fixture()))
+    conv, = evaluation.prepare_all(data, tmp_path / "work", embedder="off", max_turns=4)
+    assert sorted(conv.turn_of) == ["D1:1", "D1:2", "D1:3", "D1:4"]
+    # The cello question (D1:1) and the Montreal one (D1:3 of D1:3; D2:3) stay; the marathon's D2:4 is gone.
+    assert [(q.category, q.evidence) for q in conv.questions] == [(4, ("D1:1",)), (1, ("D1:3",))]

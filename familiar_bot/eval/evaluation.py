@@ -201,8 +201,13 @@ EXTRACTION_COUNTS = ("calls", "cached_calls", "prompt_tokens", "completion_token
 
 
 def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
-                         instance, facts: str = "none", background_model: str | None = None) -> PreparedConversation:
-    """Import one conversation, give it the facts its mode asks for, and materialize the projections."""
+                         instance, facts: str = "none", background_model: str | None = None,
+                         max_turns: int | None = None) -> PreparedConversation:
+    """Import one conversation, give it the facts its mode asks for, and materialize the projections.
+
+    ``max_turns`` keeps only the conversation's first turns (a quick run with a slow model);
+    questions then keep the evidence among them, and those with none left are skipped.
+    """
     import dagster as dg
 
     from familiar_pipeline.defs import assets
@@ -225,7 +230,7 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     timings: dict[str, float] = {}
 
     started = time.perf_counter()
-    turns = list(locomo.turns_of(sample))
+    turns = list(locomo.turns_of(sample))[:max_turns]
     with TurnLog(paths.turns_db) as log:
         for speaker in sorted({t.speaker for t in turns}):
             first = min(t.timestamp for t in turns if t.speaker == speaker)
@@ -512,7 +517,7 @@ def write_outputs(results: Mapping[str, Any], out: Path) -> list[str]:
 
 def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | None = None,
                 facts: str = "none", background_model: str | None = None, only: Iterable[str] | None = None,
-                progress: Callable[[str], None] | None = None) -> list[PreparedConversation]:
+                max_turns: int | None = None, progress: Callable[[str], None] | None = None) -> list[PreparedConversation]:
     """Every conversation of ``data`` (or those ``only`` names) as a throwaway familiar under ``workdir``.
 
     ``only`` holds indices into the file ("0" is the first) or sample ids; one that
@@ -547,6 +552,7 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
             if progress is not None:
                 progress(f"preparing {sample.get('sample_id', index)}")
             prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder, model_path=model_path,
+                                                 max_turns=max_turns,
                                                  instance=instance, facts=facts, background_model=background_model))
     return prepared
 

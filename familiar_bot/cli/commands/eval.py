@@ -46,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     loc.add_argument("--workdir", metavar="DIR", help="keep the throwaway familiars here instead of a temporary folder")
     loc.add_argument("--conversations", metavar="LIST",
                      help="only these conversations: comma-separated indices (0 is the file's first) or sample ids")
+    loc.add_argument("--turns", type=int, metavar="N",
+                     help="import only the first N turns of each conversation; questions keep the evidence among "
+                          "them (those with none left are skipped)")
     loc.add_argument("--questions", type=int, metavar="N",
                      help="only the first N scored questions of each conversation (a quick look with a slow model)")
     loc.add_argument("--answer", action="store_true",
@@ -81,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
     if args.answer and not (args.answer_model or os.environ.get("FAMILIAR__LLM__REPLY__MODEL", "").strip(' "')):
         raise CliError("--answer needs an answering model: --answer-model MODEL (a litellm model string) or "
                        "FAMILIAR__LLM__REPLY__MODEL", EXIT_CONFIG)
-    if args.questions is not None and args.questions < 1:
-        raise CliError(f"--questions must be at least 1, not {args.questions}", EXIT_CONFIG)
+    for name in ("turns", "questions"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise CliError(f"--{name} must be at least 1, not {getattr(args, name)}", EXIT_CONFIG)
     model_path = None
     if args.embedder == "fastembed":
         from familiar_pipeline.models.minilm import MinilmUnavailable, ensure_local_minilm
@@ -99,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             prepared = evaluation.prepare_all(
                 data, workdir, embedder=args.embedder, model_path=model_path,
                 facts=args.facts, background_model=args.background_model, only=only,
+                max_turns=args.turns,
                 progress=lambda message: print(message, file=sys.stderr),
             )
         except (ValueError, KeyError) as exc:
@@ -124,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         **evaluation.facts_setup(prepared, args.facts, args.background_model),
         "evidence_ids_skipped": sum(p.evidence_skipped for p in prepared),
         "questions_skipped": sum(p.questions_skipped for p in prepared),
-        "questions_per_conversation": args.questions,
+        "turns_per_conversation": args.turns, "questions_per_conversation": args.questions,
         "seconds": round(time.perf_counter() - started, 1),
     }
     print(evaluation.mode_line(results))
