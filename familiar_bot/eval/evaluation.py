@@ -271,6 +271,9 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
         timings[f"{name}_s"] = float(meta.get("duration_s", 0.0))
         if name == "facts":
             extraction = {k: meta.get(f"llm_{k}", 0) for k in EXTRACTION_COUNTS}
+            # What a real model's replies cost in rows: drops by reason, batches and model time.
+            extraction.update(batches=int(meta.get("batches", 0)), llm_seconds=float(meta.get("llm_seconds", 0.0)),
+                              dropped_reasons=dict(meta.get("dropped_reasons") or {}))
             loaded = int(meta.get("rows_written", 0))
     timings["materialize_s"] = time.perf_counter() - started
 
@@ -453,6 +456,13 @@ def facts_setup(prepared: list[PreparedConversation], mode: str, background_mode
     if mode == "extracted":
         totals = {k: sum(p.extraction.get(k, 0) for p in prepared) for k in EXTRACTION_COUNTS}
         totals["cost_usd"] = round(totals["cost_usd"], 6)
+        totals["batches"] = sum(p.extraction.get("batches", 0) for p in prepared)
+        totals["llm_seconds"] = round(sum(p.extraction.get("llm_seconds", 0.0) for p in prepared), 1)
+        dropped: dict[str, int] = {}
+        for p in prepared:
+            for reason, count in p.extraction.get("dropped_reasons", {}).items():
+                dropped[reason] = dropped.get(reason, 0) + int(count)
+        totals["dropped_reasons"] = dropped
         out["extraction"] = {"model": background_model, **totals}
     return out
 
