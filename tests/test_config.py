@@ -66,8 +66,8 @@ def test_defaults_are_the_documented_values(tmp_path):
     mem = cfg.memory
     assert mem.projectors == ("rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection")
     assert mem.projectors == registry.DEFAULT_PROJECTORS
-    assert (mem.rolling_summary.turns_threshold, mem.rolling_summary.backfill_cap) == (10, 200)
-    assert (mem.rich_note.batch_size, mem.rich_note.participants_max) == (10, 30)
+    assert (mem.rolling_summary.turns_threshold, mem.rolling_summary.backfill_cap) == (20, 200)
+    assert (mem.rich_note.batch_size, mem.rich_note.participants_max) == (20, 30)
     assert mem.people_dossier.max_facts_per_prompt == 50
     assert dataclasses.asdict(mem.reflection) == {
         "turns_threshold": 20, "max_reflections_per_tick": 3, "max_turns_per_tick": 50,
@@ -149,7 +149,7 @@ def test_data_root_default_dir_replaces_the_shipped_defaults(tmp_path):
     (tmp_path / "_default" / "character.toml").write_text("[pipeline]\nsensor_interval_s = 60\n")
     cfg = load(tmp_path)
     assert cfg.pipeline.sensor_interval_s == 60
-    assert cfg.memory.rich_note.batch_size == 10  # not in that file: the built-in default
+    assert cfg.memory.rich_note.batch_size == 20  # not in that file: the built-in default
     assert cfg.sources == (str(tmp_path / "_default" / "character.toml"),)
 
 
