@@ -28,7 +28,35 @@ LINES = [
 ]
 
 
+# The cadence the tests' expectations count in (a batch per 10 turns, a summary per 10, a dossier
+# fold per 3 batches): the shipped defaults are coarser (20, 20, 4) to stay under 40 model calls
+# per 100 turns, which benchmarks/pipeline.py measures; the mechanisms tested are the same.
+TEST_CADENCE = {("rolling_summary", "turns_threshold"): 10, ("rich_note", "batch_size"): 10,
+                ("people_dossier", "batches_per_fold"): 3}
+
+
+def pin_test_cadence(root: Path) -> None:
+    """``root/_default/character.toml``: the shipped defaults with :data:`TEST_CADENCE` (kept if present)."""
+    import re
+
+    from familiar_pipeline.storage.paths import DEFAULT_FAMILIAR_DIRNAME, SHIPPED_DEFAULT_DIR
+
+    target = root / DEFAULT_FAMILIAR_DIRNAME / "character.toml"
+    if target.exists():
+        return
+    text = (SHIPPED_DEFAULT_DIR / "character.toml").read_text()
+    for (table, key), value in TEST_CADENCE.items():
+        text, n = re.subn(rf"(\[providers\.memory\.{table}\](?:\n(?!\[).*)*?\n{key} = )\d+", rf"\g<1>{value}", text)
+        assert n == 1, (table, key)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    for extra in ("character.md",):
+        if (SHIPPED_DEFAULT_DIR / extra).exists():
+            (target.parent / extra).write_text((SHIPPED_DEFAULT_DIR / extra).read_text())
+
+
 def make_familiar(root: Path, familiar_id: str = "fam", extra_toml: str = FAKE_MODEL_TOML) -> FamiliarPaths:
+    pin_test_cadence(root)
     paths = FamiliarPaths.for_id(familiar_id, root)
     paths.dir.mkdir(parents=True, exist_ok=True)
     paths.character_toml.write_text(extra_toml)

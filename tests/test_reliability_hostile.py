@@ -65,6 +65,9 @@ def echo_or_careful(messages):
 def make_world(root):
     from familiar_pipeline.storage.paths import FamiliarPaths
 
+    from .helpers import pin_test_cadence
+
+    pin_test_cadence(root)
     paths = FamiliarPaths.for_id("fam", root)
     paths.dir.mkdir(parents=True)
     paths.character_toml.write_text(TOML)

@@ -115,6 +115,8 @@ class Question:
     category: int
     text: str
     evidence: tuple[str, ...]
+    answer: str = ""  # the gold answer (scored only by the answer harness)
+    index: int = 0  # position in the conversation's qa list
 
 
 @dataclass
@@ -200,8 +202,13 @@ EXTRACTION_COUNTS = ("calls", "cached_calls", "prompt_tokens", "completion_token
 
 
 def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
-                         instance, facts: str = "none", background_model: str | None = None) -> PreparedConversation:
-    """Import one conversation, give it the facts its mode asks for, and materialize the projections."""
+                         instance, facts: str = "none", background_model: str | None = None,
+                         max_turns: int | None = None) -> PreparedConversation:
+    """Import one conversation, give it the facts its mode asks for, and materialize the projections.
+
+    ``max_turns`` keeps only the conversation's first turns (a quick run with a slow model);
+    questions then keep the evidence among them, and those with none left are skipped.
+    """
     import dagster as dg
 
     from familiar_pipeline.defs import assets
@@ -224,7 +231,7 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     timings: dict[str, float] = {}
 
     started = time.perf_counter()
-    turns = list(locomo.turns_of(sample))
+    turns = list(locomo.turns_of(sample))[:max_turns]
     with TurnLog(paths.turns_db) as log:
         for speaker in sorted({t.speaker for t in turns}):
             first = min(t.timestamp for t in turns if t.speaker == speaker)
@@ -265,11 +272,14 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
         timings[f"{name}_s"] = float(meta.get("duration_s", 0.0))
         if name == "facts":
             extraction = {k: meta.get(f"llm_{k}", 0) for k in EXTRACTION_COUNTS}
+            # What a real model's replies cost in rows: drops by reason, batches and model time.
+            extraction.update(batches=int(meta.get("batches", 0)), llm_seconds=float(meta.get("llm_seconds", 0.0)),
+                              dropped_reasons=dict(meta.get("dropped_reasons") or {}))
             loaded = int(meta.get("rows_written", 0))
     timings["materialize_s"] = time.perf_counter() - started
 
     questions, evidence_skipped, questions_skipped = [], 0, 0
-    for qa in sample.get("qa") or []:
+    for position, qa in enumerate(sample.get("qa") or []):
         category = qa.get("category")
         if category not in CATEGORIES:
             continue
@@ -279,7 +289,8 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
         if not known or not str(qa.get("question", "")).strip():
             questions_skipped += 1
             continue
-        questions.append(Question(sample_id, category, str(qa["question"]), known))
+        questions.append(Question(sample_id, category, str(qa["question"]), known,
+                                  answer=str(qa.get("answer", "")), index=position))
     return PreparedConversation(sample_id, familiar_id, root, turn_of, session_of_turn, questions,
                                 facts_loaded=loaded, evidence_skipped=evidence_skipped,
                                 questions_skipped=questions_skipped, timings=timings, extraction=extraction)
@@ -446,6 +457,13 @@ def facts_setup(prepared: list[PreparedConversation], mode: str, background_mode
     if mode == "extracted":
         totals = {k: sum(p.extraction.get(k, 0) for p in prepared) for k in EXTRACTION_COUNTS}
         totals["cost_usd"] = round(totals["cost_usd"], 6)
+        totals["batches"] = sum(p.extraction.get("batches", 0) for p in prepared)
+        totals["llm_seconds"] = round(sum(p.extraction.get("llm_seconds", 0.0) for p in prepared), 1)
+        dropped: dict[str, int] = {}
+        for p in prepared:
+            for reason, count in p.extraction.get("dropped_reasons", {}).items():
+                dropped[reason] = dropped.get(reason, 0) + int(count)
+        totals["dropped_reasons"] = dropped
         out["extraction"] = {"model": background_model, **totals}
     return out
 
@@ -509,9 +527,14 @@ def write_outputs(results: Mapping[str, Any], out: Path) -> list[str]:
 
 
 def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | None = None,
-                facts: str = "none", background_model: str | None = None,
-                progress: Callable[[str], None] | None = None) -> list[PreparedConversation]:
-    """Every conversation of ``data`` as a throwaway familiar under ``workdir`` (which gets the shipped defaults)."""
+                facts: str = "none", background_model: str | None = None, only: Iterable[str] | None = None,
+                max_turns: int | None = None, progress: Callable[[str], None] | None = None) -> list[PreparedConversation]:
+    """Every conversation of ``data`` (or those ``only`` names) as a throwaway familiar under ``workdir``.
+
+    ``only`` holds indices into the file ("0" is the first) or sample ids; one that
+    matches nothing is an error, so a typo never silently measures nothing.
+    ``workdir`` gets the shipped defaults.
+    """
     from dagster import DagsterInstance
 
     from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, default_dir
@@ -522,17 +545,25 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
         raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
     if facts == "extracted" and not (background_model or "").strip():
         raise ValueError("--facts extracted needs a background model (--background-model, a litellm model string)")
-    samples = locomo.load(data)
+    samples = list(enumerate(locomo.load(data)))
+    if only is not None:
+        wanted = set(only)
+        unknown = wanted - {str(i) for i, _ in samples} - {str(s.get("sample_id")) for _, s in samples}
+        if unknown:
+            raise ValueError(f"no conversation {', '.join(sorted(unknown))} (give indices from 0 to "
+                             f"{len(samples) - 1} or sample ids)")
+        samples = [(i, s) for i, s in samples if str(i) in wanted or str(s.get("sample_id")) in wanted]
     workdir.mkdir(parents=True, exist_ok=True)
     # With no _default of its own, a data root falls back to the shipped defaults: what is measured.
     if default_dir(workdir) != SHIPPED_DEFAULT_DIR:
         raise ValueError(f"{workdir} has its own _default/character.toml; the evaluation measures the shipped defaults")
     prepared = []
     with DagsterInstance.ephemeral() as instance:
-        for index, sample in enumerate(samples):
+        for index, sample in samples:
             if progress is not None:
                 progress(f"preparing {sample.get('sample_id', index)}")
             prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder, model_path=model_path,
+                                                 max_turns=max_turns,
                                                  instance=instance, facts=facts, background_model=background_model))
     return prepared
 

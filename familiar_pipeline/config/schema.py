@@ -55,7 +55,7 @@ LAYER_NAMES: tuple[str, ...] = (
 )
 MESSAGE_RENDERINGS: tuple[str, ...] = ("name_only", "prefixed")
 BUDGET_TIERS: tuple[str, ...] = ("background", "text", "voice")
-LLM_SLOTS: tuple[str, ...] = ("background", "reply")
+LLM_SLOTS: tuple[str, ...] = ("background", "judge", "reply")
 
 _ENV_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _URL = re.compile(r"^https?://\S+$")
@@ -102,7 +102,7 @@ class EmbeddingConfig:
 
 @dataclass(frozen=True)
 class LlmSlotConfig:
-    name: str  # "reply" | "background"
+    name: str  # "reply" | "background" | "judge"
     model: str = knob("")  # litellm model string; "" means not configured
     temperature: float = knob(0.7, minimum=0.0, maximum=2.0)
     max_tokens: int = knob(1024, minimum=1)
@@ -131,6 +131,9 @@ DEFAULT_LLM_SLOTS: Mapping[str, LlmSlotConfig] = FrozenDict({
     # JSON replies, patience, and the cache that makes rebuilds free and identical.
     "background": LlmSlotConfig(name="background", temperature=0.3, max_tokens=2048,
                                 timeout_s=120.0, cache=True),
+    # Only `familiar eval locomo --answer` calls it: a grader must be repeatable (temperature 0,
+    # cached) and says one line and a label.
+    "judge": LlmSlotConfig(name="judge", temperature=0.0, max_tokens=128, cache=True),
 })
 
 

@@ -249,7 +249,7 @@ _TZ = 'an IANA time zone name such as "America/Los_Angeles" or "UTC"'
 _CHANNEL_ID = re.compile(r"^[0-9]{1,20}$")
 # Tiers and slots in the order they are checked and kept (BUDGET_TIERS and LLM_SLOTS are sorted).
 _TIERS = ("voice", "text", "background")
-_SLOTS = ("reply", "background")
+_SLOTS = ("reply", "background", "judge")
 
 
 def _aliases(value: Any, handler: Callable[[Any], Any]) -> tuple[str, ...]:

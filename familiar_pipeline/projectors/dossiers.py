@@ -50,7 +50,7 @@ class PeopleDossierConfig:
 
     max_facts_per_prompt: int = knob(50, minimum=1)
     # Fold every N extraction batches: one fold per touched person per batch cost 20 calls per 100 turns.
-    batches_per_fold: int = knob(3, minimum=1)
+    batches_per_fold: int = knob(4, minimum=1)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ WRITE_GROUP_SECONDS = 2.0
 class RollingSummaryConfig:
     """[providers.memory.rolling_summary]"""
 
-    turns_threshold: int = knob(10, minimum=1)
+    # 20: one summary per two of the old 10-turn windows halves its calls (10 -> 5 per 100 turns).
+    turns_threshold: int = knob(20, minimum=1)
     backfill_cap: int = knob(200, minimum=1)
 
 

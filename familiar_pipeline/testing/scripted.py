@@ -209,10 +209,56 @@ def write_reflections(system_text: str, user_text: str) -> list[dict]:
     return out[:limit]
 
 
+_WORD = re.compile(r"[a-z0-9']+")
+_QUOTED_LINE = re.compile(r"^(?:> \[[^\]]*\]: |- )(.*)$")
+_STOPWORDS = frozenset(
+    "a an and are as at be by did do does for from had has have how i in is it its of on or she he they "
+    "that the their them this to was were what when where which who why with you your".split()
+)
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS}
+
+
+def answer_question(system_text: str, question: str) -> str:
+    """A short answer from the reply prompt's own memory lines: the first six content words of the
+    quoted line sharing most words with the question. Deterministic; "I don't know" when no line
+    shares a word, so what retrieval put in the prompt decides the score."""
+    asked = _content_words(question)
+    best, best_overlap = "", 0
+    for line in system_text.splitlines():
+        match = _QUOTED_LINE.match(line.strip())
+        if not match:
+            continue
+        overlap = len(_content_words(match.group(1)) & asked)
+        if overlap > best_overlap:
+            best, best_overlap = match.group(1), overlap
+    rest = [w for w in _WORD.findall(best.lower()) if w not in _STOPWORDS]
+    return " ".join(rest[:6]) if rest else "I don't know"
+
+
+_JUDGE_FIELD = re.compile(r'^(Gold answer|Generated answer): ("(?:[^"\\]|\\.)*")$', re.MULTILINE)
+
+
+def judge_answer(user_text: str) -> dict:
+    """CORRECT when the generated answer shares a content word with the gold one, with a one-line reason."""
+    fields = {m.group(1): json.loads(m.group(2)) for m in _JUDGE_FIELD.finditer(user_text)}
+    shared = sorted(_content_words(fields.get("Gold answer", "")) & _content_words(fields.get("Generated answer", "")))
+    if shared:
+        return {"reason": f"both name {', '.join(shared[:3])}", "label": "CORRECT"}
+    return {"reason": "no word of the gold answer appears", "label": "WRONG"}
+
+
 def careful_model(messages: list[dict]) -> str:
-    """Route a projector prompt to its scripted answer (by a phrase of its system prompt)."""
+    """Route a projector prompt to its scripted answer (by a phrase of its system prompt); the bot's
+    reply prompt and the answer judge of `familiar eval locomo --answer` get a short answer and a label."""
     system = messages[0]["content"] if messages else ""
     user = messages[-1]["content"] if messages else ""
+    if "## Replying" in system:
+        return answer_question(system, re.sub(r"^\[[^\]]*\]\s*", "", user.strip()).split("\n")[0])
+    if "Label the generated answer CORRECT or WRONG" in system:
+        return json.dumps(judge_answer(user))
     if "atomic facts" in system:
         return json.dumps({"facts": extract_facts(user)})
     if "running summary" in system:

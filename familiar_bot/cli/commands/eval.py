@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -43,6 +44,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="also sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file "
                           "only); writes sweep.json and sweep.md into --out")
     loc.add_argument("--workdir", metavar="DIR", help="keep the throwaway familiars here instead of a temporary folder")
+    loc.add_argument("--conversations", metavar="LIST",
+                     help="only these conversations: comma-separated indices (0 is the file's first) or sample ids")
+    loc.add_argument("--turns", type=int, metavar="N",
+                     help="import only the first N turns of each conversation; questions keep the evidence among "
+                          "them (those with none left are skipped)")
+    loc.add_argument("--questions", type=int, metavar="N",
+                     help="only the first N scored questions of each conversation (a quick look with a slow model)")
+    loc.add_argument("--answer", action="store_true",
+                     help="also answer every question through the bot (real assembler, text tier, [llm.reply]) and "
+                          "score the answers: token F1 and an LLM judge's CORRECT/WRONG ([llm.judge]), per category")
+    loc.add_argument("--answer-model", metavar="MODEL",
+                     help="litellm model string answering with --answer (default: [llm.reply].model)")
+    loc.add_argument("--judge-model", metavar="MODEL",
+                     help="litellm model string judging with --answer (default: [llm.judge].model, else the "
+                          "answering model)")
+    loc.add_argument("--answer-cache", metavar="PATH",
+                     help="response cache of the answering and judging calls, kept so a rerun is free (default: "
+                          "$XDG_CACHE_HOME/familiar/eval/llm_cache.sqlite)")
 
 
 def evaluation_fact_modes() -> tuple[str, ...]:
@@ -54,7 +73,7 @@ def evaluation_fact_modes() -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from familiar_bot.eval import evaluation, locomo
+    from familiar_bot.eval import answer, evaluation, locomo
 
     try:
         data = locomo.locate(args.data)
@@ -62,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_CONFIG) from None
     if args.facts == "extracted" and not (args.background_model or "").strip():
         raise CliError("--facts extracted needs --background-model (a litellm model string)", EXIT_CONFIG)
+    if args.answer and not (args.answer_model or os.environ.get("FAMILIAR__LLM__REPLY__MODEL", "").strip(' "')):
+        raise CliError("--answer needs an answering model: --answer-model MODEL (a litellm model string) or "
+                       "FAMILIAR__LLM__REPLY__MODEL", EXIT_CONFIG)
+    for name in ("turns", "questions"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise CliError(f"--{name} must be at least 1, not {getattr(args, name)}", EXIT_CONFIG)
     model_path = None
     if args.embedder == "fastembed":
         from familiar_pipeline.models.minilm import MinilmUnavailable, ensure_local_minilm
@@ -70,17 +95,22 @@ def run(args: argparse.Namespace) -> int:
             model_path = ensure_local_minilm(args.model_path, progress=lambda line: print(line, file=sys.stderr))
         except MinilmUnavailable as exc:
             raise CliError(str(exc), EXIT_CONFIG) from None
+    only = [part.strip() for part in (args.conversations or "").split(",") if part.strip()] or None
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="familiar-eval-") as scratch:
         workdir = Path(args.workdir).expanduser() if args.workdir else Path(scratch)
         try:
             prepared = evaluation.prepare_all(
                 data, workdir, embedder=args.embedder, model_path=model_path,
-                facts=args.facts, background_model=args.background_model,
+                facts=args.facts, background_model=args.background_model, only=only,
+                max_turns=args.turns,
                 progress=lambda message: print(message, file=sys.stderr),
             )
         except (ValueError, KeyError) as exc:
             raise CliError(f"{data}: not a usable LoCoMo file ({exc})", EXIT_CONFIG) from None
+        if args.questions is not None:
+            for conv in prepared:
+                del conv.questions[args.questions:]
         total = sum(len(p.questions) for p in prepared)
         cache: dict = {}
         with tqdm(total=total, unit="q", file=sys.stderr, desc="questions") as bar:
@@ -89,12 +119,17 @@ def run(args: argparse.Namespace) -> int:
         if args.sweep:
             sweep = evaluation.run_sweep(prepared, embedder_cache=cache,
                                          progress=lambda message: print(message, file=sys.stderr))
+        try:
+            answers = run_answers(args, prepared, total) if args.answer else None
+        except ValueError as exc:
+            raise CliError(str(exc), EXIT_CONFIG) from None
     results = evaluation.summarize(records)
     results["setup"] = {
         "data": str(data), "embedder": args.embedder, "conversations": len(prepared),
         **evaluation.facts_setup(prepared, args.facts, args.background_model),
         "evidence_ids_skipped": sum(p.evidence_skipped for p in prepared),
         "questions_skipped": sum(p.questions_skipped for p in prepared),
+        "turns_per_conversation": args.turns, "questions_per_conversation": args.questions,
         "seconds": round(time.perf_counter() - started, 1),
     }
     print(evaluation.mode_line(results))
@@ -105,15 +140,44 @@ def run(args: argparse.Namespace) -> int:
           f"{setup['questions_skipped']} questions without usable evidence; {setup['seconds']} s")
     if sweep is not None:
         print("\nsweep (overall figures per configuration):\n" + evaluation.sweep_table(sweep))
+    if answers is not None:
+        results["answer"] = answers
+        print("\n" + answer.answer_table(answers))
     if args.out:
         out = Path(args.out).expanduser()
         for note in evaluation.write_outputs(results, out):
             print(f"note: {note}", file=sys.stderr)
+        if answers is not None:
+            with (out / "results.md").open("a") as md:
+                md.write("\n" + answer.answer_table(answers) + "\n")
         if sweep is not None:
             (out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
             (out / "sweep.md").write_text(evaluation.sweep_table(sweep) + "\n")
         print(f"wrote {args.out}/results.json and results.md")
     return 0
+
+
+def default_answer_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(base) / "familiar" / "eval" / "llm_cache.sqlite"
+
+
+def run_answers(args: argparse.Namespace, prepared: list, total: int) -> dict:
+    """``--answer``: every prepared question answered and judged; the results' ``answer`` section."""
+    from tqdm import tqdm
+
+    from familiar_bot.eval import answer
+
+    cache_path = Path(args.answer_cache).expanduser() if args.answer_cache else default_answer_cache()
+    records: list[dict] = []
+    with tqdm(total=total, unit="q", file=sys.stderr, desc="answers") as bar:
+        for conv in prepared:
+            records += answer.answer_conversation(conv, cache_path=cache_path, answer_model=args.answer_model,
+                                                  judge_model=args.judge_model, progress=bar.update)
+    answer_model, judge_model = answer.resolved_models(prepared, args.answer_model, args.judge_model)
+    section = answer.summarize_answers(records, answer_model=answer_model, judge_model=judge_model)
+    section["cache"] = str(cache_path)
+    return section
 
 
 COMMAND = Command("eval", "measure retrieval quality on a benchmark file (LoCoMo)", configure, run)
