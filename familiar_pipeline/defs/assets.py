@@ -123,7 +123,7 @@ def project_familiar(
         report.status = "disabled"
         report.reason = f"'{spec.name}' is not listed in [providers.memory].projectors"
     else:
-        runtime = build_runtime(familiar_data, llm, familiar_id, usage=usage, embedder=embedder)
+        runtime = build_runtime(familiar_data, llm, familiar_id, usage=usage, embedder=embedder, config=cfg)
         try:
             if spec.needs_llm and runtime.llm_client is None:
                 report.status = "skipped"
