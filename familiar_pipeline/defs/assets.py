@@ -15,6 +15,7 @@ prompts costs no tokens and yields the same rows.
 
 
 import dataclasses
+import warnings
 
 import dagster as dg
 from pydantic import Field
@@ -27,6 +28,10 @@ from familiar_pipeline.projectors.runtime import NoModelConfigured
 from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec
 
 PREVIEW_ROWS = 20
+
+# Dagster 1.13 marks `backfill_policy` on @asset as beta and warns at every definition;
+# acknowledged here, where we opt in, so CLI commands do not print it on each start.
+warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
 
 
 class ProjectionConfig(dg.Config):
@@ -123,7 +128,7 @@ def project_familiar(
         report.status = "disabled"
         report.reason = f"'{spec.name}' is not listed in [providers.memory].projectors"
     else:
-        runtime = build_runtime(familiar_data, llm, familiar_id, usage=usage, embedder=embedder)
+        runtime = build_runtime(familiar_data, llm, familiar_id, usage=usage, embedder=embedder, config=cfg)
         try:
             if spec.needs_llm and runtime.llm_client is None:
                 report.status = "skipped"

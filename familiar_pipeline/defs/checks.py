@@ -71,8 +71,20 @@ def per_familiar(context: dg.AssetCheckExecutionContext, check_one) -> dg.AssetC
     Dagster 1.13 evaluates a check once per run, with no partition when the run covers
     several; the result passes only if every familiar passed, and names the ones that
     did not with their own metadata. A run of one familiar reports its result as is.
+    A familiar that cannot be checked at all (its store unreadable: the asset has already
+    reported that familiar failed) warns rather than blocking the others' followers.
     """
-    results = {f: check_one(f) for f in checked_familiars(context)}
+    results = {}
+    for familiar_id in checked_familiars(context):
+        try:
+            results[familiar_id] = check_one(familiar_id)
+        except Exception as exc:
+            if len(context.partition_keys) == 1:
+                raise
+            results[familiar_id] = dg.AssetCheckResult(
+                passed=False, severity=dg.AssetCheckSeverity.WARN,
+                metadata={"error": f"could not check: {type(exc).__name__}: {exc}"},
+            )
     if len(results) == 1:
         return next(iter(results.values()))
     failing = {f: r for f, r in results.items() if not r.passed}

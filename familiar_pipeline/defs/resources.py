@@ -51,8 +51,10 @@ class EmbedderResource(dg.ConfigurableResource):
         return create_embedder(config.embedding)
 
 
-def build_runtime(data: FamiliarData, llm: LlmResource, familiar_id: str, *, usage=None, embedder: EmbedderResource | None = None) -> FamiliarRuntime:
-    config = data.config(familiar_id)
+def build_runtime(data: FamiliarData, llm: LlmResource, familiar_id: str, *, usage=None, embedder: EmbedderResource | None = None,
+                  config: FamiliarConfig | None = None) -> FamiliarRuntime:
+    """The familiar's runtime; `config`: its effective config when the caller already loaded it."""
+    config = config or data.config(familiar_id)
     paths = data.paths(familiar_id)
     return FamiliarRuntime(
         paths=paths,
