@@ -301,3 +301,17 @@ def test_a_range_run_in_flight_defers_every_familiar_it_covers(env):
         job_name="project_memory", run_id="backfill", status=dg.DagsterRunStatus.NOT_STARTED,
         tags={"dagster/asset_partition_range_start": "a1", "dagster/asset_partition_range_end": "a2"}))
     assert requested(tick(instance)) == {"a3": FULL}
+
+
+def test_a_familiar_created_again_under_its_name_gets_a_new_run_key(env):
+    """Dagster drops a request whose run key already ran: the old log's runs must not hide the new log's."""
+    import shutil
+
+    root, instance = env
+    append_chat(make_familiar(root, "alpha"), 12)
+    first = tick(instance)
+    shutil.rmtree(root / "alpha")
+    append_chat(make_familiar(root, "alpha"), 12)  # the same ids, counts and snapshot version as before
+    again = tick(instance, cursor=first.cursor)
+    assert requested(again) == requested(first)
+    assert again.run_requests[0].run_key != first.run_requests[0].run_key

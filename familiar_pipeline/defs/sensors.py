@@ -61,13 +61,14 @@ class FamiliarState:
     snapshot_version: int
     watermarks: dict  # projector -> {"turn_id", "fact_id", "change_seq"}
     closed: tuple[str, ...] = ()  # projectors with a batch closed early (a quiet gap) past their watermark
+    log_id: str = ""  # the turn log's own id: a familiar created again under its name is a new log
 
     def turn_watermark(self, projector: str) -> int:
         return int(self.watermarks.get(projector, {}).get("turn_id", 0))
 
     def signature(self) -> list[int]:
         # `closed` counts: a batch that closes for quiet, with nothing else new, is news.
-        return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version, len(self.closed)]
+        return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version, len(self.closed), self.log_id]
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,11 @@ def read_state(paths: FamiliarPaths, config=None) -> FamiliarState:
         pass
     now = datetime.now(timezone.utc)
     with TurnLog(paths.turns_db, readonly=True) as turn_log:
-        latest, change = turn_log.latest_id(), turn_log.latest_change_seq()
+        latest, change, log_id = turn_log.latest_id(), turn_log.latest_change_seq(), turn_log.log_id()
         newest = turn_log.turns_by_ids([latest]) if latest else []
         closed = tuple(_closed_early(turn_log, config, latest, marks, now)) if config is not None else ()
     age = (now - newest[0].created_at).total_seconds() if newest else float("inf")
-    return FamiliarState(latest, change, age, version, marks, closed)
+    return FamiliarState(latest, change, age, version, marks, closed, log_id)
 
 
 def _closed_early(turn_log, config, latest: int, marks: dict, now: datetime):
@@ -250,7 +251,8 @@ def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState]) 
     due_for = {asset: [f for f, assets in plan.items() if asset in assets] for asset in selection}
     dispatched = {f: states[f].latest_turn_id for f in plan}
     marks = json.dumps(
-        {f: [s.latest_turn_id, s.latest_change_seq, s.snapshot_version] for f, s in states.items()}, sort_keys=True
+        {f: [s.log_id, s.latest_turn_id, s.latest_change_seq, s.snapshot_version] for f, s in states.items()},
+        sort_keys=True,
     )
     return dg.RunRequest(
         # Idempotent: the same familiars in the same state ask for the same run.
