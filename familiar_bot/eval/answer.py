@@ -37,7 +37,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from familiar_pipeline.config import load_config
+from familiar_pipeline.models.jsonparse import coerce_json
+from familiar_pipeline.models.llm import LlmError, client_for
+from familiar_pipeline.storage.paths import FamiliarPaths
+
 from familiar_bot.eval.evaluation import CATEGORIES, PreparedConversation, _percentile
+from familiar_bot.responder import IncomingMessage, Person, open_responder
 
 ANSWER_STYLE = "(Answer in a few words, from what you remember of our conversations.)"
 ASKER_KEY = "locomo:asker"
@@ -85,8 +91,6 @@ def parse_judgement(text: str) -> tuple[str | None, str]:
     JSON first (``{"reason", "label"}``); otherwise the reply's one upper-case label
     word, as the protocol's own scripts read it.
     """
-    from familiar_pipeline.models.jsonparse import coerce_json
-
     data = coerce_json(text, "object")
     if isinstance(data, dict):
         label = str(data.get("label", "")).strip().upper()
@@ -163,11 +167,6 @@ class _Recording:
 def answer_conversation(conv: PreparedConversation, *, cache_path: Path, answer_model: str | None = None,
                         judge_model: str | None = None, progress: Callable[[int], None] | None = None) -> list[dict]:
     """One record per question of ``conv``: the answer, its F1 and judgement, tokens, cost and latency."""
-    from familiar_bot.responder import IncomingMessage, Person, open_responder
-    from familiar_pipeline.config import load_config
-    from familiar_pipeline.models.llm import client_for
-    from familiar_pipeline.storage.paths import FamiliarPaths
-
     config = with_slots(load_config(conv.familiar_id, root=conv.root), answer_model=answer_model,
                         judge_model=judge_model)
     paths = FamiliarPaths.for_id(conv.familiar_id, conv.root)
@@ -216,8 +215,6 @@ def answer_conversation(conv: PreparedConversation, *, cache_path: Path, answer_
 
 async def judge_one(judge, question: str, gold: str, generated: str) -> dict[str, Any]:
     """The judge's label and reason for one answer; an unanswered question is WRONG without a call."""
-    from familiar_pipeline.models.llm import LlmError
-
     out = {"judge_prompt_tokens": 0, "judge_completion_tokens": 0, "judge_cost_usd": 0.0,
            "judge_latency_s": 0.0, "judge_cached": False}
     if not generated.strip():
@@ -289,8 +286,6 @@ def answer_table(section: Mapping[str, Any]) -> str:
 def resolved_models(prepared: list[PreparedConversation], answer_model: str | None,
                     judge_model: str | None) -> tuple[str, str]:
     """The answering and judging model strings the run will use (for the results' header)."""
-    from familiar_pipeline.config import load_config
-
     if not prepared:
         return (answer_model or "", judge_model or answer_model or "")
     conv = prepared[0]

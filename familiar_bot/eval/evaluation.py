@@ -42,18 +42,35 @@ import re
 import shutil
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+import dagster as dg
+from dagster import DagsterInstance
+
+from familiar_pipeline.config import load_config
+from familiar_pipeline.defs import assets
+from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
+from familiar_pipeline.models.embedders import create_embedder
+from familiar_pipeline.projectors import registry
+from familiar_pipeline.storage.fts import FtsIndex
+from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, FamiliarPaths, default_dir
+from familiar_pipeline.storage.snapshots import publish_snapshot
+from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+from familiar_pipeline.storage.turns import TurnLog
+
 from familiar_bot.eval import locomo
+from familiar_bot.eval.modes import EMBEDDER_MODES, FACT_MODES
+from familiar_bot.prompt.assembly import AssemblyContext
+from familiar_bot.prompt.memory_view import MemoryView
+from familiar_bot.prompt.retrieval import retrieve, retrieve_facts, retrieve_turns
+from familiar_bot.prompt.tokens import estimate_tokens
 
 CATEGORIES: Mapping[int, str] = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 KS = (1, 5, 10, 20, 50)
 RANK_DEPTH = 50
 EVAL_CHANNEL = 1
-EMBEDDER_MODES = ("hash", "fastembed", "off")
-FACT_MODES = ("none", "extracted", "gold")
 FACT_MODE_LABELS = {
     "none": "turns only (no facts)",
     "extracted": "facts extracted by the familiar's own facts asset",
@@ -143,8 +160,6 @@ def familiar_toml(embedder: str, model_path: Path | None, facts: str = "none",
                   background_model: str | None = None) -> str:
     """The throwaway familiar's own config: the embedding switches, the projectors the facts mode
     needs and (``extracted``) the background model; everything else is the shipped default."""
-    from familiar_pipeline.projectors import registry
-
     # One run drains each projection's whole backlog (the cap only paces a live familiar).
     lines = ["[pipeline]", "max_batches_per_run = 100000"]
     if embedder == "off":
@@ -176,10 +191,6 @@ def _familiar_id(sample_id: str, index: int) -> str:
 
 def load_gold_facts(sample: dict, paths, turn_of: Mapping[str, int], turns: list) -> int:
     """The file's observations written as facts through the store API (mode ``gold``, the oracle)."""
-    from familiar_pipeline.storage.fts import FtsIndex
-    from familiar_pipeline.storage.snapshots import publish_snapshot
-    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
-
     drafts = []
     at_turn = {t.dia_id: t.timestamp for t in turns}
     for speaker, text, ids in observations_of(sample):
@@ -209,13 +220,6 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     ``max_turns`` keeps only the conversation's first turns (a quick run with a slow model);
     questions then keep the evidence among them, and those with none left are skipped.
     """
-    import dagster as dg
-
-    from familiar_pipeline.defs import assets
-    from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
-    from familiar_pipeline.storage.paths import FamiliarPaths
-    from familiar_pipeline.storage.turns import TurnLog
-
     if facts not in FACT_MODES:
         raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
     if facts == "extracted" and not (background_model or "").strip():
@@ -316,11 +320,6 @@ def with_overrides(config, *, retrieval: Mapping[str, Any] | None = None, text_b
 
 def open_memory(prepared: PreparedConversation, *, retrieval=None, text_budget=None, embedder_cache: dict | None = None):
     """A MemoryView of the prepared familiar under the (possibly overridden) config."""
-    from familiar_bot.prompt.memory_view import MemoryView
-    from familiar_pipeline.config import load_config
-    from familiar_pipeline.models.embedders import create_embedder
-    from familiar_pipeline.storage.paths import FamiliarPaths
-
     config = load_config(prepared.familiar_id, root=prepared.root)
     config = with_overrides(config, retrieval=retrieval, text_budget=text_budget)
     cache = embedder_cache if embedder_cache is not None else {}
@@ -367,12 +366,6 @@ def score_question(units: list[frozenset[int]], gold: set[int], gold_sessions: s
 def evaluate(prepared: list[PreparedConversation], *, retrieval=None, text_budget=None,
              progress: Callable[[int], None] | None = None, embedder_cache: dict | None = None) -> list[dict]:
     """One record per question: its category, 0/1 scores, rendered tokens and latency."""
-    from dataclasses import replace
-
-    from familiar_bot.prompt.assembly import AssemblyContext
-    from familiar_bot.prompt.retrieval import retrieve, retrieve_facts, retrieve_turns
-    from familiar_bot.prompt.tokens import estimate_tokens
-
     records: list[dict] = []
     cache = embedder_cache if embedder_cache is not None else {}
     for conv in prepared:
@@ -535,10 +528,6 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
     matches nothing is an error, so a typo never silently measures nothing.
     ``workdir`` gets the shipped defaults.
     """
-    from dagster import DagsterInstance
-
-    from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, default_dir
-
     if embedder not in EMBEDDER_MODES:
         raise ValueError(f"unknown embedder {embedder!r}; valid: {', '.join(EMBEDDER_MODES)}")
     if facts not in FACT_MODES:

@@ -65,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluation_fact_modes() -> tuple[str, ...]:
-    from familiar_bot.eval.evaluation import FACT_MODES
+    from familiar_bot.eval.modes import FACT_MODES
 
     return FACT_MODES
 
