@@ -29,7 +29,7 @@ import dagster as dg
 
 from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG
 from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
-from familiar_pipeline.config import ConfigError, PipelineConfig, load_config
+from familiar_pipeline.config import ConfigError, PipelineConfig, load_config, render_config
 from familiar_pipeline.storage.paths import FamiliarPaths, data_root, list_familiars
 from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.projectors import registry
@@ -158,8 +158,6 @@ TOLD_NO_MODEL = "~told_no_model"
 
 def config_fingerprint(config) -> str:
     """Changes whenever the familiar's effective config does (secrets are masked in the rendering)."""
-    from familiar_pipeline.config import render_config
-
     return hashlib.sha256(render_config(config).encode()).hexdigest()[:16]
 
 
