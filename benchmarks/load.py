@@ -38,6 +38,7 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from familiar_pipeline.defs.jobs import materializations
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML  # noqa: E402
 
@@ -135,27 +136,26 @@ def pipeline_loop(root: Path, stop_file: Path, out_file: Path) -> None:
     """The pipeline process: materialize again and again; after `stop_file` appears, until idle."""
     import dagster as dg
 
-    from familiar_pipeline.defs.assets import facts, rolling_summary, turns_fts
-    from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+    from familiar_pipeline.defs.jobs import materialize_in_process
 
-    assets = [turns_fts, facts, rolling_summary]
+    assets = ["turns_fts", "facts", "rolling_summary"]
     stats = {"runs": 0, "batches": 0, "errors": []}
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("familiars", ["fam"])
         idle_after_stop = False
         while not idle_after_stop and len(stats["errors"]) <= 3:
             stopping = stop_file.exists()
-            run = dg.materialize(assets, partition_key="fam", instance=instance, raise_on_error=False,
-                                 resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource()})
+            run = materialize_in_process(assets, instance=instance, data_root=root, partition_key="fam",
+                                         raise_on_error=False)
             stats["runs"] += 1
             if not run.success:
                 stats["errors"].append(str([e.message for e in run.all_events if e.is_failure])[:500])
                 continue
             statuses = []
-            for mat in run.asset_materializations_for_node("facts"):
+            for mat in materializations(run, "facts"):
                 stats["batches"] += int(mat.metadata["batches"].value)
             for a in assets:
-                statuses += [str(m.metadata["status"].value) for m in run.asset_materializations_for_node(a.key.path[-1])]
+                statuses += [str(m.metadata["status"].value) for m in materializations(run, a)]
             idle_after_stop = stopping and all(st.startswith("no-op") for st in statuses)
     out_file.write_text(json.dumps(stats))
 

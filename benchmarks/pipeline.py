@@ -29,14 +29,14 @@ sys.path.insert(0, str(REPO))
 import dagster as dg  # noqa: E402
 
 from familiar_bot.eval import locomo  # noqa: E402
-from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, facts, rolling_summary, turn_embeddings, turns, turns_fts  # noqa: E402
+from familiar_pipeline.defs.assets import FACT_DRIVEN  # noqa: E402
+from familiar_pipeline.defs.jobs import materialize_in_process  # noqa: E402
 from familiar_pipeline.testing.fake_llm import install_fake_llm  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
-from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource  # noqa: E402
 from familiar_pipeline.testing.scripted import careful_model  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
-ALL_ASSETS = [turns_fts, rolling_summary, facts, *FACT_DRIVEN_ASSETS]
+ALL_ASSETS = ["turns_fts", "rolling_summary", "facts", *(k.path[-1] for k in FACT_DRIVEN)]
 GRAPH_TOML = """
 [llm.background]
 model = "fake/careful"
@@ -81,12 +81,7 @@ def import_locomo(paths: FamiliarPaths, data: Path) -> int:
 
 
 def materialize(root: Path, instance, assets, *, rebuild=False):
-    run_config = {"ops": {a.key.path[-1]: {"config": {"rebuild": rebuild}} for a in assets}}
-    result = dg.materialize(
-        [turns, *assets], partition_key="bench", instance=instance, run_config=run_config,
-        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource(), "embedder": EmbedderResource()},
-        selection=[a.key for a in assets],
-    )
+    result = materialize_in_process(assets, instance=instance, data_root=root, partition_key="bench", rebuild=rebuild)
     out = {}
     for event in result.get_asset_materialization_events():
         out[event.asset_key.path[-1]] = {k: v.value for k, v in event.materialization.metadata.items()}
@@ -98,7 +93,7 @@ def run(data: Path, embedding: str = "hash") -> dict:
 
     `embedding`: "hash" (no model cost) or "fastembed" (real MiniLM vectors for facts and turns).
     """
-    graph = ALL_ASSETS if embedding == "hash" else [turns_fts, turn_embeddings, *ALL_ASSETS[1:]]
+    graph = ALL_ASSETS if embedding == "hash" else ["turns_fts", "turn_embeddings", *ALL_ASSETS[1:]]
     fake = install_fake_llm()
     fake.script(careful_model)
     with mock.patch.dict(os.environ, BIG_RUNS), tempfile.TemporaryDirectory() as tmp, dg.instance_for_test() as instance:
@@ -111,11 +106,11 @@ def run(data: Path, embedding: str = "hash") -> dict:
         assets = []
         for asset in graph:
             started = time.perf_counter()
-            meta = materialize(root, instance, [asset])[asset.key.path[-1]]
+            meta = materialize(root, instance, [asset])[asset]
             wall = time.perf_counter() - started
             llm_s = float(meta.get("llm_seconds", 0.0))
             assets.append({
-                "asset": asset.key.path[-1], "wall_s": round(wall, 2), "llm_s": round(llm_s, 2),
+                "asset": asset, "wall_s": round(wall, 2), "llm_s": round(llm_s, 2),
                 "rows": int(meta["rows_written"]), "llm_calls": int(meta.get("llm_calls", 0)),
                 "prompt_tokens": int(meta.get("llm_prompt_tokens", 0)),
                 "turns_per_s": round(n_turns / wall, 1),

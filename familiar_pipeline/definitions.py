@@ -2,8 +2,7 @@
 
 import dagster as dg
 
-from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, TURN_EMBEDDING_ASSETS, turns
-from familiar_pipeline.defs.checks import ALL_CHECKS
+from familiar_pipeline.defs.assets import FACT_DRIVEN, MEMORY, turns
 from familiar_pipeline.defs.jobs import plugin_assets, projection_job
 from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
@@ -18,7 +17,7 @@ PLUGIN_FOLLOWERS = [a for a in PLUGIN_ASSETS if any(a.automation_conditions_by_k
 # enabling by hand in the UI.
 fact_automation_sensor = dg.AutomationConditionSensorDefinition(
     "fact_automation_sensor",
-    target=dg.AssetSelection.assets(*FACT_DRIVEN_ASSETS, *PLUGIN_FOLLOWERS),
+    target=dg.AssetSelection.assets(*FACT_DRIVEN, *PLUGIN_FOLLOWERS),
     default_status=dg.DefaultSensorStatus.RUNNING,
     minimum_interval_seconds=30,
     run_tags=PROJECTION_QUEUE_TAG,  # its runs may cover many familiars: queued behind the turn sensor's
@@ -28,14 +27,13 @@ fact_automation_sensor = dg.AutomationConditionSensorDefinition(
     ),
 )
 
-PROJECTION_ASSETS = [*TURN_DRIVEN_ASSETS, *TURN_EMBEDDING_ASSETS, *FACT_DRIVEN_ASSETS, *PLUGIN_ASSETS]
+PROJECTION_ASSETS = [MEMORY, *PLUGIN_ASSETS]
 
 defs = dg.Definitions(
     assets=[turns, *PROJECTION_ASSETS],
-    asset_checks=ALL_CHECKS,
     jobs=[projection_job],
     sensors=[build_turn_watermark_sensor(PROJECTION_ASSETS), fact_automation_sensor],
     resources={"familiar_data": FamiliarData(), "llm": LlmResource(), "embedder": EmbedderResource()},
-    # One process per run: every step of a run shares the familiar's DuckDB file, which allows one writer.
+    # One process per run: a plugin's step shares the familiar's DuckDB file with the built-ins' step.
     executor=dg.in_process_executor,
 )

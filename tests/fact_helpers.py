@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, turns
+
+from familiar_pipeline.defs.assets import FACT_DRIVEN, TURN_DRIVEN
+from familiar_pipeline.defs.jobs import materializations, materialize_in_process
 from familiar_pipeline.models.llm import LlmUsage
 from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
@@ -12,7 +14,7 @@ from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
 
 from .helpers import make_familiar
 
-ALL_ASSETS = [*TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS]
+ALL_ASSETS = [*TURN_DRIVEN, *FACT_DRIVEN]
 CASS, BO, MIA = Subject("discord:111", "Cass"), Subject("discord:222", "Bo"), Subject("discord:333", "Mia")
 
 GRAPH_TOML = """
@@ -61,24 +63,14 @@ def fact(text: str, *subjects: Subject, turn: int = 1, importance=None, valid_to
     return FactDraft(text=text, source_turn_ids=(turn,), subjects=subjects, importance=importance, valid_to=valid_to)
 
 
-def materialize(root, instance, assets, *, familiar_id: str = "fam", rebuild: bool = False, checks=(), raise_on_error=True):
+def materialize(root, instance, assets, *, familiar_id: str = "fam", rebuild: bool = False, raise_on_error=True):
+    """The named assets (with their checks) for one familiar, as a run of the projection step."""
     instance.add_dynamic_partitions("familiars", [familiar_id])
-    return dg.materialize(
-        [turns, *assets, *checks],
-        partition_key=familiar_id,
-        instance=instance,
-        resources={
-            "familiar_data": FamiliarData(data_root=str(root)),
-            "llm": LlmResource(),
-            "embedder": EmbedderResource(),
-        },
-        run_config={"ops": {a.key.path[-1]: {"config": {"rebuild": rebuild}} for a in assets}},
-        selection=[a.key for a in assets],
-        raise_on_error=raise_on_error,
-    )
+    return materialize_in_process(assets, instance=instance, data_root=root, partition_key=familiar_id,
+                                  rebuild=rebuild, raise_on_error=raise_on_error)
 
 
 def metadata(result, asset_name: str) -> dict:
-    mats = list(result.asset_materializations_for_node(asset_name))
+    mats = list(materializations(result, asset_name))
     assert mats, f"{asset_name} did not materialize"
     return {k: v.value for k, v in mats[-1].metadata.items()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS
+from familiar_pipeline.defs.assets import FACT_DRIVEN, MEMORY
 from familiar_pipeline.definitions import defs, fact_automation_sensor
 
 FOLLOWERS = {"fact_supersessions", "people_dossiers", "reflections", "fact_embeddings"}
@@ -25,8 +25,8 @@ def test_sensor_is_running_and_targets_the_fact_driven_assets():
     graph = defs.resolve_asset_graph()
     targeted = {k.path[-1] for k in sensor.asset_selection.resolve(graph)}
     assert targeted == FOLLOWERS
-    for asset in FACT_DRIVEN_ASSETS:
-        assert all(spec.automation_condition is not None for spec in asset.specs)
+    conditions = MEMORY.automation_conditions_by_key
+    assert FACT_DRIVEN and all(conditions.get(key) is not None for key in FACT_DRIVEN)
 
 
 def changed(asset: str, partition: str, version: str) -> dg.AssetMaterialization:
@@ -67,16 +67,14 @@ def test_operator_can_still_materialize_one_alone(tmp_path):
     paths = familiar(tmp_path)
     append_chat(paths, 20)
     with dg.instance_for_test() as instance:
-        from familiar_pipeline.defs.assets import people_dossiers
-
-        result = materialize(tmp_path, instance, [people_dossiers], rebuild=True)
+        result = materialize(tmp_path, instance, ["people_dossiers"], rebuild=True)
         assert result.success and metadata(result, "people_dossiers")["status"].startswith("no-op")
 
 
 def test_a_sensor_run_that_already_included_the_followers_does_not_trigger_them_again(tmp_path):
-    from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG, facts, turns
+    from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG
+    from familiar_pipeline.defs.jobs import materialize_in_process
     from familiar_pipeline.testing.fake_llm import install_fake_llm
-    from familiar_pipeline.defs.resources import FamiliarData, LlmResource
     from familiar_pipeline.testing.scripted import careful_model
 
     from .helpers import append_chat, make_familiar
@@ -84,17 +82,16 @@ def test_a_sensor_run_that_already_included_the_followers_does_not_trigger_them_
     install_fake_llm().script(careful_model)
     paths = make_familiar(tmp_path, "alpha")
     append_chat(paths, 10)
-    resources = {"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource()}
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("familiars", ["alpha"])
         first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
-        dg.materialize([turns, facts], partition_key="alpha", instance=instance, selection=[facts.key],
-                       resources=resources, tags=FOLLOWERS_INCLUDED_TAG)
+        materialize_in_process(["facts"], instance=instance, data_root=tmp_path, partition_key="alpha",
+                               tags=FOLLOWERS_INCLUDED_TAG)
         second = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
         assert requested(second) == set()
         append_chat(paths, 10, start=10)  # new facts, extracted by a run without the tag
-        dg.materialize([turns, facts], partition_key="alpha", instance=instance, selection=[facts.key],
-                       resources=resources, tags={"trigger": "familiar backfill"})
+        materialize_in_process(["facts"], instance=instance, data_root=tmp_path, partition_key="alpha",
+                               tags={"trigger": "familiar backfill"})
         third = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=second.cursor)
         assert requested(third) == {(name, "alpha") for name in FOLLOWERS}
 

@@ -31,7 +31,6 @@ import pytest
 
 from familiar_bot.eval import locomo
 from familiar_pipeline.config import load_config
-from familiar_pipeline.defs.checks import ALL_CHECKS
 from familiar_pipeline.models.llm import client_for
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.store import ProjectionStore
@@ -152,7 +151,7 @@ def test_every_projection_and_replies_through_smollm2(server, tmp_path, monkeypa
 
     started = time.perf_counter()
     with dg.instance_for_test() as instance:
-        result = materialize(tmp_path, instance, ALL_ASSETS, checks=ALL_CHECKS)
+        result = materialize(tmp_path, instance, ALL_ASSETS)
         wall = time.perf_counter() - started
         assert result.success, "a step crashed"
         for evaluation in result.get_asset_check_evaluations():
@@ -160,7 +159,7 @@ def test_every_projection_and_replies_through_smollm2(server, tmp_path, monkeypa
         meta = {name: metadata(result, name) for name in LLM_ASSETS}
 
         # a rebuild with the cache warm asks the model nothing
-        again = materialize(tmp_path, instance, ALL_ASSETS, rebuild=True, checks=ALL_CHECKS)
+        again = materialize(tmp_path, instance, ALL_ASSETS, rebuild=True)
         assert again.success
         for name in LLM_ASSETS:
             assert metadata(again, name).get("llm_calls", 0) == 0, f"{name} called the model on a rebuild"

@@ -12,9 +12,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from familiar_pipeline.defs.assets import ASSETS, FACT_DRIVEN_ASSETS, NOT_DUE, TURN_DRIVEN_ASSETS, turns
-from familiar_pipeline.defs.checks import ALL_CHECKS
-from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
+from familiar_pipeline.defs.assets import MEMORY, NOT_DUE
+from familiar_pipeline.defs.jobs import execute_request, materialize_in_process
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
 from familiar_pipeline.projectors.runtime import FamiliarBusy, WriterLock
 from familiar_pipeline.storage.paths import FamiliarPaths
@@ -25,7 +24,7 @@ from familiar_pipeline.testing.scripted import careful_model
 from .helpers import append_chat, make_familiar
 
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
-FACTS_AND_INDEX = [ASSETS["turns_fts"], ASSETS["facts"]]
+FACTS_AND_INDEX = ["turns_fts", "facts"]
 
 
 @pytest.fixture
@@ -36,16 +35,10 @@ def env(tmp_path, monkeypatch):
 
 
 def run_range(root, instance, assets, first: str, last: str, *, plan: dict[str, list[str]] | None = None,
-              tags: dict | None = None, checks=()) -> dg.ExecuteInProcessResult:
+              tags: dict | None = None) -> dg.ExecuteInProcessResult:
     """One run over the familiars `first`..`last` (partition order), as the turn sensor requests it."""
-    config = {a.key.path[-1]: {"config": {"familiars": (plan or {}).get(a.key.path[-1], [])}} for a in assets}
-    return dg.materialize(
-        [turns, *assets, *checks], selection=[a.key for a in assets], instance=instance,
-        tags={RANGE_START: first, RANGE_END: last, **(tags or {})}, run_config={"ops": config},
-        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource(),
-                   "embedder": EmbedderResource()},
-        raise_on_error=False,
-    )
+    return materialize_in_process(assets, instance=instance, data_root=root, familiars=plan,
+                                  tags={RANGE_START: first, RANGE_END: last, **(tags or {})}, raise_on_error=False)
 
 
 def by_partition(result, asset: str) -> dict[str, dict]:
@@ -76,7 +69,7 @@ def familiars(root, instance, names_and_turns) -> dict[str, FamiliarPaths]:
 def test_one_run_writes_each_familiars_rows_and_reports_each_partition(env):
     root, instance = env
     fams = familiars(root, instance, [("a1", 10), ("a2", 20), ("a3", 10)])
-    result = run_range(root, instance, FACTS_AND_INDEX, "a1", "a3", checks=ALL_CHECKS)
+    result = run_range(root, instance, FACTS_AND_INDEX, "a1", "a3")
     assert result.success
     facts = by_partition(result, "facts")
     assert sorted(facts) == ["a1", "a2", "a3"]
@@ -112,7 +105,7 @@ def test_one_familiar_failing_leaves_the_others_committed_and_is_retried(env):
     root, instance = env
     fams = familiars(root, instance, [("a1", 10), ("a2", 10), ("a3", 10)])
     fams["a2"].memory_db.write_bytes(b"this is not a DuckDB file" * 100)
-    result = run_range(root, instance, [ASSETS["facts"]], "a1", "a3", checks=ALL_CHECKS)
+    result = run_range(root, instance, ["facts"], "a1", "a3")
     assert result.success, "one familiar's failure does not fail the step"
     blocking = [e for e in result.get_asset_check_evaluations() if e.blocking]
     assert blocking and all(e.severity == dg.AssetCheckSeverity.WARN for e in blocking if not e.passed), \
@@ -122,10 +115,10 @@ def test_one_familiar_failing_leaves_the_others_committed_and_is_retried(env):
     assert facts["a2"]["status"].startswith("failed: ")
     assert not [e for e in result.all_events if e.is_step_failure]
     logs = instance.all_logs(result.run_id)
-    assert any(entry.level >= 40 and "[a2] rich_note failed" in entry.user_message for entry in logs)
+    assert any(entry.level >= 40 and "[a2] facts failed" in entry.user_message for entry in logs)
     assert facts_and_mark(fams["a1"])[1] == facts_and_mark(fams["a3"])[1] == 10
     fams["a2"].memory_db.unlink()  # repaired: the next run picks it up from its watermark (none yet)
-    retry = run_range(root, instance, [ASSETS["facts"]], "a1", "a3", plan={"facts": ["a2"]})
+    retry = run_range(root, instance, ["facts"], "a1", "a3", plan={"facts": ["a2"]})
     assert by_partition(retry, "facts")["a2"]["status"] == "ok"
     assert facts_and_mark(fams["a2"])[1] == 10
 
@@ -140,7 +133,7 @@ def test_a_raising_projector_fails_the_step_only_when_every_familiar_failed(env,
         raise RuntimeError("extractor exploded")
 
     monkeypatch.setattr(facts_module, "extraction_messages", broken)  # inside the projector, per batch
-    result = run_range(root, instance, [ASSETS["facts"]], "a1", "a2")
+    result = run_range(root, instance, ["facts"], "a1", "a2")
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]
     assert "every familiar failed" in failure.event_specific_data.error.message
@@ -153,13 +146,13 @@ def test_a_second_writer_is_refused_at_once_naming_the_familiar(env):
     with WriterLock(fams["a2"]):  # another writer holds a2 (a lock is per open file, so this process counts)
         with pytest.raises(FamiliarBusy, match="familiar 'a2' is being written by another process"):
             WriterLock(fams["a2"]).acquire()
-        result = run_range(root, instance, [ASSETS["facts"]], "a1", "a2")
+        result = run_range(root, instance, ["facts"], "a1", "a2")
         assert result.success
         facts = by_partition(result, "facts")
         assert facts["a1"]["status"] == "ok"
         assert facts["a2"]["status"].startswith("failed: FamiliarBusy: familiar 'a2' is being written")
         assert not fams["a2"].memory_db.exists(), "the refused writer wrote nothing"
-    later = run_range(root, instance, [ASSETS["facts"]], "a1", "a2")
+    later = run_range(root, instance, ["facts"], "a1", "a2")
     assert by_partition(later, "facts")["a2"]["status"] == "ok", "a later run retries it"
 
 
@@ -167,11 +160,8 @@ def test_a_single_partition_run_takes_the_same_lock(env):
     root, instance = env
     fams = familiars(root, instance, [("a1", 10)])
     with WriterLock(fams["a1"]):
-        result = dg.materialize(
-            [turns, ASSETS["facts"]], selection=[ASSETS["facts"].key], partition_key="a1", instance=instance,
-            resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource()},
-            raise_on_error=False,
-        )
+        result = materialize_in_process(["facts"], instance=instance, data_root=root, partition_key="a1",
+                                        raise_on_error=False)
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]
     assert "familiar 'a1' is being written by another process" in str(failure.event_specific_data.error)
@@ -180,8 +170,7 @@ def test_a_single_partition_run_takes_the_same_lock(env):
 def test_sensor_ticks_feed_range_runs_and_a_familiar_added_mid_way_joins_the_next(env, monkeypatch):
     root, instance = env
     monkeypatch.setenv("FAMILIAR__PIPELINE__INDEX_QUIET_S", "0")
-    assets = [*TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS]
-    sensor = build_turn_watermark_sensor(assets)
+    sensor = build_turn_watermark_sensor([MEMORY])
     for name in ("b1", "b2", "b3"):
         append_chat(make_familiar(root, name), 10)
 
@@ -191,12 +180,7 @@ def test_sensor_ticks_feed_range_runs_and_a_familiar_added_mid_way_joins_the_nex
             instance.add_dynamic_partitions("familiars", list(request.partition_keys))
         assert len(result.run_requests) == 1
         request = result.run_requests[0]
-        run = dg.materialize(
-            [turns, *assets], selection=request.asset_selection, instance=instance, tags=request.tags,
-            run_config=request.run_config,
-            resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource(),
-                       "embedder": EmbedderResource()},
-        )
+        run = execute_request(request, instance=instance, data_root=root)
         return result.cursor, request, by_partition(run, "facts")
 
     cursor, first, facts = tick_and_run(None)
@@ -212,5 +196,4 @@ def test_sensor_ticks_feed_range_runs_and_a_familiar_added_mid_way_joins_the_nex
 
 
 def test_projection_assets_backfill_many_familiars_in_one_run():
-    for asset in ASSETS.values():
-        assert asset.backfill_policy == dg.BackfillPolicy.single_run()
+    assert MEMORY.backfill_policy == dg.BackfillPolicy.single_run()

@@ -15,8 +15,8 @@ import dagster as dg
 import pytest
 
 from familiar_pipeline.definitions import defs, fact_automation_sensor
-from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, NOT_DUE, TURN_DRIVEN_ASSETS, TURN_EMBEDDING_ASSETS, turns
-from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
+from familiar_pipeline.defs.assets import FACT_DRIVEN, MEMORY, NOT_DUE
+from familiar_pipeline.defs.jobs import execute_request
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
 from familiar_pipeline.storage.turns import TurnLog
 from familiar_pipeline.testing.fake_llm import fake_llm
@@ -24,7 +24,6 @@ from familiar_pipeline.testing.scripted import careful_model
 
 from .helpers import FAKE_MODEL_TOML, LINES, PEOPLE, make_familiar
 
-ASSETS = [*TURN_DRIVEN_ASSETS, *TURN_EMBEDDING_ASSETS, *FACT_DRIVEN_ASSETS]
 TICKS = 12  # one sensor tick per five simulated minutes
 
 
@@ -46,13 +45,7 @@ def execute(instance, root, request: dg.RunRequest, trigger: str) -> list[dict]:
     The turn sensor's request covers a partition range (its tags) with a per-asset plan (its
     run config); a familiar in the range but outside the plan reports "not due" and is left out.
     """
-    keys = list(request.asset_selection)
-    result = dg.materialize(
-        [turns, *ASSETS], selection=keys, partition_key=request.partition_key, instance=instance,
-        tags={**request.tags, "trigger": trigger}, run_config=request.run_config or None,
-        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource(),
-                   "embedder": EmbedderResource()},
-    )
+    result = execute_request(request, instance=instance, data_root=root, tags={"trigger": trigger})
     assert result.success
     out: dict[str, dict] = {}
     for event in result.get_asset_materialization_events():
@@ -67,9 +60,9 @@ def execute(instance, root, request: dg.RunRequest, trigger: str) -> list[dict]:
 def automation_requests(result) -> list[dg.RunRequest]:
     """The automation sensor's requests as the daemon launches them: one run per partition."""
     by_partition: dict[str, list] = {}
-    for asset in FACT_DRIVEN_ASSETS:
-        for partition in result.get_requested_partitions(asset.key):
-            by_partition.setdefault(partition, []).append(asset.key)
+    for key in FACT_DRIVEN:
+        for partition in result.get_requested_partitions(key):
+            by_partition.setdefault(partition, []).append(key)
     return [dg.RunRequest(partition_key=p, asset_selection=keys) for p, keys in sorted(by_partition.items())]
 
 
@@ -79,7 +72,7 @@ def test_an_hour_of_chat_launches_no_run_that_does_nothing(tmp_path, monkeypatch
     monkeypatch.setenv("FAMILIAR__PIPELINE__INDEX_QUIET_S", "0")
     online = make_familiar(tmp_path, "online", FAKE_MODEL_TOML)
     offline = make_familiar(tmp_path, "offline", "")
-    sensor = build_turn_watermark_sensor(ASSETS)
+    sensor = build_turn_watermark_sensor([MEMORY])
     started = datetime.now(timezone.utc) - timedelta(hours=1)
     runs: list[dict] = []
     with fake_llm(careful_model), dg.instance_for_test() as instance:

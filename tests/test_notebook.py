@@ -8,7 +8,6 @@ import dagster as dg
 import nbformat
 from nbclient import NotebookClient
 
-from familiar_pipeline.defs.assets import facts, fact_supersessions
 from tests.fact_helpers import familiar, materialize
 from tests.helpers import append_chat
 
@@ -31,7 +30,7 @@ def test_facts_notebook_executes_against_a_small_familiar(tmp_path, monkeypatch)
     paths = familiar(root, "nb")
     append_chat(paths, 20)
     with dg.instance_for_test() as instance:
-        materialize(root, instance, [facts, fact_supersessions], familiar_id="nb")
+        materialize(root, instance, ["facts", "fact_supersessions"], familiar_id="nb")
 
     monkeypatch.setenv("FAMILIAR_NOTEBOOK_DIR", str(paths.dir))
     monkeypatch.setenv("FAMILIAR_NOTEBOOK_AS_OF", "2030-01-01T00:00:00+00:00")

@@ -7,10 +7,11 @@ import json
 import dagster as dg
 import pytest
 
-from familiar_pipeline.defs.assets import facts, rolling_summary, turns, turns_fts
-from familiar_pipeline.defs.checks import ALL_CHECKS
+
+from familiar_pipeline.defs.assets import FACT_DRIVEN
+from familiar_pipeline.defs.checks import CHECKS
+from familiar_pipeline.defs.jobs import materializations, materialize_in_process
 from familiar_pipeline.storage.fts import FtsIndex
-from familiar_pipeline.defs.resources import FamiliarData, LlmResource
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
@@ -18,6 +19,7 @@ from familiar_pipeline.storage.turns import TurnLog
 from .helpers import append_chat, make_familiar
 
 SYSTEM_TIME_COLUMNS = {"created_at", "updated_at"}
+facts, rolling_summary, turns_fts = "facts", "rolling_summary", "turns_fts"
 
 
 @pytest.fixture
@@ -26,21 +28,15 @@ def instance():
         yield inst
 
 
-def run_assets(root, familiar_id, instance, assets, *, rebuild=False, checks=()):
+def run_assets(root, familiar_id, instance, assets, *, rebuild=False, raise_on_error=True):
+    """The named assets, with their checks, for one familiar: one run of the projection step."""
     instance.add_dynamic_partitions("familiars", [familiar_id])
-    run_config = {"ops": {a.key.path[-1]: {"config": {"rebuild": rebuild}} for a in assets}}
-    return dg.materialize(
-        [turns, *assets, *checks],
-        partition_key=familiar_id,
-        instance=instance,
-        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource()},
-        run_config=run_config,
-        selection=[a.key for a in assets],
-    )
+    return materialize_in_process(assets, instance=instance, data_root=root, partition_key=familiar_id,
+                                  rebuild=rebuild, raise_on_error=raise_on_error)
 
 
 def metadata_of(result, asset_name):
-    mats = [m for m in result.asset_materializations_for_node(asset_name)]
+    mats = [m for m in materializations(result, asset_name)]
     assert mats, f"{asset_name} did not materialize"
     return {k: v.value for k, v in mats[-1].metadata.items()}
 
@@ -241,20 +237,13 @@ def test_checks_pass_and_catch_a_fact_citing_a_missing_turn(tmp_path, instance, 
 
     paths = make_familiar(tmp_path)
     append_chat(paths, 10)
-    result = run_assets(tmp_path, "fam", instance, [facts], checks=ALL_CHECKS[:3])
+    result = run_assets(tmp_path, "fam", instance, [facts])
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evaluations and all(evaluations.values()), evaluations
     with ProjectionStore(paths.memory_db) as store:
         store.append_fact(FactDraft(text="Ghost fact", source_turn_ids=(4242,)))
     append_chat(paths, 10, start=10)
-    result = dg.materialize(
-        [turns, facts, *ALL_CHECKS[:2]],
-        partition_key="fam",
-        instance=instance,
-        resources={"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource()},
-        selection=[facts.key],
-        raise_on_error=False,
-    )
+    result = run_assets(tmp_path, "fam", instance, [facts], raise_on_error=False)
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evaluations["facts_cite_existing_turns"] is False
 
@@ -311,23 +300,14 @@ def all_tables(path):
 @pytest.mark.parametrize("per_fold", [1, 3])
 def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_llm, per_fold):
     """docs/architecture.md §4 over every asset: same prompts, same cached replies, same rows, table by table."""
-    from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS
-    from familiar_pipeline.defs.resources import EmbedderResource
-
     from .fact_helpers import GRAPH_TOML
 
     # With a fold per batch the short story gives every person a dossier; 3 is the default cadence.
     paths = make_familiar(tmp_path, extra_toml=GRAPH_TOML + f"\n[providers.memory.people_dossier]\nbatches_per_fold = {per_fold}\n")
-    everything = [turns_fts, rolling_summary, facts, *FACT_DRIVEN_ASSETS]
-    resources = {"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource(), "embedder": EmbedderResource()}
-    instance.add_dynamic_partitions("familiars", ["fam"])
+    everything = [turns_fts, rolling_summary, facts, *(k.path[-1] for k in FACT_DRIVEN)]
 
-    def run_all(rebuild, checks=()):
-        return dg.materialize(
-            [turns, *everything, *checks], partition_key="fam", instance=instance, resources=resources,
-            run_config={"ops": {a.key.path[-1]: {"config": {"rebuild": rebuild}} for a in everything}},
-            selection=[a.key for a in everything],
-        )
+    def run_all(rebuild):
+        return run_assets(tmp_path, "fam", instance, everything, rebuild=rebuild)
 
     start = 0
     for size in (9, 14, 17, 12):
@@ -341,10 +321,10 @@ def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_l
         assert len(store.dossiers()) == (3 if per_fold == 1 else 2) and store.recent_reflections(limit=50)
         assert store.conn.execute("SELECT count(*) FROM fact_embeddings").fetchone()[0] > 0
     calls = len(fake_llm.calls)
-    result = run_all(True, checks=ALL_CHECKS)
+    result = run_all(True)
     assert len(fake_llm.calls) == calls, "a rebuild of unchanged prompts makes no provider calls"
     for asset in everything:
-        assert metadata_of(result, asset.key.path[-1]).get("llm_calls", 0) == 0
+        assert metadata_of(result, asset).get("llm_calls", 0) == 0
     assert all_tables(paths.memory_db) == incremental
     evaluations = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
-    assert len(evaluations) == len(ALL_CHECKS) and all(evaluations.values()), evaluations
+    assert len(evaluations) == len(CHECKS) and all(evaluations.values()), evaluations

@@ -14,7 +14,7 @@ import duckdb
 import pytest
 
 from familiar_bot.cli.main import main
-from familiar_pipeline.defs.assets import TURN_DRIVEN_ASSETS
+from familiar_pipeline.defs.assets import MEMORY
 from familiar_pipeline.config import load_config
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, evaluate_tick
 from tests.fact_helpers import ALL_ASSETS, familiar, materialize, metadata
@@ -84,7 +84,7 @@ def test_rebuild_a_projection_from_the_ui_run_config_and_the_cli(built, tmp_path
 
     # The UI recipe: the documented launchpad run config, on the projection job.
     run_config = json.loads(blocks("json")[0])
-    assert run_config == {"ops": {"facts": {"config": {"rebuild": True}}}}
+    assert run_config == {"ops": {"memory": {"config": {"rebuild": True}}}}
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("familiars", ["demo"])
         from familiar_pipeline.definitions import defs
@@ -152,7 +152,7 @@ def test_change_a_threshold_and_the_sensor_cadence(built, monkeypatch):
         name, value = line.split(" ", 1)[0].split("=")
         monkeypatch.setenv(name, value)
     assert facts_requested()  # batch_size 5: the next tick asks for facts
-    assert "Every 30s" in build_turn_watermark_sensor(TURN_DRIVEN_ASSETS).description
+    assert "Every 30s" in build_turn_watermark_sensor([MEMORY]).description
 
 
 def test_query_facts_from_a_notebook(built):

@@ -10,11 +10,11 @@ import dagster as dg
 import pytest
 
 from familiar_pipeline.projectors import registry
-from familiar_pipeline.defs.assets import TURN_DRIVEN_ASSETS, turns
+from familiar_pipeline.defs.assets import MEMORY, turns
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.defs.jobs import plugin_assets
 from familiar_pipeline.defs.partitions import familiars_partitions
-from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
 from familiar_pipeline.storage.turns import TurnLog
 
 from .helpers import append_chat, make_familiar
@@ -47,8 +47,9 @@ def test_plugin_asset_joins_the_definitions_and_runs(tmp_path, registered):
     assets = plugin_assets()
     assert [a.key.path[-1] for a in assets] == ["word_counts"]
     defs = dg.Definitions(
-        assets=[turns, *TURN_DRIVEN_ASSETS, *assets],
-        resources={"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource()},
+        assets=[turns, MEMORY, *assets],
+        resources={"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource(),
+                   "embedder": EmbedderResource()},
     )
     dg.Definitions.validate_loadable(defs)
     paths = make_familiar(tmp_path, extra_toml='[providers.memory]\nprojectors = ["word_counts", "rich_note"]\n')

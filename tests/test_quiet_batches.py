@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import dagster as dg
 import pytest
 
-from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS, facts, rolling_summary, turns_fts
+from familiar_pipeline.defs.assets import FACT_DRIVEN, MEMORY
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
 from familiar_pipeline.projectors.facts import CLOCK_SLACK_S, close_batch
 from familiar_pipeline.storage.turns import TurnLog
@@ -73,7 +73,7 @@ def test_sensor_dispatches_a_lone_message_once_quiet_s_has_passed(tmp_path, monk
     monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
     paths = make_familiar(tmp_path, "alpha", QUIET_TOML)
     append_at(paths, [datetime.now(timezone.utc) - timedelta(seconds=300)])  # stamped long ago, written just now
-    sensor = build_turn_watermark_sensor([*TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS])
+    sensor = build_turn_watermark_sensor([MEMORY])
     with dg.instance_for_test() as instance:
         first = sensor(dg.build_sensor_context(instance=instance))
         assert [sorted(k.path[-1] for k in r.asset_selection) for r in first.run_requests] == [["turns_fts"]]
@@ -97,7 +97,7 @@ def instance():
 def test_incremental_build_with_quiet_cuts_equals_rebuild(tmp_path, instance, fake_llm):
     paths = make_familiar(tmp_path, "fam", QUIET_TOML)
     minute = timedelta(minutes=1)
-    graph = [turns_fts, rolling_summary, facts]
+    graph = ["turns_fts", "rolling_summary", "facts"]
 
     def facts_batches():
         return metadata_of(run_assets(tmp_path, "fam", instance, graph), "facts")["batches"]
@@ -130,7 +130,7 @@ def test_dossiers_fold_at_quiet_cuts_and_every_few_full_batches_and_rebuild_agre
     toml = QUIET_TOML + "\n[providers.memory.people_dossier]\nbatches_per_fold = 3\n"
     paths = make_familiar(tmp_path, "fam", toml)
     minute = timedelta(minutes=1)
-    graph = [turns_fts, rolling_summary, facts, *(a for a in FACT_DRIVEN_ASSETS if a.key.path[-1] != "fact_embeddings")]
+    graph = ["turns_fts", "rolling_summary", "facts", *(k.path[-1] for k in FACT_DRIVEN if k.path[-1] != "fact_embeddings")]
 
     def dossier_turn() -> int:
         run_assets(tmp_path, "fam", instance, graph)

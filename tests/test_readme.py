@@ -8,8 +8,7 @@ from pathlib import Path
 import dagster as dg
 
 from familiar_bot.cli.main import build_parser
-from familiar_pipeline.defs.assets import facts, turns
-from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+from familiar_pipeline.defs.jobs import materialize_in_process
 
 from .helpers import append_chat, make_familiar
 
@@ -35,10 +34,7 @@ def test_notebook_recipes_run_against_a_real_familiar(tmp_path, monkeypatch):
     append_chat(paths, 20)
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("familiars", ["demo"])
-        dg.materialize(
-            [turns, facts], partition_key="demo", instance=instance, selection=[facts.key],
-            resources={"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource()},
-        )
+        materialize_in_process(["facts"], instance=instance, data_root=tmp_path, partition_key="demo")
     monkeypatch.chdir(tmp_path.parent)
     blocks = [b.replace("data/familiars/demo", str(paths.dir)) for b in python_blocks()]
     store_block = next(b for b in blocks if "read_only=True" in b)

@@ -16,12 +16,14 @@ import pytest
 
 from familiar_bot.cli import main as cli
 from familiar_bot.responder import IncomingMessage, Person, open_responder
-from familiar_pipeline.defs.assets import facts
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.testing.fake_llm import fake_llm
-from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+from familiar_pipeline.defs.jobs import materialize_in_process
 
 from .helpers import make_familiar
+
+# The projection assets these tests run, by name.
+facts = "facts"
 
 GOOD = 'aliases = ["Fam"]\n[llm.reply]\nmodel = "fake/reply"\nmax_retries = 0\n'
 MALFORMED = {
@@ -55,8 +57,8 @@ def test_malformed_character_toml_is_one_clear_error_everywhere(clean_env, case,
 
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("familiars", ["fam"])
-        result = dg.materialize([facts], partition_key="fam", instance=instance, raise_on_error=False,
-                                resources={"familiar_data": FamiliarData(data_root=str(clean_env)), "llm": LlmResource()})
+        result = materialize_in_process([facts], instance=instance, data_root=clean_env, partition_key="fam",
+                                        raise_on_error=False)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "ConfigError" in failure.event_specific_data.error.to_string()

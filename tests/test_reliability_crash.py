@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from familiar_pipeline.defs.jobs import materializations
 from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,19 +127,14 @@ def child_bot(root: str) -> None:
 
 
 def assets():
-    from familiar_pipeline.defs.assets import facts, fact_supersessions, people_dossiers, reflections, rolling_summary, turns_fts
-
-    return [turns_fts, facts, rolling_summary, fact_supersessions, people_dossiers, reflections]
+    return ["turns_fts", "facts", "rolling_summary", "fact_supersessions", "people_dossiers", "reflections"]
 
 
 def run_pipeline(root, instance):
-    import dagster as dg
-
-    from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+    from familiar_pipeline.defs.jobs import materialize_in_process
 
     instance.add_dynamic_partitions("familiars", ["fam"])
-    return dg.materialize(assets(), partition_key="fam", instance=instance, raise_on_error=False,
-                          resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource()})
+    return materialize_in_process(assets(), instance=instance, data_root=root, partition_key="fam", raise_on_error=False)
 
 
 def run_until_idle(root) -> int:
@@ -152,7 +148,7 @@ def run_until_idle(root) -> int:
             result = run_pipeline(root, instance)
             assert result.success
             statuses = [str(m.metadata["status"].value) for a in assets()
-                        for m in result.asset_materializations_for_node(a.key.path[-1])]
+                        for m in materializations(result, a)]
             if all(s.startswith(("no-op", "disabled")) for s in statuses):
                 return rounds
     raise AssertionError("never went idle")

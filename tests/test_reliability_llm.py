@@ -20,16 +20,17 @@ import shutil
 import dagster as dg
 import pytest
 
-from familiar_pipeline.defs.assets import facts, fact_supersessions, people_dossiers, reflections, rolling_summary, turns_fts
+from familiar_pipeline.defs.jobs import materializations, materialize_in_process
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.testing.fake_llm import NO_CHOICES, FakeLLM, fake_llm
-from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.testing.scripted import careful_model
 from familiar_pipeline.storage.turns import TurnLog
 
 from .helpers import append_chat, make_familiar
 from .test_pipeline import projection_tables
+
 
 TOML = """
 [llm.background]
@@ -39,7 +40,7 @@ max_retries = 0
 [providers.memory.reflection]
 turns_threshold = 20
 """
-ASSETS = [turns_fts, facts, rolling_summary, fact_supersessions, people_dossiers, reflections]
+ASSETS = ["turns_fts", "facts", "rolling_summary", "fact_supersessions", "people_dossiers", "reflections"]
 PROJECTOR_PROMPTS = ("atomic facts", "running summary", "superseded_ids", "dossier", "self-record", "reflections")
 MEGABYTE = "All work and no play makes the familiar a dull fox. " * 20_000  # ~1 MB
 
@@ -81,10 +82,7 @@ def faulty(kind: str):
 
 def materialize(root, instance):
     instance.add_dynamic_partitions("familiars", ["fam"])
-    return dg.materialize(
-        ASSETS, partition_key="fam", instance=instance, raise_on_error=False,
-        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource()},
-    )
+    return materialize_in_process(ASSETS, instance=instance, data_root=root, partition_key="fam", raise_on_error=False)
 
 
 def until_idle(root, instance, rounds: int = 6):
@@ -92,7 +90,7 @@ def until_idle(root, instance, rounds: int = 6):
         result = materialize(root, instance)
         assert result.success
         statuses = [str(m.metadata["status"].value) for a in ASSETS
-                    for m in result.asset_materializations_for_node(a.key.path[-1])]
+                    for m in materializations(result, a)]
         if all(s.startswith(("no-op", "disabled")) for s in statuses):
             return
 
@@ -181,7 +179,7 @@ def test_every_projection_survives_the_fault(tmp_path, kind, prepared, clean_ref
             assert result.success, f"a bad reply ({kind}) never fails a step"
             meta = {a: {k: v.value for k, v in m.metadata.items()}
                     for a in ("facts", "fact_supersessions", "rolling_summary")
-                    for m in result.asset_materializations_for_node(a)}
+                    for m in materializations(result, a)}
             if kind in ("wrong_shape", "made_up_ids", "empty", "no_choices", "one_megabyte"):
                 assert meta["facts"]["dropped_reasons"], (kind, meta["facts"])
             if kind == "truncated_json":  # complete leading items are kept; the cut-off one is recorded

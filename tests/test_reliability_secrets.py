@@ -24,7 +24,6 @@ from familiar_bot import supervisor
 
 from familiar_bot.cli import main as cli
 from familiar_bot.responder import APOLOGY, IncomingMessage, Person, open_responder
-from familiar_pipeline.defs.assets import facts, rolling_summary, turns_fts
 from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import FakeLLM, fake_llm
 from familiar_pipeline.models.llm import LlmError, client_for
@@ -32,6 +31,9 @@ from familiar_pipeline.testing.scripted import careful_model
 
 from .helpers import append_chat, make_familiar
 from .test_pipeline import run_assets
+
+# The projection assets these tests run, by name.
+facts, rolling_summary, turns_fts = "facts", "rolling_summary", "turns_fts"
 
 DISCORD_TOKEN = "MTA5ODc2NTQzMjEw.PLANTED.discord-token-never-print-me"
 API_KEY = "sk-planted-4b1d-never-print-me-9f3e"

@@ -25,16 +25,18 @@ import pytest
 
 from familiar_bot.responder import IncomingMessage, Person, open_responder
 from familiar_pipeline.storage import snapshots
-from familiar_pipeline.defs.assets import facts, rolling_summary, turns_fts
 from familiar_pipeline.defs.checks import snapshot_lag
 from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import fake_llm
 from familiar_pipeline.storage.fts import FtsIndex
-from familiar_pipeline.defs.resources import FamiliarData, LlmResource
+from familiar_pipeline.defs.jobs import materialize_in_process
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML, careful_model
 
 from .helpers import append_chat, make_familiar
+
+# The projection assets these tests run, by name.
+facts, rolling_summary, turns_fts = "facts", "rolling_summary", "turns_fts"
 
 TOML = """
 aliases = ["Fam"]
@@ -47,11 +49,8 @@ FACT_WORD = "bakery"  # append_chat's lines talk about the bakery
 
 def materialize(root, instance, *, rebuild=False):
     instance.add_dynamic_partitions("familiars", ["fam"])
-    return dg.materialize(
-        ASSETS, partition_key="fam", instance=instance, raise_on_error=False,
-        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource()},
-        run_config={"ops": {a.key.path[-1]: {"config": {"rebuild": rebuild}} for a in ASSETS}},
-    )
+    return materialize_in_process(ASSETS, instance=instance, data_root=root, partition_key="fam", rebuild=rebuild,
+                                  raise_on_error=False)
 
 
 @pytest.fixture

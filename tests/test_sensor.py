@@ -7,7 +7,7 @@ import json
 import dagster as dg
 import pytest
 
-from familiar_pipeline.defs.assets import FACT_DRIVEN_ASSETS, TURN_DRIVEN_ASSETS
+from familiar_pipeline.defs.assets import MEMORY
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, due_assets, read_state
 
 from familiar_pipeline.storage.paths import FamiliarPaths
@@ -27,7 +27,7 @@ FULL = sorted(["facts", "rolling_summary", "turns_fts", *FOLLOWERS])
 
 
 def tick(instance, cursor=None):
-    sensor = build_turn_watermark_sensor([*TURN_DRIVEN_ASSETS, *FACT_DRIVEN_ASSETS])
+    sensor = build_turn_watermark_sensor([MEMORY])
     return sensor(dg.build_sensor_context(instance=instance, cursor=cursor))
 
 
@@ -36,9 +36,11 @@ def requested(result):
     assert len(result.run_requests) <= 1, "one run per tick"
     plan: dict[str, list[str]] = {}
     for request in result.run_requests:
-        assert set(request.run_config["ops"]) == {k.path[-1] for k in request.asset_selection}
-        for asset, op in request.run_config["ops"].items():
-            for familiar in op["config"]["familiars"]:
+        assert set(request.run_config["ops"]) == {"memory"}, "the built-in projections are one step"
+        due_for = request.run_config["ops"]["memory"]["config"]["familiars"]
+        assert set(due_for) == {k.path[-1] for k in request.asset_selection}
+        for asset, familiars in due_for.items():
+            for familiar in familiars:
                 plan.setdefault(familiar, []).append(asset)
     return {familiar: sorted(assets) for familiar, assets in plan.items()}
 
@@ -198,9 +200,9 @@ def test_sensor_ticks_at_the_configured_interval_within_the_daemon_loop(tmp_path
     # The daemon wakes sensors every 5 s and measures from the end of the last tick: the
     # minimum handed to Dagster is one second less, so a 5 s cadence never skips a wake-up.
     monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
-    assert build_turn_watermark_sensor(TURN_DRIVEN_ASSETS).minimum_interval_seconds == 4
+    assert build_turn_watermark_sensor([MEMORY]).minimum_interval_seconds == 4
     monkeypatch.setenv("FAMILIAR__PIPELINE__SENSOR_INTERVAL_S", "30")
-    sensor = build_turn_watermark_sensor(TURN_DRIVEN_ASSETS)
+    sensor = build_turn_watermark_sensor([MEMORY])
     assert sensor.minimum_interval_seconds == 29
     assert "Every 30s" in sensor.description
 

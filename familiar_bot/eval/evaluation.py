@@ -46,12 +46,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-import dagster as dg
 from dagster import DagsterInstance
 
+from familiar_pipeline.defs.jobs import materializations, materialize_in_process
 from familiar_pipeline.config import load_config
 from familiar_pipeline.defs import assets
-from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
 from familiar_pipeline.models.embedders import create_embedder
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.storage.fts import FtsIndex
@@ -254,22 +253,16 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     timings["facts_s"] = time.perf_counter() - started
 
     # The facts asset runs before fact_embeddings in the same run (it is upstream of it).
-    selected = [assets.turns_fts] + ([assets.facts] if facts == "extracted" else [])
+    selected = ["turns_fts"] + (["facts"] if facts == "extracted" else [])
     if embedder != "off":
-        selected += [assets.fact_embeddings] if facts != "none" else []
-        selected += [a for a in getattr(assets, "TURN_EMBEDDING_ASSETS", [])]
+        selected += ["fact_embeddings"] if facts != "none" else []
+        selected += [key.path[-1] for key in assets.TURN_EMBEDDING]
     started = time.perf_counter()
     instance.add_dynamic_partitions("familiars", [familiar_id])
-    result = dg.materialize(
-        [assets.turns, *selected], partition_key=familiar_id, instance=instance,
-        resources={"familiar_data": FamiliarData(data_root=str(root)), "llm": LlmResource(),
-                   "embedder": EmbedderResource()},
-        selection=[a.key for a in selected],
-        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-    )
-    for asset in selected:
-        name = asset.key.path[-1]
-        meta = {k: v.value for m in result.asset_materializations_for_node(name) for k, v in m.metadata.items()}
+    result = materialize_in_process(selected, instance=instance, data_root=root, partition_key=familiar_id,
+                                    log_level="WARNING")
+    for name in selected:
+        meta = {k: v.value for m in materializations(result, name) for k, v in m.metadata.items()}
         status = str(meta.get("status", ""))
         if status.startswith(("skipped", "disabled")):
             raise RuntimeError(f"{name} did not run for {familiar_id}: {status}")

@@ -1,25 +1,29 @@
-"""The projection assets: thin shells that open a familiar, run its projector, and report.
+"""The projection assets: one step that runs each familiar through the selected projectors.
 
-One factory, `projection_asset`, builds every projector's asset from its spec
-(`familiar_pipeline.projectors.spec`): name, group, kinds, deps, tags, automation
-condition, description and resources all come from there.
+`projection_assets` builds, from the projectors' specs, one multi-asset whose assets
+(name, group, kinds, deps, tags, automation condition, description: all from each
+spec) stay separate in the UI and can be selected one at a time; a run materializes
+any subset of them in one step (`familiar_pipeline.projectors.spec`).
 
 Each asset is partitioned per familiar and watermark-driven: materializing it
-processes what is new past its watermark (or says "no-op"). A run may cover a
-range of familiars; each is processed in turn and reported on its own partition
-(`materialize_projection`). The run config
-`rebuild: true` drops the projection's rows and watermark first and rebuilds it
-from the turn log. LLM replies are cached by prompt, so a rebuild of unchanged
-prompts costs no tokens and yields the same rows.
+processes what is new past its watermark (or says "no-op"). A run may cover a range
+of familiars; each is processed in turn through every selected projector with one
+writer lock, one store connection and one snapshot publish (`project_familiar`), and
+reported on its own partition of each asset (`materialize_projections`). The checks
+run inside that step, on the connection that wrote. The run config `rebuild: true`
+drops the selected projections' rows and watermarks first and rebuilds them from the
+turn log. LLM replies are cached by prompt, so a rebuild of unchanged prompts costs
+no tokens and yields the same rows.
 """
-
 
 import dataclasses
 import warnings
+from dataclasses import dataclass, field
 
 import dagster as dg
 from pydantic import Field
 
+from familiar_pipeline.defs.checks import MemoryCheck, combine_check_results, memory_checks
 from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.projectors import registry
@@ -35,19 +39,23 @@ warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", categor
 
 
 class ProjectionConfig(dg.Config):
-    """Run config of every projection asset."""
+    """Run config of the projection step."""
 
     rebuild: bool = Field(
         default=False,
-        description="Drop this projection's rows and watermark for the partition, then rebuild it from turns.",
+        description="Drop the selected projections' rows and watermarks for the partitions, then rebuild them from turns.",
     )
-    familiars: list[str] = Field(
-        default_factory=list,
+    familiars: dict[str, list[str]] = Field(
+        default_factory=dict,
         description=(
-            "The familiars of the run's partitions to process; empty: all of them. The turn sensor lists "
-            "those this asset is due for; the others in its partition range are skipped without a file opened."
+            "Per asset, the familiars of the run's partitions it processes; an asset not listed processes all "
+            "of them. The turn sensor lists those each asset is due for; the others are skipped without a file opened."
         ),
     )
+
+    def due(self, asset: str, familiar_id: str) -> bool:
+        planned = self.familiars.get(asset)
+        return planned is None or familiar_id in planned
 
 
 turns = dg.AssetSpec(
@@ -104,100 +112,177 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class FamiliarPass:
+    """What one familiar's part of a step produced: per asset its report and metadata, or its error."""
+
+    results: dict[str, dict] = field(default_factory=dict)  # asset -> {"report", "metadata"}
+    failed: dict[str, Exception] = field(default_factory=dict)  # asset -> what its projector raised
+    checks: dict[dg.AssetCheckKey, dg.AssetCheckResult] = field(default_factory=dict)
+
+
+def run_projector(spec: ProjectorSpec, runtime, cfg, *, rebuild: bool) -> dict:
+    """One projector over one familiar's open runtime: drop first on `rebuild`, run; its report and metadata."""
+    knobs_obj = cfg.memory.knobs(spec.name) if not spec.always_on else None
+    knobs = dataclasses.asdict(knobs_obj) if dataclasses.is_dataclass(knobs_obj) else {}
+    knobs["max_batches_per_run"] = cfg.pipeline.max_batches_per_run
+    report = ProjectionReport(spec.name)
+    usage = None
+    if not spec.always_on and spec.name not in cfg.memory.projectors:
+        report.status = "disabled"
+        report.reason = f"'{spec.name}' is not listed in [providers.memory].projectors"
+    elif spec.needs_llm and runtime.llm_client is None:
+        report.status = "skipped"
+        try:
+            runtime.llm
+        except NoModelConfigured as exc:
+            report.reason = str(exc)
+    else:
+        if spec.needs_llm:  # this projector's calls and tokens, apart from the others' in the step
+            usage = runtime.llm_client.usage = _llm_usage()
+        if rebuild and not (spec.needs_embedder and runtime.embedder is None):
+            with runtime.store() as store:
+                registry.drop_projection(store, spec.name)
+        spec.run(runtime, report, rebuild=rebuild)
+    return {"report": report, "metadata": report_metadata(report, usage, knobs)}
+
+
 def project_familiar(
-    spec: ProjectorSpec,
+    specs: list[ProjectorSpec],
     familiar_id: str,
     *,
     rebuild: bool,
     familiar_data: FamiliarData,
     llm: LlmResource,
     embedder: EmbedderResource | None = None,
-) -> dict:
-    """One familiar: open it, drop the projection first on `rebuild`, run the projector; its metadata.
+    checks: tuple[MemoryCheck, ...] = (),
+    embedders: dict | None = None,
+) -> FamiliarPass:
+    """One familiar through `specs` (dependency order) with one writer lock, one store connection, one publish.
 
-    The runtime takes the familiar's writer lock at its first write and keeps it until it is
-    closed here, so the whole of this familiar's work in the step has one writer.
+    Each projector's invariants (`checks` on its asset) are checked right after it, on
+    the same connection; a failed blocking check, or a projector that raised, holds back
+    what is built on that asset for this familiar (reported "skipped: blocked ..."), as
+    Dagster would between steps. The snapshot check runs after the publish.
     """
     cfg = familiar_data.config(familiar_id)
-    knobs_obj = cfg.memory.knobs(spec.name) if not spec.always_on else None
-    knobs = dataclasses.asdict(knobs_obj) if dataclasses.is_dataclass(knobs_obj) else {}
-    knobs["max_batches_per_run"] = cfg.pipeline.max_batches_per_run
-    report = ProjectionReport(spec.name)
-    usage = _llm_usage() if spec.needs_llm else None
-    if not spec.always_on and spec.name not in cfg.memory.projectors:
-        report.status = "disabled"
-        report.reason = f"'{spec.name}' is not listed in [providers.memory].projectors"
-    else:
-        runtime = build_runtime(familiar_data, llm, familiar_id, usage=usage, embedder=embedder, config=cfg)
-        try:
-            if spec.needs_llm and runtime.llm_client is None:
-                report.status = "skipped"
-                try:
-                    runtime.llm
-                except NoModelConfigured as exc:
-                    report.reason = str(exc)
-            else:
-                if rebuild and not (spec.needs_embedder and runtime.embedder is None):
-                    with runtime.store() as store:
-                        registry.drop_projection(store, spec.name)
-                        runtime.publish(store)
-                spec.run(runtime, report, rebuild=rebuild)
-        finally:
-            runtime.close()
-    return {"report": report, "metadata": report_metadata(report, usage, knobs)}
+    out = FamiliarPass()
+    blocked: dict[str, str] = {}  # asset -> why its projector does not run for this familiar
+    needs_embedder = embedder is not None and any(s.needs_embedder for s in specs)
+    runtime = build_runtime(familiar_data, llm, familiar_id, config=cfg,
+                            embedder=embedder if needs_embedder else None, embedders=embedders)
+    try:
+        for spec in specs:
+            if spec.asset in blocked:
+                report = ProjectionReport(spec.name, status="skipped", reason=blocked[spec.asset])
+                out.results[spec.asset] = {"report": report, "metadata": report_metadata(report, None, {})}
+                continue
+            try:
+                out.results[spec.asset] = run_projector(spec, runtime, cfg, rebuild=rebuild)
+            except Exception as exc:  # this familiar's followers of the asset wait; its other projectors run
+                out.failed[spec.asset] = exc
+                _block(blocked, spec, f"blocked: {spec.asset} failed for this familiar ({type(exc).__name__})")
+                continue
+            for check in checks:
+                if check.asset == spec.asset and check.find is not None:
+                    result = check.evaluate(runtime, familiar_id)
+                    out.checks[check.key] = result
+                    if check.blocking and not result.passed and result.severity == dg.AssetCheckSeverity.ERROR:
+                        _block(blocked, spec, f"blocked: check {check.name} on {spec.asset} failed")
+        runtime.flush()
+        for check in checks:
+            if check.find is None and check.asset in out.results:
+                out.checks[check.key] = check.evaluate(runtime, familiar_id)
+    finally:
+        runtime.close()
+    return out
+
+
+def _block(blocked: dict[str, str], spec: ProjectorSpec, why: str) -> None:
+    for follower in registry.dependants(spec.name):
+        blocked.setdefault(follower.asset, why)
 
 
 # What a familiar in the run's partition range that the run's plan leaves out reports.
 NOT_DUE = "not due: outside this run's plan (ProjectionConfig.familiars); nothing was opened"
 
 
-def materialize_projection(
+def materialize_projections(
     context: dg.AssetExecutionContext,
-    spec: ProjectorSpec,
+    specs: list[ProjectorSpec],
     config: ProjectionConfig,
     familiar_data: FamiliarData,
     llm: LlmResource,
     embedder: EmbedderResource | None = None,
-) -> dg.MaterializeResult:
-    """Every familiar of the run's partitions in turn, each reported as its own partition.
+):
+    """Every familiar of the run's partitions in turn, each through the selected projectors.
 
     A run may cover a range of familiars (the turn sensor's one run per tick, a
-    single-run backfill). Each familiar gets its own writer lock, store transactions,
-    projector run and publish, and its metadata goes on its partition's
-    materialization. One familiar's failure is caught and reported on its partition
-    (status "failed: ..." and an error event); its watermark stays where its last
-    committed batch left it, so a later run retries it. The step fails only when every
-    familiar it processed failed, so a run of one familiar fails as it always did.
+    single-run backfill). Each familiar gets its own writer lock, store connection,
+    projector runs and one publish, and its metadata goes on its partition's
+    materialization of each asset. A projector that raises for one familiar is
+    reported on that partition (status "failed: ..." and an error event); its
+    watermark stays where its last committed batch left it, so a later run retries it.
+    An asset fails (and with it the step, after the others are recorded) only when
+    every familiar it processed failed, so a run of one familiar fails as it always did.
     """
-    planned = set(config.familiars)
-    done: dict[str, ProjectionReport] = {}
-    failed: dict[str, Exception] = {}
+    selected = {key.path[-1] for key in context.selected_asset_keys}
+    specs = [s for s in specs if s.asset in selected]
+    selected_checks = set(context.selected_asset_check_keys)
+    checks = tuple(c for c in memory_checks(s.asset for s in specs) if c.key in selected_checks)
+    embedders: dict = {}  # one embedder per embedding config for the whole step
+    done: dict[str, dict[str, ProjectionReport]] = {s.asset: {} for s in specs}
+    failed: dict[str, dict[str, Exception]] = {s.asset: {} for s in specs}
+    check_results: dict[dg.AssetCheckKey, dict[str, dg.AssetCheckResult]] = {c.key: {} for c in checks}
     for familiar_id in context.partition_keys:
-        if planned and familiar_id not in planned:
-            context.add_asset_metadata({"status": NOT_DUE}, partition_key=familiar_id)
+        due = [s for s in specs if config.due(s.asset, familiar_id)]
+        for spec in specs:
+            if spec not in due:
+                context.add_asset_metadata({"status": NOT_DUE}, asset_key=spec.asset, partition_key=familiar_id)
+        if not due:
             continue
         try:
-            outcome = project_familiar(spec, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data,
-                                       llm=llm, embedder=embedder)
-        except Exception as exc:  # reported on this familiar's partition; the others carry on
-            failed[familiar_id] = exc
-            context.log.error(f"[{familiar_id}] {spec.name} failed: {type(exc).__name__}: {exc}", exc_info=exc)
-            context.add_asset_metadata({"status": f"failed: {type(exc).__name__}: {exc}"}, partition_key=familiar_id)
+            outcome = project_familiar(due, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data, llm=llm,
+                                       embedder=embedder, checks=checks, embedders=embedders)
+        except Exception as exc:  # the familiar could not be opened at all (config, lock, storage)
+            outcome = FamiliarPass(failed={s.asset: exc for s in due})
+        for asset, exc in outcome.failed.items():
+            failed[asset][familiar_id] = exc
+            context.log.error(f"[{familiar_id}] {asset} failed: {type(exc).__name__}: {exc}", exc_info=exc)
+            context.add_asset_metadata({"status": f"failed: {type(exc).__name__}: {exc}"}, asset_key=asset,
+                                       partition_key=familiar_id)
+        for asset, result in outcome.results.items():
+            done[asset][familiar_id] = result["report"]
+            context.add_asset_metadata(result["metadata"], asset_key=asset, partition_key=familiar_id)
+        # One line per familiar that did something (each is an event the run's log stores: the
+        # per-asset details are on each partition's materialization).
+        worked = [r["report"] for r in outcome.results.values() if r["report"].status not in ("no-op", "disabled")]
+        if worked:
+            context.log.info(f"[{familiar_id}] " + "; ".join(r.summary_line() for r in worked))
+        for key, result in outcome.checks.items():
+            check_results[key][familiar_id] = result
+    lost = {asset: errors for asset, errors in failed.items() if errors and not done[asset]}
+    for spec in specs:
+        if spec.asset in lost:
             continue
-        done[familiar_id] = outcome["report"]
-        context.log.info(f"[{familiar_id}] {outcome['report'].summary_line()}")
-        context.add_asset_metadata(outcome["metadata"], partition_key=familiar_id)
-    if failed and not done:
-        if len(failed) == 1:
-            raise next(iter(failed.values()))
-        raise dg.Failure(
-            description=f"{spec.asset}: every familiar failed: "
-            + "; ".join(f"{f}: {type(e).__name__}: {e}" for f, e in failed.items())
+        key = dg.AssetKey(spec.asset)
+        yield dg.MaterializeResult(
+            asset_key=key,
+            data_version=output_version(context, key, done[spec.asset], rebuild=config.rebuild),
+            check_results=[combine_check_results(check_results[c.key], check=c) for c in checks
+                           if c.asset == spec.asset and check_results[c.key]],
         )
-    return dg.MaterializeResult(data_version=output_version(context, done, rebuild=config.rebuild))
+    if lost:
+        errors = [(asset, f, e) for asset, errs in lost.items() for f, e in errs.items()]
+        if len(errors) == 1:
+            raise errors[0][2]
+        raise dg.Failure(
+            description="every familiar failed: " + "; ".join(f"{a} for {f}: {type(e).__name__}: {e}" for a, f, e in errors)
+        )
 
 
-def output_version(context: dg.AssetExecutionContext, reports: dict[str, ProjectionReport], *, rebuild: bool) -> dg.DataVersion:
+def output_version(context: dg.AssetExecutionContext, asset_key: dg.AssetKey, reports: dict[str, ProjectionReport], *,
+                   rebuild: bool) -> dg.DataVersion:
     """A data version that changes only when the run changed the projection's rows.
 
     The followers' automation condition fires on a changed data version, not on any
@@ -214,7 +299,7 @@ def output_version(context: dg.AssetExecutionContext, reports: dict[str, Project
 
     previous = set()
     for partition_key in context.partition_keys:
-        record = context.instance.get_latest_data_version_record(context.asset_key, partition_key=partition_key)
+        record = context.instance.get_latest_data_version_record(asset_key, partition_key=partition_key)
         previous.add(extract_data_version_from_entry(record.event_log_entry) if record else None)
     if len(previous) == 1:
         return previous.pop() or dg.DataVersion("empty")
@@ -247,42 +332,71 @@ FOLLOWS_FACTS = (
 ).with_label("after facts change")
 
 
-def projection_asset(spec: ProjectorSpec) -> dg.AssetsDefinition:
+MEMORY_OP = "memory"
+
+
+def asset_spec(spec: ProjectorSpec) -> dg.AssetSpec:
     """The Dagster asset of one projector, everything about it read from its spec."""
-    resources = {"familiar_data", "llm"} | ({"embedder"} if spec.needs_embedder else set())
-
-    def materialize(context: dg.AssetExecutionContext, config: ProjectionConfig) -> dg.MaterializeResult:
-        res = context.resources
-        embedder = res.embedder if spec.needs_embedder else None
-        return materialize_projection(context, spec, config, res.familiar_data, res.llm, embedder)
-
-    materialize.__doc__ = spec.description or None  # Dagster formats it like a docstring
-    return dg.asset(
-        name=spec.asset,
-        partitions_def=familiars_partitions,
+    return dg.AssetSpec(
+        spec.asset,
+        deps=list(spec.inputs),
+        description=spec.description or None,
         group_name=spec.group,
         kinds=set(spec.kinds),
-        deps=list(spec.inputs),
         tags={"projector": spec.name},
         automation_condition=FOLLOWS_FACTS if spec.trigger == FACTS else None,
+        partitions_def=familiars_partitions,
+        skippable=True,
+    )
+
+
+def projection_assets(specs: list[ProjectorSpec], name: str) -> dg.AssetsDefinition:
+    """One step that materializes any subset of `specs`' assets, each familiar through all of them in turn.
+
+    Per familiar: one writer lock, one store connection, one snapshot publish, the
+    checks on the connection it wrote with. The assets stay separate in the UI (lineage,
+    per-partition materializations, backfills, automation); a run picks any of them.
+    """
+    resources = {"familiar_data", "llm"} | ({"embedder"} if any(s.needs_embedder for s in specs) else set())
+    for i, spec in enumerate(specs):  # the step runs them in this order, so each must come after what it reads
+        later = {s.asset for s in specs[i:]}.intersection(spec.inputs)
+        if later:
+            raise ValueError(f"projector {spec.name!r} reads {sorted(later)}, which its step runs after it")
+
+    @dg.multi_asset(
+        name=name,
+        specs=[asset_spec(s) for s in specs],
+        check_specs=[c.spec for c in memory_checks(s.asset for s in specs)],
+        partitions_def=familiars_partitions,
+        can_subset=True,
         # A UI or CLI backfill (and declarative automation) over many familiars is one run
         # per contiguous range of them, not one per familiar: the run's fixed cost is paid once.
         backfill_policy=dg.BackfillPolicy.single_run(),
         required_resource_keys=resources,
-    )(materialize)
+        description="Memory projections of the run's familiars, each familiar through the selected ones in turn.",
+    )
+    def _projections(context: dg.AssetExecutionContext, config: ProjectionConfig):
+        res = context.resources
+        embedder = res.embedder if "embedder" in resources else None
+        yield from materialize_projections(context, specs, config, res.familiar_data, res.llm, embedder)
+
+    return _projections
 
 
-ASSETS: dict[str, dg.AssetsDefinition] = {spec.asset: projection_asset(spec) for spec in registry.BUILTIN_SPECS}
-
-TURN_DRIVEN_ASSETS = [ASSETS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger != FACTS and not s.needs_embedder]
-FACT_DRIVEN_ASSETS = [ASSETS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger == FACTS]
-# Turn-driven too, but kept out of TURN_DRIVEN_ASSETS so selections without an embedder resource stay valid.
-TURN_EMBEDDING_ASSETS = [ASSETS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger != FACTS and s.needs_embedder]
+def projection_asset(spec: ProjectorSpec) -> dg.AssetsDefinition:
+    """A plugin projector's asset: the same step over its one spec, named after its asset."""
+    return projection_assets([spec], spec.asset)
 
 
-def __getattr__(name: str) -> dg.AssetsDefinition:
-    """Each built-in asset by its name, e.g. `from familiar_pipeline.defs.assets import facts`."""
-    try:
-        return ASSETS[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+# The built-in projectors: one step, each asset selectable on its own.
+MEMORY = projection_assets(list(registry.BUILTIN_SPECS), MEMORY_OP)
+ASSET_KEYS: dict[str, dg.AssetKey] = {spec.asset: dg.AssetKey(spec.asset) for spec in registry.BUILTIN_SPECS}
+
+TURN_DRIVEN = [ASSET_KEYS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger != FACTS and not s.needs_embedder]
+FACT_DRIVEN = [ASSET_KEYS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger == FACTS]
+TURN_EMBEDDING = [ASSET_KEYS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger != FACTS and s.needs_embedder]
+
+
+def op_name(asset: str) -> str:
+    """The step (op) that materializes an asset: `memory` for the built-ins, a plugin asset's own name."""
+    return MEMORY_OP if asset in ASSET_KEYS else asset

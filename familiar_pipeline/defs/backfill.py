@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from familiar_pipeline.defs.assets import op_name
 from familiar_pipeline.defs.jobs import PROJECTION_JOB
 from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.projectors import registry
@@ -63,7 +64,7 @@ def submit(familiar_id: str, asset: str, *, rebuild: bool, url: str) -> str:
     client = DagsterGraphQLClient(address.hostname, port_number=address.port, timeout=30)
     return client.submit_job_execution(
         PROJECTION_JOB,
-        run_config={"ops": {asset: {"config": {"rebuild": rebuild}}}},
+        run_config={"ops": {op_name(asset): {"config": {"rebuild": rebuild}}}},
         tags={"dagster/partition": familiar_id, "familiar": familiar_id, "trigger": "familiar backfill",
               **PROJECTION_QUEUE_TAG},
         asset_selection=[asset],
@@ -85,7 +86,7 @@ def run_in_process(familiar_id: str, asset: str, *, rebuild: bool):
     result = job.execute_in_process(
         instance=instance,
         partition_key=familiar_id,
-        run_config={"ops": {asset: {"config": {"rebuild": rebuild}}}},
+        run_config={"ops": {op_name(asset): {"config": {"rebuild": rebuild}}}},
         asset_selection=[dg.AssetKey(asset)],
         tags={"familiar": familiar_id, "trigger": "familiar backfill"},
         raise_on_error=False,

@@ -1,21 +1,27 @@
 """Asset checks: the invariants that would poison downstream projections if broken.
 
-Blocking checks (facts citing turns that exist, subjects that are known
-participants, no fact retired twice, every replacement id existing) stop
-downstream assets in the same run; the reflection and dossier checks and the
-snapshot check warn (the snapshot one when the bot's serving snapshot lags the
-store; the next run republishes it).
+Each check is a plain function of a familiar's store and turn log (what it finds is
+a list of violations), declared once as a `MemoryCheck` on the asset it guards. The
+projection step evaluates them per familiar right after that asset's projector, on the
+connection it wrote with (no second open of the file), and reports one result per
+check per run (`combine_check_results`). Blocking checks (facts citing turns that
+exist, subjects that are known participants, no fact retired twice, every
+replacement id existing) hold back what is built on the asset for that familiar; the
+reflection and dossier checks do not, and the snapshot check warns when the bot's
+serving snapshot lags the store after the step's publish (the next run republishes it).
 """
 
+from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import dagster as dg
 
-from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.defs.partitions import familiars_partitions
-from familiar_pipeline.defs.resources import FamiliarData
+from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -26,11 +32,6 @@ SAMPLE = 10
 # we opt in, so `familiar backfill`, `familiar eval` ... do not print it on each start.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
                         category=dg.PreviewWarning)
-
-
-def _open(familiar_data: FamiliarData, familiar_id: str):
-    paths = familiar_data.paths(familiar_id)
-    return paths, ProjectionStore(paths.memory_db, read_only=True) if paths.memory_db.exists() else None
 
 
 def missing_source_turns(store: ProjectionStore, turn_log: TurnLog) -> list[tuple[int, int]]:
@@ -55,106 +56,6 @@ def snapshot_lag(store: ProjectionStore, serving_dir) -> dict | None:
     published = manifest.get("store_watermark")
     current = store.serving_watermark()
     return None if published == current else {"store": current, "snapshot": published}
-
-
-def checked_familiars(context: dg.AssetCheckExecutionContext) -> list[str]:
-    """The run's familiars that its plan had the checked asset process (all of them without a plan)."""
-    asset = context.check_specs[0].asset_key.path[-1]
-    ops = (context.run.run_config or {}).get("ops") or {}
-    planned = set(((ops.get(asset) or {}).get("config") or {}).get("familiars") or ())
-    return [f for f in context.partition_keys if not planned or f in planned]
-
-
-def per_familiar(context: dg.AssetCheckExecutionContext, check_one) -> dg.AssetCheckResult:
-    """`check_one(familiar_id)` for each familiar of the run, as one result.
-
-    Dagster 1.13 evaluates a check once per run, with no partition when the run covers
-    several; the result passes only if every familiar passed, and names the ones that
-    did not with their own metadata. A run of one familiar reports its result as is.
-    A familiar that cannot be checked at all (its store unreadable: the asset has already
-    reported that familiar failed) warns rather than blocking the others' followers.
-    """
-    results = {}
-    for familiar_id in checked_familiars(context):
-        try:
-            results[familiar_id] = check_one(familiar_id)
-        except Exception as exc:
-            if len(context.partition_keys) == 1:
-                raise
-            results[familiar_id] = dg.AssetCheckResult(
-                passed=False, severity=dg.AssetCheckSeverity.WARN,
-                metadata={"error": f"could not check: {type(exc).__name__}: {exc}"},
-            )
-    if len(results) == 1:
-        return next(iter(results.values()))
-    failing = {f: r for f, r in results.items() if not r.passed}
-    errors = any(r.severity == dg.AssetCheckSeverity.ERROR for r in failing.values())
-    severity = dg.AssetCheckSeverity.ERROR if errors or not failing else dg.AssetCheckSeverity.WARN
-    return dg.AssetCheckResult(
-        passed=not failing,
-        severity=severity,
-        metadata={
-            "familiars_checked": len(results),
-            "failing": dg.MetadataValue.json(
-                {f: {k: v.value for k, v in r.metadata.items()} for f, r in failing.items()}
-            ),
-        },
-    )
-
-
-def _check_facts(familiar_data: FamiliarData, familiar_id: str, finder, what: str) -> dg.AssetCheckResult:
-    paths, store = _open(familiar_data, familiar_id)
-    if store is None:
-        return dg.AssetCheckResult(passed=True, metadata={"note": "no store yet"})
-    try:
-        with TurnLog(paths.turns_db, readonly=True) as turn_log:
-            bad = finder(store, turn_log)
-    finally:
-        store.close()
-    return dg.AssetCheckResult(
-        passed=not bad,
-        metadata={"violations": len(bad), "sample": dg.MetadataValue.json([list(map(str, b)) for b in bad[:SAMPLE]]), "what": what},
-    )
-
-
-@dg.asset_check(asset="facts", blocking=True, partitions_def=familiars_partitions, description="Every fact's source_turn_ids exist in the turn log.")
-def facts_cite_existing_turns(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return per_familiar(context, lambda f: _check_facts(familiar_data, f, missing_source_turns, "(fact id, missing turn id)"))
-
-
-@dg.asset_check(asset="facts", blocking=True, partitions_def=familiars_partitions, description="Every subject key is a known participant or the familiar's own ego key.")
-def fact_subjects_are_participants(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return per_familiar(context, lambda familiar_id: _check_facts(
-        familiar_data, familiar_id, lambda s, t: unknown_subject_keys(s, t, familiar_id), "(fact id, unknown key)"
-    ))
-
-
-def snapshot_check(asset_name: str) -> dg.AssetChecksDefinition:
-    @dg.asset_check(
-        asset=asset_name,
-        name="serving_snapshot_in_step",
-        partitions_def=familiars_partitions,
-        description="The bot's Parquet snapshot carries the same watermarks as memory.duckdb.",
-    )
-    def _check(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-        return per_familiar(context, lambda familiar_id: _snapshot_in_step(familiar_data, familiar_id))
-
-    return _check
-
-
-def _snapshot_in_step(familiar_data: FamiliarData, familiar_id: str) -> dg.AssetCheckResult:
-    paths, store = _open(familiar_data, familiar_id)
-    if store is None:
-        return dg.AssetCheckResult(passed=True, metadata={"note": "no store yet"})
-    try:
-        lag = snapshot_lag(store, paths.serving_dir)
-    finally:
-        store.close()
-    return dg.AssetCheckResult(
-        passed=lag is None,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={"lag": dg.MetadataValue.json(lag or {})},
-    )
 
 
 # ----------------------------------------------------------------------------- fact-driven invariants
@@ -193,41 +94,96 @@ def dossiers_ahead_of_facts(store: ProjectionStore, turn_log: TurnLog | None = N
     return [(d.canonical_key, d.last_fact_id) for d in store.dossiers() if d.last_fact_id > latest]
 
 
-@dg.asset_check(asset="fact_supersessions", blocking=True, partitions_def=familiars_partitions, description="No fact was retired by more than one supersession decision.")
-def no_fact_superseded_twice(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return per_familiar(context, lambda f: _check_facts(familiar_data, f, facts_superseded_twice, "(fact id, times retired)"))
+SNAPSHOT_CHECK = "serving_snapshot_in_step"
 
 
-@dg.asset_check(asset="fact_supersessions", blocking=True, partitions_def=familiars_partitions, description="Every superseded_by points at an existing, different fact.")
-def superseded_by_exists(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return per_familiar(context, lambda f: _check_facts(familiar_data, f, dangling_superseded_by, "(fact id, missing replacement)"))
+@dataclass(frozen=True)
+class MemoryCheck:
+    """One invariant of one asset. `find(store, turn_log, familiar_id)` lists its violations;
+    None for the snapshot check, which compares the published manifest with the store."""
+
+    name: str
+    asset: str
+    description: str
+    find: Callable[[ProjectionStore, TurnLog, str], list] | None
+    what: str = ""
+    blocking: bool = False
+
+    @property
+    def key(self) -> dg.AssetCheckKey:
+        return dg.AssetCheckKey(dg.AssetKey(self.asset), self.name)
+
+    @property
+    def spec(self) -> dg.AssetCheckSpec:
+        return dg.AssetCheckSpec(self.name, asset=self.asset, description=self.description,
+                                 blocking=self.blocking, partitions_def=familiars_partitions)
+
+    def evaluate(self, runtime, familiar_id: str) -> dg.AssetCheckResult:
+        """This familiar's result, on the runtime's open store (none yet: nothing to check)."""
+        if not runtime.paths.memory_db.exists():
+            return dg.AssetCheckResult(passed=True, metadata={"note": "no store yet"})
+        try:
+            with runtime.store() as store:
+                if self.find is None:
+                    lag = snapshot_lag(store, runtime.paths.serving_dir)
+                    return dg.AssetCheckResult(passed=lag is None, severity=dg.AssetCheckSeverity.WARN,
+                                               metadata={"lag": dg.MetadataValue.json(lag or {})})
+                bad = self.find(store, runtime.turn_log(), familiar_id)
+        except Exception as exc:  # a check that cannot run warns; it does not block the familiar's followers
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                       metadata={"error": f"could not check: {type(exc).__name__}: {exc}"})
+        return dg.AssetCheckResult(
+            passed=not bad,
+            metadata={"violations": len(bad), "sample": dg.MetadataValue.json([list(map(str, b)) for b in bad[:SAMPLE]]),
+                      "what": self.what},
+        )
 
 
-@dg.asset_check(asset="reflections", partitions_def=familiars_partitions, description="Every reflection cites at least one existing turn or fact.")
-def reflections_cite_something(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return per_familiar(context, lambda f: _check_facts(familiar_data, f, uncited_reflections, "(reflection id, citations)"))
+def combine_check_results(results: dict[str, dg.AssetCheckResult], *, check: MemoryCheck) -> dg.AssetCheckResult:
+    """One check's results over the familiars of a run, as the one result Dagster records for the run.
+
+    Dagster 1.13 records a check once per run, with no partition when the run covers
+    several familiars; the result passes only if every familiar passed, and names the
+    ones that did not with their own metadata. A run of one familiar reports its result as is.
+    """
+    if len(results) == 1:
+        result = next(iter(results.values()))
+    else:
+        failing = {f: r for f, r in results.items() if not r.passed}
+        errors = any(r.severity == dg.AssetCheckSeverity.ERROR for r in failing.values())
+        result = dg.AssetCheckResult(
+            passed=not failing,
+            severity=dg.AssetCheckSeverity.ERROR if errors or not failing else dg.AssetCheckSeverity.WARN,
+            metadata={
+                "familiars_checked": len(results),
+                "failing": dg.MetadataValue.json({f: {k: v.value for k, v in r.metadata.items()} for f, r in failing.items()}),
+            },
+        )
+    return result._replace(asset_key=check.key.asset_key, check_name=check.name)
 
 
-@dg.asset_check(asset="people_dossiers", partitions_def=familiars_partitions, description="No dossier's last_fact_id is past the newest fact id.")
-def dossiers_within_facts(context: dg.AssetCheckExecutionContext, familiar_data: FamiliarData) -> dg.AssetCheckResult:
-    return per_familiar(context, lambda f: _check_facts(familiar_data, f, dossiers_ahead_of_facts, "(subject, last_fact_id)"))
+CHECKS: tuple[MemoryCheck, ...] = (
+    MemoryCheck("facts_cite_existing_turns", "facts", "Every fact's source_turn_ids exist in the turn log.",
+                lambda s, t, f: missing_source_turns(s, t), "(fact id, missing turn id)", blocking=True),
+    MemoryCheck("fact_subjects_are_participants", "facts",
+                "Every subject key is a known participant or the familiar's own ego key.",
+                unknown_subject_keys, "(fact id, unknown key)", blocking=True),
+    MemoryCheck("no_fact_superseded_twice", "fact_supersessions", "No fact was retired by more than one supersession decision.",
+                lambda s, t, f: facts_superseded_twice(s), "(fact id, times retired)", blocking=True),
+    MemoryCheck("superseded_by_exists", "fact_supersessions", "Every superseded_by points at an existing, different fact.",
+                lambda s, t, f: dangling_superseded_by(s), "(fact id, missing replacement)", blocking=True),
+    MemoryCheck("reflections_cite_something", "reflections", "Every reflection cites at least one existing turn or fact.",
+                lambda s, t, f: uncited_reflections(s, t), "(reflection id, citations)"),
+    MemoryCheck("dossiers_within_facts", "people_dossiers", "No dossier's last_fact_id is past the newest fact id.",
+                lambda s, t, f: dossiers_ahead_of_facts(s), "(subject, last_fact_id)"),
+    *(
+        MemoryCheck(SNAPSHOT_CHECK, asset, "The bot's Parquet snapshot carries the same watermarks as memory.duckdb.", None)
+        for asset in ("facts", "rolling_summary", "turns_fts", "fact_supersessions", "people_dossiers", "reflections")
+    ),
+)
 
 
-FACT_DRIVEN_CHECKS = [
-    no_fact_superseded_twice,
-    superseded_by_exists,
-    reflections_cite_something,
-    dossiers_within_facts,
-    snapshot_check("fact_supersessions"),
-    snapshot_check("people_dossiers"),
-    snapshot_check("reflections"),
-]
-
-ALL_CHECKS = [
-    facts_cite_existing_turns,
-    fact_subjects_are_participants,
-    snapshot_check("facts"),
-    snapshot_check("rolling_summary"),
-    snapshot_check("turns_fts"),
-    *FACT_DRIVEN_CHECKS,
-]
+def memory_checks(assets: Iterable[str]) -> tuple[MemoryCheck, ...]:
+    """The checks on these assets."""
+    wanted = set(assets)
+    return tuple(c for c in CHECKS if c.asset in wanted)

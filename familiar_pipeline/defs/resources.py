@@ -52,13 +52,20 @@ class EmbedderResource(dg.ConfigurableResource):
 
 
 def build_runtime(data: FamiliarData, llm: LlmResource, familiar_id: str, *, usage=None, embedder: EmbedderResource | None = None,
-                  config: FamiliarConfig | None = None) -> FamiliarRuntime:
-    """The familiar's runtime; `config`: its effective config when the caller already loaded it."""
+                  config: FamiliarConfig | None = None, embedders: dict | None = None) -> FamiliarRuntime:
+    """The familiar's runtime; `config`: its effective config when the caller already loaded it.
+
+    `embedders`: a cache (embedding config -> embedder) shared by the familiars of one
+    step, so a run over many familiars loads the embedding model once, not per familiar.
+    """
     config = config or data.config(familiar_id)
     paths = data.paths(familiar_id)
-    return FamiliarRuntime(
-        paths=paths,
-        config=config,
-        llm_client=llm.client(config, paths, usage=usage),
-        embedder=embedder.embedder(config) if embedder is not None else None,
-    )
+    model = None
+    if embedder is not None:
+        if embedders is None:
+            model = embedder.embedder(config)
+        else:
+            if config.embedding not in embedders:
+                embedders[config.embedding] = embedder.embedder(config)
+            model = embedders[config.embedding]
+    return FamiliarRuntime(paths=paths, config=config, llm_client=llm.client(config, paths, usage=usage), embedder=model)

@@ -27,7 +27,7 @@ from typing import Iterable
 
 import dagster as dg
 
-from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG
+from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG, op_name
 from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.config import ConfigError, PipelineConfig, load_config, render_config
 from familiar_pipeline.storage.paths import FamiliarPaths, data_root, list_familiars
@@ -182,13 +182,15 @@ def evaluate_tick(
     in_flight: dict[str, InFlightRun],
     max_requests: int,
     model_assets: frozenset[str] = frozenset(),
+    ops: dict[str, str] | None = None,
 ) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
     """Pure tick logic: (run requests, new partitions, new cursor, log lines).
 
     `known_partitions`: the dynamic partitions in their order (Dagster's: insertion);
     the new ones are added after them in `familiars` order. At most one run request:
     the range over every due familiar, at most `max_requests` of them (the flood guard).
-    `model_assets`: the assets that need the background model (kind "llm").
+    `model_assets`: the assets that need the background model (kind "llm"); `ops`: asset ->
+    the step that materializes it (default: `op_name`).
     """
     notes: list[str] = []
     new_cursor = dict(cursor)
@@ -234,15 +236,15 @@ def evaluate_tick(
         new_cursor[TOLD_NO_MODEL] = told
     else:
         new_cursor.pop(TOLD_NO_MODEL, None)
-    requests = [range_request(plan, states)] if plan else []
+    requests = [range_request(plan, states, ops)] if plan else []
     return requests, new_partitions, new_cursor, notes
 
 
-def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState]) -> dg.RunRequest:
+def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState], ops: dict[str, str] | None = None) -> dg.RunRequest:
     """One run over every planned familiar: the range from the first to the last (in partition order).
 
-    Familiars between them that are not in the plan are in the range too; each asset's
-    `familiars` config lists those it is due for, and it skips the others unopened.
+    Familiars between them that are not in the plan are in the range too; the step's
+    `familiars` config lists, per asset, those it is due for, and it skips the others unopened.
     """
     first, last = next(iter(plan)), next(reversed(plan))
     selection = list(dict.fromkeys(a for assets in plan.values() for a in assets))
@@ -256,7 +258,7 @@ def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState]) 
         # Idempotent: the same familiars in the same state ask for the same run.
         run_key=f"{first}..{last}:{hashlib.sha256((marks + repr(selection)).encode()).hexdigest()[:16]}",
         asset_selection=[dg.AssetKey(a) for a in selection],
-        run_config={"ops": {asset: {"config": {"familiars": familiars}} for asset, familiars in due_for.items()}},
+        run_config={"ops": step_config(due_for, ops)},
         tags={
             RANGE_START_TAG: first,
             RANGE_END_TAG: last,
@@ -266,6 +268,15 @@ def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState]) 
             **(FOLLOWERS_INCLUDED_TAG if any(s.asset in selection for s in _triggered(FACTS)) else {}),
         },
     )
+
+
+def step_config(due_for: dict[str, list[str]], ops: dict[str, str] | None = None) -> dict:
+    """The run config of each step: per asset it materializes, the familiars that asset is due for."""
+    config: dict[str, dict] = {}
+    for asset, familiars in due_for.items():
+        step = (ops or {}).get(asset) or op_name(asset)
+        config.setdefault(step, {"config": {"familiars": {}}})["config"]["familiars"][asset] = familiars
+    return config
 
 
 def run_familiars(run: dg.DagsterRun, order: list[str]) -> dict[str, int | None]:
@@ -338,6 +349,7 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
     model_assets = frozenset(
         spec.key.path[-1] for asset in targets for spec in asset.specs if "llm" in spec.kinds
     )
+    ops = {key.path[-1]: asset.op.name for asset in targets for key in asset.keys}
     interval = cadence.interval_s
     fallback = f" Config error, using the default: {cadence.error}" if cadence.error else ""
 
@@ -366,7 +378,7 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
             max_requests = 20
         requests, new_partitions, new_cursor, notes = evaluate_tick(
             cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests,
-            model_assets=model_assets,
+            model_assets=model_assets, ops=ops,
         )
         for note in notes:
             context.log.info(note)

@@ -145,15 +145,18 @@ def default_knobs() -> dict[str, Any]:
     return {spec.name: spec.knobs() for spec in _PROJECTORS.values() if spec.has_knobs}
 
 
-# The built-in projectors, in the order their assets are listed. A new built-in is one line here.
+# The built-in projectors, in the order a run executes them for each familiar (each after
+# what it reads). A new built-in is one line here. Fact embeddings come straight after the
+# facts, before supersession retires any: every fact then gets its vector whether the facts
+# arrive batch by batch or all at once in a rebuild, so the two build the same rows.
 BUILTIN_SPECS: tuple[ProjectorSpec, ...] = (
     turns_index.SPEC,
     summary.SPEC,
     facts.SPEC,
+    embeddings.SPEC,
     supersede.SPEC,
     dossiers.SPEC,
     reflections.SPEC,
-    embeddings.SPEC,
     turn_embeddings.SPEC,
     turn_windows.SPEC,
 )

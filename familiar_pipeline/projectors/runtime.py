@@ -31,10 +31,12 @@ from familiar_pipeline.storage.turns import TurnLog
 
 log = logging.getLogger(__name__)
 
-# Batches of a long catch-up commit one after another; publishing the snapshot
-# after every one of them would cost more than the batches. Writes publish at
-# most this often, and close() publishes whatever is still unpublished.
-PUBLISH_INTERVAL_S = 1.0
+# A step runs each familiar through every selected projector, and a long catch-up
+# commits batch after batch; publishing the snapshot after each write would cost more
+# than the writes. Writes publish at most this often, counted from the runtime's start,
+# so a familiar whose projectors finish sooner publishes once, at close(); a long
+# catch-up still shows its progress to the bot every few seconds.
+PUBLISH_INTERVAL_S = 5.0
 
 
 class NoModelConfigured(RuntimeError):
@@ -110,7 +112,7 @@ class FamiliarRuntime:
     _turn_log: TurnLog | None = field(default=None, init=False, repr=False)
     _indexes: dict[str, FtsIndex] = field(default_factory=dict, init=False, repr=False)
     _unpublished: bool = field(default=False, init=False, repr=False)
-    _last_publish: float = field(default=0.0, init=False, repr=False)
+    _last_publish: float = field(default_factory=time.monotonic, init=False, repr=False)
     _writer: WriterLock | None = field(default=None, init=False, repr=False)
     _open_store: ProjectionStore | None = field(default=None, init=False, repr=False)
     published_version: int = field(default=0, init=False)
