@@ -26,7 +26,12 @@ appends `--rate` messages per second in total, spread round-robin over them, for
 A quiet familiar's last batch closes `quiet_s` after its last message (set with
 `--quiet-s`, default 20), so the drain should be longer than that.
 
+`--order`: `round-robin` sends message n to familiar n mod N, so every familiar fills
+its batch in the same few seconds (the worst case: N batches close at once); `random`
+sends each message to a familiar drawn at random (seeded), as independent users would.
+
     uv run python benchmarks/scale.py --familiars 3 --rate 1 --duration 30
+    uv run python benchmarks/scale.py --sweep 1,10,100,1000 --out docs/bench   # the curve: scale.json, scale.png
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -104,8 +110,10 @@ def prepare(tmp: Path, familiars: int) -> list[FamiliarPaths]:
     return out
 
 
-def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: float) -> tuple[dict, dict]:
+def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: float,
+          order: str = "round-robin") -> tuple[dict, dict]:
     """Append the messages, watch the snapshots; (appended, visible): (familiar, turn id) -> monotonic time."""
+    pick = random.Random(0)
     logs = [TurnLog(p.turns_db) for p in familiars]
     readers = [SnapshotReader(p.serving_dir) for p in familiars]
     appended: dict[tuple[int, int], float] = {}
@@ -119,7 +127,7 @@ def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: f
             now = time.monotonic()
             while len(appended) < total and started + len(appended) / rate <= now:
                 n = len(appended)
-                f = n % len(familiars)
+                f = n % len(familiars) if order == "round-robin" else pick.randrange(len(familiars))
                 turn = logs[f].append_turn(channel_id=1, role="user", author_key="discord:1", author_display="Ana",
                                            content=f"Message {n}: I keep a journal about mountain walk number {n}")
                 appended[(f, turn.id)] = time.monotonic()
@@ -218,7 +226,7 @@ def run_breakdown(dagster_home: Path) -> dict:
 
 
 def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s: int, sensor_interval: int | None,
-            settle: float = 120) -> dict:
+            settle: float = 120, order: str = "round-robin") -> dict:
     load_at_start = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
@@ -232,7 +240,7 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
             print(f"ready after {ready:.1f}s; {familiars} familiars, {rate} messages/s for {duration}s", flush=True)
             sampler.start()
             cpu_before = sampler.cpu_seconds()
-            appended, visible = drive(paths, rate, duration, drain)
+            appended, visible = drive(paths, rate, duration, drain, order)
             settled = wait_for_runs(tmp / "dagster_home", settle)
             sampler.stopped.set()
             sampler.join()
@@ -244,7 +252,7 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
         fresh = sorted(visible[k] - appended[k] for k in visible)
         lags = batch_lags(appended, visible)
         result = {
-            "familiars": familiars, "messages_per_s": rate, "duration_s": duration, "quiet_s": quiet_s,
+            "familiars": familiars, "messages_per_s": rate, "duration_s": duration, "quiet_s": quiet_s, "order": order,
             "messages": len(appended), "with_facts": len(visible), "backlog_messages": len(appended) - len(visible),
             "freshness_p50_s": round(percentile(fresh, 0.5), 1) if fresh else None,
             "freshness_p95_s": round(percentile(fresh, 0.95), 1) if fresh else None,
@@ -262,6 +270,46 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
         return result
 
 
+def sweep_rate(familiars: int) -> float:
+    """The sweep's total message rate: one message every 2 s per familiar, at most 10 per second in all."""
+    return min(familiars / 2, 10.0)
+
+
+def plot(results: list[dict], path: Path) -> Path | None:
+    """Batch lag and freshness p95, and busy CPU per 1,000 turns, against the number of familiars."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (uv sync installs it with the dev group): no plot", file=sys.stderr)
+        return None
+    rows = sorted(results, key=lambda r: r["familiars"])
+    xs = [r["familiars"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("batch_lag_p95_s", "batch lag p95"), ("freshness_p95_s", "freshness p95"),
+                       ("batch_lag_p50_s", "batch lag p50")):
+        left.plot(xs, [r[key] if r[key] is not None else float("nan") for r in rows], marker="o", label=label)
+    left.axhline(30, color="red", linestyle="--", label="target: batch lag p95 30 s")
+    left.set_ylabel("seconds")
+    left.set_title("Message to facts in the bot's snapshot")
+    right.plot(xs, [r["busy_cpu_s_per_1000_turns"] for r in rows], marker="o", label="busy CPU-s per 1,000 turns")
+    right.axhline(100, color="red", linestyle="--", label="target 100")
+    right.set_title("Cost")
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{x:,}\n{r['messages_per_s']:g} msg/s" for x, r in zip(xs, rows)])
+        ax.set_xlabel("familiars on one host (total message rate)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Many familiars on one 2-core host ({rows[0].get('order', 'round-robin')} messages, scripted model)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--familiars", type=int, default=3)
@@ -271,9 +319,25 @@ def main() -> None:
     parser.add_argument("--quiet-s", type=int, default=20, help="[providers.memory.rich_note].quiet_s for the run")
     parser.add_argument("--settle", type=float, default=120.0, help="most seconds to wait for in-flight runs after the drain")
     parser.add_argument("--sensor-interval", type=int, default=None)
+    parser.add_argument("--order", choices=("round-robin", "random"), default="round-robin",
+                        help="which familiar each message goes to")
+    parser.add_argument("--sweep", default="", help="comma-separated familiar counts, each at sweep_rate(N) (overrides --familiars/--rate)")
+    parser.add_argument("--out", type=Path, default=None, help="with --sweep: write scale.json and scale.png here")
     args = parser.parse_args()
-    result = measure(args.familiars, args.rate, args.duration, args.drain, args.quiet_s, args.sensor_interval, args.settle)
-    print(json.dumps(result, indent=1), flush=True)
+    if not args.sweep:
+        result = measure(args.familiars, args.rate, args.duration, args.drain, args.quiet_s, args.sensor_interval,
+                         args.settle, args.order)
+        print(json.dumps(result, indent=1), flush=True)
+        return
+    results = []
+    for n in (int(x) for x in args.sweep.split(",") if x.strip()):
+        results.append(measure(n, sweep_rate(n), args.duration, args.drain, args.quiet_s, args.sensor_interval,
+                               args.settle, args.order))
+        print(json.dumps(results[-1], indent=1), flush=True)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "scale.json").write_text(json.dumps(results, indent=1) + "\n")
+            plot(results, args.out / "scale.png")
 
 
 if __name__ == "__main__":

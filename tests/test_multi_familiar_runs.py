@@ -197,3 +197,90 @@ def test_sensor_ticks_feed_range_runs_and_a_familiar_added_mid_way_joins_the_nex
 
 def test_projection_assets_backfill_many_familiars_in_one_run():
     assert MEMORY.backfill_policy == dg.BackfillPolicy.single_run()
+
+
+# ----------------------------------------------------------------------------- one step, each familiar once
+
+
+def test_each_familiar_is_opened_and_published_once_per_run(env, monkeypatch):
+    """All selected projections of a familiar share one store connection and one snapshot publish."""
+    import familiar_pipeline.projectors.runtime as runtime_module
+    import familiar_pipeline.storage.store as store_module
+
+    root, instance = env
+    familiars(root, instance, [("a1", 10), ("a2", 10)])
+    published, opened = [], []
+    real_publish, real_init = runtime_module.publish_snapshot, store_module.ProjectionStore.__init__
+
+    def counting_publish(conn, serving_dir, **kwargs):
+        published.append(serving_dir.parent.name)
+        return real_publish(conn, serving_dir, **kwargs)
+
+    def counting_init(self, path, *args, **kwargs):
+        opened.append((path.parent.name, kwargs.get("read_only", False)))
+        real_init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(runtime_module, "publish_snapshot", counting_publish)
+    monkeypatch.setattr(store_module.ProjectionStore, "__init__", counting_init)
+    everything = ["turns_fts", "rolling_summary", "facts", "fact_supersessions", "people_dossiers", "reflections"]
+    result = run_range(root, instance, everything, "a1", "a2")
+    assert result.success
+    assert sorted(published) == ["a1", "a2"], "one publish per familiar, after all its projections"
+    for name in ("a1", "a2"):
+        # One open for the projections; the model calls close it (a notebook may read meanwhile), so a
+        # few reopens follow, but none per projector or per check: fewer opens than projections.
+        writes = [ro for f, ro in opened if f == name and not ro]
+        assert 1 <= len(writes) < len(everything), opened
+        assert not [ro for f, ro in opened if f == name and ro], "the checks read through the writer's connection"
+    assert {e.check_name for e in result.get_asset_check_evaluations()} >= {"facts_cite_existing_turns",
+                                                                             "serving_snapshot_in_step"}
+    assert all(e.passed for e in result.get_asset_check_evaluations())
+
+
+def test_a_failed_blocking_check_holds_back_only_that_familiars_followers(env):
+    from familiar_pipeline.storage.store import FactDraft
+
+    root, instance = env
+    fams = familiars(root, instance, [("a1", 10), ("a2", 10)])
+    assert run_range(root, instance, ["facts"], "a1", "a2").success
+    with ProjectionStore(fams["a1"].memory_db) as store:  # a fact citing a turn the log does not have
+        store.append_fact(FactDraft(text="Ghost fact", source_turn_ids=(4242,)))
+    for paths in fams.values():
+        append_chat(paths, 10, start=10)
+    result = run_range(root, instance, ["facts", "fact_supersessions"], "a1", "a2")
+    supersessions = by_partition(result, "fact_supersessions")
+    assert supersessions["a1"]["status"] == "skipped: blocked: check facts_cite_existing_turns on facts failed"
+    assert not supersessions["a2"]["status"].startswith(("skipped", "failed")), supersessions["a2"]
+    evaluation = next(e for e in result.get_asset_check_evaluations() if e.check_name == "facts_cite_existing_turns")
+    assert not evaluation.passed and "a1" in evaluation.metadata["failing"].value
+    assert "a2" not in evaluation.metadata["failing"].value
+
+
+def test_the_step_refuses_projectors_listed_before_what_they_read():
+    from familiar_pipeline.defs.assets import projection_assets
+    from familiar_pipeline.projectors import registry
+
+    specs = [registry.get_projector("fact_supersede"), registry.get_projector("rich_note")]
+    with pytest.raises(ValueError, match="reads \\['facts'\\], which its step runs after it"):
+        projection_assets(specs, "wrong_order")
+
+
+def test_the_embedding_model_loads_once_per_run_for_many_familiars(env):
+    from familiar_pipeline.models.embedders import HashEmbedder, register_embedder, unregister_embedder
+
+    root, instance = env
+    made = []
+    register_embedder("counted", lambda cfg: made.append(cfg) or HashEmbedder(dim=cfg.dim))
+    try:
+        toml = '[llm.background]\nmodel = "fake/careful"\n[providers.embedding]\nbackend = "counted"\ndim = 32\n' \
+               '[providers.memory]\nprojectors = ["turn_embedding"]\n'
+        for name in ("e1", "e2", "e3"):
+            append_chat(make_familiar(root, name, toml), 5)
+        instance.add_dynamic_partitions("familiars", ["e1", "e2", "e3"])
+        result = run_range(root, instance, ["turn_embeddings"], "e1", "e3")
+        assert result.success
+        assert {f: m["rows_written"] for f, m in by_partition(result, "turn_embeddings").items()} == \
+            {"e1": 5, "e2": 5, "e3": 5}
+        assert len(made) == 1, "one model for the three familiars that share its config"
+    finally:
+        unregister_embedder("counted")

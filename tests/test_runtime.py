@@ -39,14 +39,64 @@ def write_summary(rt, text: str, turn_id: int) -> None:
         rt.publish(store)
 
 
-def test_first_write_publishes_at_once_and_close_publishes_the_rest(tmp_path, monkeypatch):
+def test_writes_publish_once_at_close_or_every_interval_on_a_long_catch_up(tmp_path, monkeypatch):
+    """A familiar's step publishes once, at close; a catch-up longer than the interval shows progress on the way."""
     rt, clock, paths = paced_runtime(tmp_path, monkeypatch, publish_cost_s=0.01)
     write_summary(rt, "first", 1)
-    first = rt.published_version
-    assert first > 0  # the write a waiting conversation sees is never held back
     clock.now += 0.2
     write_summary(rt, "second", 2)
-    assert rt.published_version == first  # within the interval: held
+    assert rt.published_version == 0, "within the interval from the runtime's start: held for close()"
+    clock.now += runtime_mod.PUBLISH_INTERVAL_S
+    write_summary(rt, "third", 3)
+    during = rt.published_version
+    assert during > 0, "a long catch-up publishes every PUBLISH_INTERVAL_S"
+    assert SnapshotReader(paths.serving_dir).current().summary().summary_text == "third"
+    write_summary(rt, "fourth", 4)
+    assert rt.published_version == during
     rt.close()
-    assert rt.published_version > first
-    assert SnapshotReader(paths.serving_dir).current().summary().summary_text == "second"
+    assert rt.published_version > during
+    assert SnapshotReader(paths.serving_dir).current().summary().summary_text == "fourth"
+
+
+class SlowModel:
+    """A model client whose reply takes `delay_s`; it records whether memory.duckdb was free meanwhile."""
+
+    def __init__(self, paths, delay_s: float):
+        self.paths, self.delay_s, self.free_during_call = paths, delay_s, []
+
+    def complete(self, messages, **kwargs):
+        import time
+
+        from familiar_pipeline.storage.store import ProjectionStore
+
+        time.sleep(self.delay_s)
+        try:
+            ProjectionStore(self.paths.memory_db, read_only=True).close()
+            self.free_during_call.append(True)
+        except Exception:
+            self.free_during_call.append(False)
+        return "reply"
+
+
+def test_a_slow_model_call_gives_up_the_write_connection_and_a_fast_one_keeps_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime_mod, "MODEL_CALL_GRACE_S", 0.1)
+    paths = make_familiar(tmp_path, "fam")
+    opened = []
+    real_store = runtime_mod.ProjectionStore
+
+    def counting_store(*args, **kwargs):
+        opened.append(args)
+        return real_store(*args, **kwargs)
+
+    monkeypatch.setattr(runtime_mod, "ProjectionStore", counting_store)
+    for delay, free, opens in ((0.6, True, 2), (0.0, False, 1)):
+        opened.clear()
+        model = SlowModel(paths, delay)
+        rt = FamiliarRuntime(paths=paths, config=load_config("fam", root=tmp_path), llm_client=model)
+        write_summary(rt, "before", 1)
+        assert rt.llm.complete([]) == "reply"
+        write_summary(rt, "after", 2)
+        rt.close()
+        # slow: a notebook could open the file during the call, and the next write reopened it;
+        # fast: the call held the connection (another process would have been refused), no reopen.
+        assert model.free_during_call == [free] and len(opened) == opens, (delay, model.free_during_call, opened)

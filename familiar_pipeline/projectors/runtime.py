@@ -1,12 +1,13 @@
 """Everything a projection needs for one familiar, opened lazily and closed once.
 
-A run holds the DuckDB write connection only while it writes: `store()` opens
-the file and keeps it open for the writes that follow, and the runtime closes
-it before every model call (`llm`) and at `close()`, so a notebook can open
-`memory.duckdb` read-only while a run waits on its model, and the bot never
-touches it (it reads the Parquet snapshot that `publish()` writes after each
-write). Opening the file costs more than a small write, and a run over many
-familiars makes several writes per familiar per step.
+A run holds the DuckDB write connection only while it needs it: `store()` opens
+the file and keeps it open for the writes that follow (opening costs more than a
+small write), and `close()` closes it. A model call keeps it only while the call
+is quick: once a call has taken `MODEL_CALL_GRACE_S`, a timer closes the
+connection, so a notebook can open `memory.duckdb` read-only while a run waits on
+a slow model, and a fast one (a cached reply, a local model, the scripted model)
+costs no reopen. The bot never touches the file (it reads the Parquet snapshot
+that `publish()` writes).
 
 The first `store()` also takes the familiar's writer lock (`WriterLock`), held
 until `close()`: one writer per familiar, whichever run it is in.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +39,9 @@ log = logging.getLogger(__name__)
 # so a familiar whose projectors finish sooner publishes once, at close(); a long
 # catch-up still shows its progress to the bot every few seconds.
 PUBLISH_INTERVAL_S = 5.0
+
+# A model call that has not answered after this long gives up the write connection (see above).
+MODEL_CALL_GRACE_S = 0.5
 
 
 class NoModelConfigured(RuntimeError):
@@ -112,9 +117,11 @@ class FamiliarRuntime:
     _turn_log: TurnLog | None = field(default=None, init=False, repr=False)
     _indexes: dict[str, FtsIndex] = field(default_factory=dict, init=False, repr=False)
     _unpublished: bool = field(default=False, init=False, repr=False)
-    _last_publish: float = field(default_factory=time.monotonic, init=False, repr=False)
+    _last_publish: float = field(default_factory=lambda: time.monotonic(), init=False, repr=False)
     _writer: WriterLock | None = field(default=None, init=False, repr=False)
     _open_store: ProjectionStore | None = field(default=None, init=False, repr=False)
+    _store_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _in_model_call: bool = field(default=False, init=False, repr=False)
     published_version: int = field(default=0, init=False)
 
     @property
@@ -125,8 +132,27 @@ class FamiliarRuntime:
                 f"{self.paths.character_toml} (or FAMILIAR__LLM__BACKGROUND__MODEL), e.g. "
                 '"openrouter/openai/gpt-4o-mini" or "ollama/llama3.1"'
             )
-        self.release_store()  # never hold the write connection through a model call
-        return self.llm_client
+        return _ReleasingClient(self, self.llm_client)
+
+    @contextmanager
+    def model_call(self) -> Iterator[None]:
+        """Around a model call: past MODEL_CALL_GRACE_S, a timer closes the write connection."""
+        with self._store_lock:
+            self._in_model_call = True
+        timer = threading.Timer(MODEL_CALL_GRACE_S, self._release_during_call)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            with self._store_lock:  # a close already under way finishes first
+                self._in_model_call = False
+
+    def _release_during_call(self) -> None:
+        with self._store_lock:
+            if self._in_model_call:
+                self.release_store()
 
     def turn_log(self) -> TurnLog:
         if self._turn_log is None:
@@ -137,12 +163,13 @@ class FamiliarRuntime:
     def store(self) -> Iterator[ProjectionStore]:
         """The store open for writing; the first call takes the writer lock (FamiliarBusy if held).
 
-        The connection stays open for the next `store()` until a model call, an error
-        inside the block (which discards it, uncommitted work with it) or `close()`.
+        The connection stays open for the next `store()` until a slow model call, an
+        error inside the block (which discards it, uncommitted work with it) or `close()`.
         """
         self.hold_writer_lock()
-        if self._open_store is None:
-            self._open_store = ProjectionStore(self.paths.memory_db)
+        with self._store_lock:
+            if self._open_store is None:
+                self._open_store = ProjectionStore(self.paths.memory_db)
         try:
             yield self._open_store
         except BaseException:
@@ -208,3 +235,17 @@ class FamiliarRuntime:
         if self._turn_log is not None:
             self._turn_log.close()
             self._turn_log = None
+
+
+class _ReleasingClient:
+    """The background model client as projectors see it: each `complete` runs inside `model_call`."""
+
+    def __init__(self, runtime: FamiliarRuntime, client):
+        self._runtime, self._client = runtime, client
+
+    def complete(self, *args, **kwargs):
+        with self._runtime.model_call():
+            return self._client.complete(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
