@@ -19,9 +19,12 @@ from __future__ import annotations
 import copy
 import os
 import re
+import threading
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
+
+from cachetools import LRUCache
 
 from familiar_pipeline.config.rendering import dotted
 from familiar_pipeline.config.schema import DEFAULT_FAMILIAR_ID, ConfigError, FamiliarConfig
@@ -66,6 +69,12 @@ _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 _TOML_AT_END = re.compile(r"\s*\(at end of document\)\s*$")
 
 
+# Parsed TOML by file text: the turn sensor loads every familiar's config at every tick, and
+# parsing the shared defaults file again for each of a thousand familiars costs seconds.
+_PARSED: LRUCache = LRUCache(maxsize=512)
+_PARSED_LOCK = threading.Lock()
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     """Parse a TOML file; a syntax error names the file, line and column."""
     try:
@@ -74,6 +83,17 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with _PARSED_LOCK:
+        parsed = _PARSED.get(text)
+    if parsed is not None:
+        return copy.deepcopy(parsed)  # callers may change what they get
+    parsed = _parse_toml(path, text)
+    with _PARSED_LOCK:
+        _PARSED[text] = parsed
+    return copy.deepcopy(parsed)
+
+
+def _parse_toml(path: Path, text: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
