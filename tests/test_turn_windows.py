@@ -137,7 +137,7 @@ def test_dense_turns_read_the_precombined_matrix_instead_of_query_time_windows()
         retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share, turn_vector_search_rows=2)
         config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=lambda p: p in projectors))
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
-                               memo=lambda key, compute: compute(), warn_once=lambda *a: None)
+                               cue_vector=lambda cue: embedder.embed([cue])[0], warn_once=lambda *a: None)
 
     def windows(candidates):
         raise AssertionError("no query-time windows when window vectors are served")

@@ -51,7 +51,7 @@ import numpy as np
 from familiar_pipeline.models.embedders import cosine
 from familiar_pipeline.storage.turns import context_windows
 
-from familiar_bot.prompt.layers.common import Labels, clock_12h, content_hash, local_date, one_line
+from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 
 FACTS_HEADER = "## Possibly relevant facts"
@@ -141,8 +141,7 @@ def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, floa
     vectors = memory.snapshot.embeddings_for(embedder.name, fact_ids)
     if not vectors:
         return {}, False
-    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)),
-                          lambda: embedder.embed([cue])[0])
+    cue_vec = memory.cue_vector(cue)
     return {fid: cosine(cue_vec, vec) for fid, vec in vectors.items()}, True
 
 
@@ -351,8 +350,7 @@ def _turn_similarities(cue: str, memory, embedder) -> TurnScores | None:
     ids, matrix = found if blended else snapshot.turn_matrix(embedder.name)
     if len(ids) == 0:
         return None
-    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)), lambda: embedder.embed([cue])[0])
-    cue_vec = np.asarray(cue_vec, dtype=np.float32)
+    cue_vec = np.asarray(memory.cue_vector(cue), dtype=np.float32)
     if cue_vec.shape[0] != matrix.shape[1]:
         memory.warn_once("turn-dim", "turn vectors under %s have dim %d but the cue has %d; ignoring them",
                          embedder.name, matrix.shape[1], cue_vec.shape[0])
