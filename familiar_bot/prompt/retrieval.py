@@ -420,16 +420,22 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
         fused = [f for f in fused if f["turn_id"] not in exclude]
-        rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in fused)}
         kept, ranked = [], []
-        for f in fused:
-            turn = rows.get(f["turn_id"])
-            if turn is None or turn.deleted or not _visible(turn, ctx):
-                continue
-            kept.append(turn)
-            ranked.append(f)
-            if len(kept) == limit:
-                break
+        # Rows are read in rank order, a few more than still wanted at a time: most
+        # candidates rank below the cut and never need their row built.
+        at = 0
+        while at < len(fused) and len(kept) < limit:
+            chunk = fused[at:at + 2 * (limit - len(kept))]
+            at += len(chunk)
+            rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in chunk)}
+            for f in chunk:
+                turn = rows.get(f["turn_id"])
+                if turn is None or turn.deleted or not _visible(turn, ctx):
+                    continue
+                kept.append(turn)
+                ranked.append(f)
+                if len(kept) == limit:
+                    break
         if len(kept) >= limit or (len(hits) < fetch and len(dense) < fetch):
             break
         fetch *= 4
@@ -437,12 +443,15 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         return [], []
     reach = retrieval.turn_neighbours
     span = max(NEIGHBOUR_SPAN, 3 * reach)
-    around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0}
-    nearby = [t for t in rows_of.get(around) if not t.deleted and t.id not in exclude] if reach else []
-    groups = []
+    around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0} if reach else set()
+    # Ids and channels first (live turns only), then rows for just the neighbours shown.
+    live = sorted((tid, ch) for tid, ch in memory.turn_log.live_channels(around).items() if tid not in exclude)
+    shown: list[list[int]] = []
     for hit in kept:
-        same = [t for t in nearby if t.channel_id == hit.channel_id]
-        groups.append([hit] + [t for t in same if t.id < hit.id][-reach:] + [t for t in same if t.id > hit.id][:reach])
+        same = [tid for tid, ch in live if ch == hit.channel_id]
+        shown.append([tid for tid in same if tid < hit.id][-reach:] + [tid for tid in same if tid > hit.id][:reach])
+    rows = {t.id: t for t in rows_of.get({tid for ids in shown for tid in ids})}
+    groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted] for hit, ids in zip(kept, shown)]
     chosen = fit_by_rank(groups, token_budget)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total")} for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
