@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import duckdb
 import numpy as np
@@ -74,7 +74,11 @@ LOCK_NAME = ".publish.lock"
 SUMMARY_SCOPE = "conversation"
 
 _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_VERSIONED_FILE = re.compile(r"^(?P<table>[a-z][a-z0-9_]{0,62})\.v(?P<version>[0-9]+)\.parquet$")
+_VERSIONED_FILE = re.compile(r"^(?P<table>[a-z][a-z0-9_]{0,62})\.v(?P<version>[0-9]+)\.(?P<kind>parquet|npy)$")
+# The shipped ``[memory.retrieval].turn_context`` (tests hold the two equal): the share of
+# each turn's context-window vector in the turn matrix a snapshot precombines at publish.
+TURN_CONTEXT_SHARE = 0.5
+CONTEXT_MATRIX = "turn_context"
 _TEMP_FILE = re.compile(r"^\..+\.tmp$")
 
 
@@ -255,12 +259,31 @@ class TableFile:
 
 
 @dataclass(frozen=True)
+class MatrixFile:
+    """One model's precombined turn matrix: ``rows`` unit float32 rows of ``dim`` in ``file``
+    (a ``.npy``) for the ascending turn ids in ``ids_file``; each row is ``(1 - share) x``
+    the turn's vector ``+ share x`` its context window's (see :func:`blend_context_rows`)."""
+
+    model: str
+    share: float
+    file: str
+    ids_file: str
+    rows: int
+    dim: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Manifest:
     version: int
     published_at: str  # ISO-8601 UTC
     store_watermark: Mapping[str, Any]
     tables: Mapping[str, TableFile]
     format: int = MANIFEST_FORMAT
+    # Derived at publish from the tables (readers written before them ignore the key).
+    matrices: tuple[MatrixFile, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -272,6 +295,7 @@ class Manifest:
                 name: {"file": t.file, "rows": t.rows, "bytes": t.bytes}
                 for name, t in self.tables.items()
             },
+            "matrices": [m.to_json() for m in self.matrices],
         }
 
     @classmethod
@@ -301,12 +325,36 @@ class Manifest:
                 raise SnapshotFormatError(f"manifest entry for table {name!r} is not an object")
             file, rows, size = entry.get("file"), entry.get("rows"), entry.get("bytes")
             match = _VERSIONED_FILE.match(file) if isinstance(file, str) else None
-            if not _TABLE_NAME.match(str(name)) or match is None or match["table"] != name:
+            if (not _TABLE_NAME.match(str(name)) or match is None or match["table"] != name
+                    or match["kind"] != "parquet"):
                 raise SnapshotFormatError(f"manifest entry for table {name!r} names a bad file {file!r}")
             if not _is_int(rows) or rows < 0 or not _is_int(size) or size < 0:
                 raise SnapshotFormatError(f"manifest entry for table {name!r} has bad rows/bytes")
             tables[name] = TableFile(file=file, rows=rows, bytes=size)
-        return cls(version=version, published_at=published_at, store_watermark=watermark, tables=tables)
+        raw_matrices = data.get("matrices", [])
+        if not isinstance(raw_matrices, list):
+            raise SnapshotFormatError("manifest matrices must be a list")
+        matrices = tuple(_matrix_entry(entry) for entry in raw_matrices)
+        return cls(version=version, published_at=published_at, store_watermark=watermark, tables=tables,
+                   matrices=matrices)
+
+
+def _matrix_entry(entry: Any) -> MatrixFile:
+    """One validated ``matrices`` item of a manifest (files inside the folder, sane sizes)."""
+    fields = [f.name for f in dataclasses.fields(MatrixFile)]
+    if not isinstance(entry, dict) or sorted(entry) != sorted(fields):
+        raise SnapshotFormatError(f"manifest matrix entry must have exactly {', '.join(fields)}")
+    for key in ("file", "ids_file"):
+        match = _VERSIONED_FILE.match(entry[key]) if isinstance(entry[key], str) else None
+        if match is None or match["kind"] != "npy" or not match["table"].startswith(CONTEXT_MATRIX):
+            raise SnapshotFormatError(f"manifest matrix entry names a bad file {entry[key]!r}")
+    share = entry["share"]
+    if not isinstance(entry["model"], str) or isinstance(share, bool) or not isinstance(share, (int, float)) \
+            or not 0.0 <= share <= 1.0:
+        raise SnapshotFormatError("manifest matrix entry has a bad model or share")
+    if not all(_is_int(entry[k]) and entry[k] >= 0 for k in ("rows", "dim")):
+        raise SnapshotFormatError("manifest matrix entry has bad rows/dim")
+    return MatrixFile(**{**entry, "share": float(share)})
 
 
 def read_manifest(serving_dir: str | Path) -> Manifest | None:
@@ -343,6 +391,7 @@ def publish_snapshot(
     store_watermark: Mapping[str, object],
     tables: Mapping[str, str] = SERVING_TABLES,
     durable: bool = True,
+    turn_context: float | None = TURN_CONTEXT_SHARE,
 ) -> Manifest:
     """Publish ``tables`` (name -> SELECT) from ``conn`` as the next snapshot.
 
@@ -353,6 +402,11 @@ def publish_snapshot(
     recorded verbatim in the manifest (datetimes as ISO strings) so checks can
     tell whether the snapshot is in step with the store. ``durable=False`` skips the fsyncs (for
     scratch folders); the rename order alone still keeps readers consistent.
+
+    With turn vectors and context-window vectors in ``tables``, each model's
+    precombined turn matrix (window share ``turn_context``; None for none) is
+    written beside them as ``.npy`` files the bot memory-maps: combining 100k
+    turns took the bot's first reply after each publish several seconds.
     """
     serving_dir = Path(serving_dir)
     watermark = _jsonable_watermark(store_watermark)
@@ -371,11 +425,14 @@ def publish_snapshot(
         written: list[Path] = []
         try:
             entries = _copy_tables(conn, serving_dir, version, tables, written, durable)
+            matrices = () if turn_context is None else _write_context_matrices(
+                serving_dir, version, entries, float(turn_context), written, durable)
             manifest = Manifest(
                 version=version,
                 published_at=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
                 store_watermark=watermark,
                 tables=entries,
+                matrices=matrices,
             )
             _write_manifest(serving_dir, manifest, written, durable)
         except BaseException as exc:
@@ -482,6 +539,43 @@ def _copy_tables(
     if durable:
         _fsync_dir(serving_dir)
     return entries
+
+
+def _write_context_matrices(serving_dir: Path, version: int, entries: Mapping[str, TableFile], share: float,
+                            written: list[Path], durable: bool) -> tuple[MatrixFile, ...]:
+    """Each model's precombined turn matrix, from the turn and window tables just written."""
+    if not {"turn_embeddings", "turn_window_embeddings"} <= set(entries) or not 0.0 <= share <= 1.0:
+        return ()
+    if entries["turn_window_embeddings"].rows == 0 or entries["turn_embeddings"].rows == 0:
+        return ()
+    own_table = pq.read_table(serving_dir / entries["turn_embeddings"].file)
+    window_table = pq.read_table(serving_dir / entries["turn_window_embeddings"].file)
+    out = []
+    for position, model in enumerate(sorted(set(pc.unique(own_table["model"]).to_pylist()))):
+        ids, own = _unit_rows(own_table, model)
+        wids, windows = _unit_rows(window_table, model)
+        matrix = blend_context_rows(ids, own, wids, windows, share)
+        if matrix is None:
+            continue
+        stem = f"{CONTEXT_MATRIX}_{position}"
+        files = {}
+        for name, array in ((f"{stem}_ids", ids), (stem, matrix)):
+            temp = _temp_path(serving_dir, f"{name}.v{version}")
+            written.append(temp)
+            with open(temp, "wb") as handle:
+                np.save(handle, array, allow_pickle=False)
+                handle.flush()
+                if durable:
+                    os.fsync(handle.fileno())
+            final = serving_dir / f"{name}.v{version}.npy"
+            written.append(final)
+            os.replace(temp, final)
+            files[name] = final.name
+        out.append(MatrixFile(model=model, share=share, file=files[stem], ids_file=files[f"{stem}_ids"],
+                              rows=int(matrix.shape[0]), dim=int(matrix.shape[1])))
+    if durable and out:
+        _fsync_dir(serving_dir)
+    return tuple(out)
 
 
 def _write_manifest(serving_dir: Path, manifest: Manifest, written: list[Path], durable: bool) -> None:
@@ -629,14 +723,18 @@ class Snapshot:
     fact's ``subjects`` a tuple of ``Subject`` in write order.
     """
 
-    def __init__(self, manifest: Manifest | None, tables: Mapping[str, pa.Table]):
+    def __init__(self, manifest: Manifest | None, tables: Mapping[str, pa.Table], *,
+                 lazy: Mapping[str, Callable[[], pa.Table]] | None = None,
+                 context: Mapping[tuple[str, float], tuple[np.ndarray, np.ndarray]] | None = None):
         self.manifest = manifest
-        self._tables = dict(tables)
+        self._tables = _Tables(tables, lazy or {})
         for name, schema in SERVING_SCHEMAS.items():
-            if name not in self._tables:
+            if name not in self._tables and not self._tables.is_lazy(name):
                 self._tables[name] = empty_table(name)
         for name, keys in _SORT_KEYS.items():
             self._tables[name] = self._tables[name].sort_by(keys).combine_chunks()
+        # (model, share) -> (turn ids, combined rows): precombined at publish, else built on first use.
+        self._context_matrices: dict = dict(context or {})
 
     @classmethod
     def empty(cls) -> "Snapshot":
@@ -647,7 +745,7 @@ class Snapshot:
         return self.manifest.version if self.manifest else 0
 
     def table_names(self) -> list[str]:
-        return sorted(self._tables)
+        return self._tables.names()
 
     def table(self, name: str) -> pa.Table:
         try:
@@ -820,20 +918,31 @@ class Snapshot:
         snapshot, model and share; the window rows are not kept (the turn rows are, by
         ``turn_matrix``).
         """
-        cache = self.__dict__.setdefault("_context_matrices", {})
+        cache = self._context_matrices
         key = (model, float(share))
         if key not in cache:
             wids, windows = _unit_rows(self._tables["turn_window_embeddings"], model)
             ids, own = self.turn_matrix(model)
-            if len(wids) == 0 or len(ids) == 0 or windows.shape[1] != own.shape[1]:
-                cache[key] = None
-            else:
-                at = np.searchsorted(wids, ids).clip(0, len(wids) - 1)
-                has = wids[at] == ids
-                blended = own.copy()
-                blended[has] = (1 - share) * own[has] + share * windows[at[has]]
-                cache[key] = (ids, blended)
+            blended = blend_context_rows(ids, own, wids, windows, share)
+            cache[key] = None if blended is None else (ids, blended)
         return cache[key]
+
+
+def blend_context_rows(ids: np.ndarray, own: np.ndarray, wids: np.ndarray, windows: np.ndarray,
+                       share: float) -> np.ndarray | None:
+    """``(1 - share) x own + share x window`` row by row (rows of ``ids``; a turn without a
+    window vector keeps its own row), or None when there is nothing to combine.
+
+    The one definition of the combined turn matrix: the publisher writes it, and
+    a reader of a snapshot published without it (or with another share) builds it.
+    """
+    if len(wids) == 0 or len(ids) == 0 or windows.shape[1] != own.shape[1]:
+        return None
+    at = np.searchsorted(wids, ids).clip(0, len(wids) - 1)
+    has = wids[at] == ids
+    blended = own.copy()
+    blended[has] = (1 - share) * own[has] + share * windows[at[has]]
+    return blended
 
 
 def _unit_rows(table: pa.Table, model: str) -> tuple[np.ndarray, np.ndarray]:
@@ -856,29 +965,98 @@ def _unit_rows(table: pa.Table, model: str) -> tuple[np.ndarray, np.ndarray]:
     return ids, matrix
 
 
+class _Tables(dict):
+    """Served tables by name; a name in ``lazy`` is read on first use (once, under a lock)."""
+
+    def __init__(self, tables: Mapping[str, pa.Table], lazy: Mapping[str, Callable[[], pa.Table]]):
+        super().__init__(tables)
+        self._lazy = dict(lazy)
+        self._lock = threading.Lock()
+
+    def is_lazy(self, name: str) -> bool:
+        return name in self._lazy
+
+    def names(self) -> list[str]:
+        return sorted(set(self) | set(self._lazy))
+
+    def __missing__(self, name: str) -> pa.Table:
+        if name not in self._lazy:
+            raise KeyError(name)
+        with self._lock:
+            if not dict.__contains__(self, name):
+                self[name] = self._lazy[name]()
+            return dict.__getitem__(self, name)
+
+
+# Read only when a reply needs them once the snapshot carries the precombined turn matrix.
+_LAZY_WITH_CONTEXT = frozenset({"turn_embeddings", "turn_window_embeddings"})
+
+
 def load_snapshot(serving_dir: str | Path, manifest: Manifest) -> Snapshot:
     """Read every table the manifest names; raises OSError/ArrowException/
-    SnapshotFormatError when a file is missing, damaged or not as announced."""
+    SnapshotFormatError when a file is missing, damaged or not as announced.
+
+    A snapshot with precombined turn matrices memory-maps them, and the two turn
+    vector tables (~300 MB at 100k turns, read for nothing when the matrix is
+    there) are only opened and checked: their rows are read if a reply asks.
+    Open files and maps keep working after a later publish collects them.
+    """
     serving_dir = Path(serving_dir)
+    context = _context_matrices(serving_dir, manifest)
     tables: dict[str, pa.Table] = {}
+    lazy: dict[str, Callable[[], pa.Table]] = {}
     for name, entry in manifest.tables.items():
         parquet = pq.ParquetFile(str(serving_dir / entry.file))
+        if context and name in _LAZY_WITH_CONTEXT:
+            _check_table(parquet.schema_arrow.names, parquet.metadata.num_rows, name, entry)
+            lazy[name] = _reader(parquet, name, entry)
+            continue
         try:
-            table = parquet.read()
+            tables[name] = _validated(parquet.read(), name, entry)
         finally:
             parquet.close()
-        if table.num_rows != entry.rows:
-            raise SnapshotFormatError(
-                f"{entry.file} has {table.num_rows} rows, the manifest says {entry.rows}"
-            )
-        schema = SERVING_SCHEMAS.get(name)
-        if schema is not None:
-            missing = [c for c in schema.names if c not in table.column_names]
-            if missing:
-                raise SnapshotFormatError(f"{entry.file} lacks columns {missing}")
-            table = table.select(schema.names).cast(schema)
-        tables[name] = table
-    return Snapshot(manifest, tables)
+    return Snapshot(manifest, tables, lazy=lazy, context=context)
+
+
+def _check_table(columns: list[str], rows: int, name: str, entry: TableFile) -> None:
+    if rows != entry.rows:
+        raise SnapshotFormatError(f"{entry.file} has {rows} rows, the manifest says {entry.rows}")
+    schema = SERVING_SCHEMAS.get(name)
+    missing = [c for c in schema.names if c not in columns] if schema is not None else []
+    if missing:
+        raise SnapshotFormatError(f"{entry.file} lacks columns {missing}")
+
+
+def _validated(table: pa.Table, name: str, entry: TableFile) -> pa.Table:
+    """``table`` checked against the manifest and cast to the served schema."""
+    _check_table(table.column_names, table.num_rows, name, entry)
+    schema = SERVING_SCHEMAS.get(name)
+    return table if schema is None else table.select(schema.names).cast(schema)
+
+
+def _reader(parquet: pq.ParquetFile, name: str, entry: TableFile) -> Callable[[], pa.Table]:
+    def read() -> pa.Table:
+        try:
+            return _validated(parquet.read(), name, entry)
+        finally:
+            parquet.close()
+    return read
+
+
+def _context_matrices(serving_dir: Path, manifest: Manifest) -> dict[tuple[str, float], tuple[np.ndarray, np.ndarray]]:
+    """The manifest's precombined turn matrices, memory-mapped, keyed ``(model, share)``."""
+    out = {}
+    for m in manifest.matrices:
+        try:
+            ids = np.load(serving_dir / m.ids_file, allow_pickle=False)
+            rows = np.load(serving_dir / m.file, mmap_mode="r", allow_pickle=False)
+        except ValueError as exc:
+            raise SnapshotFormatError(f"{m.file} is not a readable matrix: {exc}") from exc
+        if (ids.dtype != np.int64 or ids.shape != (m.rows,) or rows.dtype != np.float32
+                or rows.shape != (m.rows, m.dim)):
+            raise SnapshotFormatError(f"{m.file} does not hold the {m.rows} x {m.dim} rows the manifest says")
+        out[(m.model, m.share)] = (ids, rows)
+    return out
 
 
 # --------------------------------------------------------------------------- #
