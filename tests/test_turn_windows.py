@@ -19,6 +19,7 @@ from familiar_pipeline.storage import snapshots as snapshots_module
 from familiar_pipeline.storage.snapshots import (
     TURN_CONTEXT_SHARE,
     Snapshot,
+    blend_context_rows,
     SnapshotPublishError,
     SnapshotReader,
     publish_snapshot,
@@ -224,6 +225,16 @@ def test_a_failed_matrix_write_leaves_the_previous_snapshot_published(tmp_path, 
             publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
     assert sorted(p.name for p in paths.serving_dir.iterdir()) == before
     assert SnapshotReader(paths.serving_dir).version == 1
+
+
+def test_blend_with_every_window_present_equals_the_row_by_row_blend():
+    rng = np.random.default_rng(3)
+    ids = np.array([2, 5, 9])
+    own, windows = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    fast = blend_context_rows(ids, own, ids.copy(), windows, 0.3)  # the fast path: same ids
+    slow = blend_context_rows(ids, own, np.array([2, 5, 9, 11]), np.vstack([windows, windows[:1]]), 0.3)
+    assert fast.dtype == np.float32 and np.allclose(fast, 0.7 * own + 0.3 * windows) and np.allclose(fast, slow)
+    assert blend_context_rows(ids, own, ids[:0], windows[:0], 0.3) is None
 
 
 def test_the_published_share_is_the_shipped_turn_context():
