@@ -41,7 +41,7 @@ structure records which facts and turns survived the token cut
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -445,11 +445,15 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     span = max(NEIGHBOUR_SPAN, 3 * reach)
     around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0} if reach else set()
     # Ids and channels first (live turns only), then rows for just the neighbours shown.
-    live = sorted((tid, ch) for tid, ch in memory.turn_log.live_channels(around).items() if tid not in exclude)
+    by_channel: dict[int, list[int]] = {}
+    for tid, ch in sorted(memory.turn_log.live_channels(around).items()):
+        if tid not in exclude:
+            by_channel.setdefault(ch, []).append(tid)
     shown: list[list[int]] = []
     for hit in kept:
-        same = [tid for tid, ch in live if ch == hit.channel_id]
-        shown.append([tid for tid in same if tid < hit.id][-reach:] + [tid for tid in same if tid > hit.id][:reach])
+        same = by_channel.get(hit.channel_id, [])
+        below, above = bisect_left(same, hit.id), bisect_right(same, hit.id)
+        shown.append(same[max(0, below - reach):below] + same[above:above + reach])
     rows = {t.id: t for t in rows_of.get({tid for ids in shown for tid in ids})}
     groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted] for hit, ids in zip(kept, shown)]
     chosen = fit_by_rank(groups, token_budget)
