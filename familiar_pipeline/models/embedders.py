@@ -294,8 +294,8 @@ def quiet_onnx_session(text_embedding) -> bool:
     bot embeds one short cue per reply and then does its own CPU work (BM25,
     the turn-vector product, reading turns); on a 2-core host the spinning
     threads took the cores from that work: the work right after an embedding
-    ran ~3x slower (docs/benchmarks.md, "Assembly latency"), and the embedding
-    itself was no faster. fastembed does not expose the setting, so the session
+    ran ~3x slower (docs/benchmarks.md, "Assembly latency with turn vectors"), and
+    the embedding itself was not faster for it (6.2 ms without spinning, 8.2 with). fastembed does not expose the setting, so the session
     it built is replaced by one from the same file with the same options plus
     ``NO_SPINNING``. A fastembed that keeps its session elsewhere is left as it is.
     """

@@ -10,7 +10,9 @@ Publishing protocol (one publisher per familiar at a time, enforced by a lock fi
 1. every table is written with DuckDB ``COPY (query) TO '<temp>' (FORMAT parquet)``
    to a hidden temp name, fsynced, then ``os.replace``d to an immutable versioned
    name such as ``facts.v12.parquet`` (a name is never rewritten once a manifest
-   points at it);
+   points at it); with turn and window vectors, each model's precombined turn
+   matrix is written the same way as ``turn_context_<n>.v12.npy`` (rows) and
+   ``turn_context_<n>_ids.v12.npy`` (turn ids), from the same read transaction;
 2. ``manifest.json`` is written to a temp file, fsynced and ``os.replace``d: this
    rename is the commit point, so a reader sees the whole old or the whole new
    snapshot, never a mix;
@@ -923,9 +925,10 @@ class Snapshot:
         ``(1 - share) x cos(turn) + share x cos(window)``: the context blend costs
         one matrix-vector product per reply, the same as the turn vectors alone.
         A turn whose window vector is missing (its projector lags) keeps its own
-        row. None when no window vector exists under ``model``. Built once per
-        snapshot, model and share; the window rows are not kept (the turn rows are, by
-        ``turn_matrix``).
+        row. None when no window vector exists under ``model``. A snapshot published
+        with this share carries it precombined (memory-mapped at load); otherwise it
+        is built once per snapshot, model and share; the window rows are not kept
+        (the turn rows are, by ``turn_matrix``).
         """
         cache = self._context_matrices
         key = (model, float(share))
