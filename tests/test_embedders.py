@@ -376,6 +376,24 @@ def test_fastembed_minilm_understands_paraphrase(minilm_embedder):
 
 @pytest.mark.slow
 @needs_fastembed
+def test_fastembed_session_threads_sleep_when_idle_and_vectors_are_unchanged(minilm_dir, minilm_embedder, offline):
+    # The reopened session must not spin, and must be the same model: fastembed's own session agrees.
+    from fastembed import TextEmbedding
+
+    texts = ["I adopted a puppy last week", "ok but the raid again send help"]
+    out = minilm_embedder.embed(texts)
+    options = minilm_embedder._loaded_model().model.model.get_session_options()
+    for key, value in embedders.NO_SPINNING.items():
+        assert options.get_session_config_entry(key) == value
+    plain = TextEmbedding(model_name=MINILM, specific_model_path=str(minilm_dir))
+    with pytest.raises(RuntimeError, match="allow_spinning"):  # fastembed alone keeps the spinning default
+        plain.model.model.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+    np.testing.assert_allclose(out, np.vstack(list(plain.embed(texts))), atol=1e-6)
+    assert embedders.quiet_onnx_session(object()) is False  # another fastembed layout: left alone
+
+
+@pytest.mark.slow
+@needs_fastembed
 def test_fastembed_created_from_config_and_env(minilm_dir, offline):
     cfg = EmbeddingConfig(backend="fastembed", fastembed_model=MINILM)
     emb = create_embedder(cfg, env={embedders.MODEL_PATH_ENV: str(minilm_dir)})

@@ -125,6 +125,20 @@ def test_embedding_rerank_prefers_aligned_vector(world):
     assert scores == {b.id: pytest.approx(1.0), a.id: pytest.approx(0.5)}
 
 
+def test_facts_and_turns_share_one_embedding_of_the_cue(world):
+    a = world.fact("Pancake fact")
+    world.store.set_fact_embedding(a.id, "test-emb", [1.0, 0.0, 0.0])
+    turn = world.say("pancakes again this morning", channel=11)  # not in the reply channel's history
+    world.store.set_turn_embeddings("test-emb", [(turn.id, [1.0, 0.0, 0.0])])
+    world.sync()
+    embedder = CountingEmbedder()
+    env = {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "5",
+           "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding", "turn_embedding"]'}
+    text, debug = rag(world, "pancake", env, embedder)
+    assert debug["embedded_cue"] is True and any(t["cosine"] is not None for t in debug["turns"])
+    assert embedder.calls == 1
+
+
 def test_cold_index_never_embeds_the_cue(world):
     world.fact("Waffles on Sunday")
     world.fact("Waffles are better than pancakes")

@@ -170,7 +170,7 @@ def test_dense_turns_needs_the_projector_the_weight_and_vectors(tmp_path):
         mem = SimpleNamespace(is_active=lambda p: p in projectors)
         config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=mem.is_active))
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
-                               memo=lambda key, compute: compute(), warn_once=lambda *a: None)
+                               cue_vector=lambda cue: embedder.embed([cue])[0], warn_once=lambda *a: None)
 
     found = _dense_turns("cue", memory(1.0), 2, [])
     assert set(found) == {8, 9} and found[8] == pytest.approx(2 / np.linalg.norm([0, 2, 0.1]), rel=1e-5)
@@ -191,7 +191,7 @@ def test_dense_turns_blend_each_cosine_with_its_context_window():
         retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share, turn_vector_search_rows=0)
         config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=lambda p: True))
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
-                               memo=lambda key, compute: compute(), warn_once=lambda *a: None)
+                               cue_vector=lambda cue: embedder.embed([cue])[0], warn_once=lambda *a: None)
 
     # Turn 7 says nothing like the cue (cosine 0) but sits right before turn 8 (cosine 1).
     windows = lambda candidates: {7: [7, 8], 8: [7, 8, 9], 9: [8, 9], 42: [42]}  # noqa: E731

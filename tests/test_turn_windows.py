@@ -15,7 +15,16 @@ from familiar_pipeline.models.embedders import HashEmbedder
 from familiar_pipeline.projectors import turn_windows
 from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.projectors.report import ProjectionReport
-from familiar_pipeline.storage.snapshots import Snapshot, SnapshotReader
+from familiar_pipeline.storage import snapshots as snapshots_module
+from familiar_pipeline.storage.snapshots import (
+    TURN_CONTEXT_SHARE,
+    Snapshot,
+    blend_context_rows,
+    SnapshotPublishError,
+    SnapshotReader,
+    publish_snapshot,
+    read_manifest,
+)
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog, context_windows
 
@@ -114,7 +123,6 @@ def test_the_snapshot_precombines_turn_and_window_vectors(tmp_path):
     with ProjectionStore(paths.memory_db) as store:
         store.set_turn_embeddings("m", [(1, [1.0, 0.0]), (2, [0.0, 2.0]), (3, [1.0, 1.0])])
         store.set_turn_embeddings("m", [(2, [3.0, 0.0]), (1, [0.0, 1.0])], table=TABLE)
-        from familiar_pipeline.storage.snapshots import publish_snapshot
         publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
     reader = SnapshotReader(paths.serving_dir)
     ids, rows = reader.context_turn_matrix("m", 0.25)
@@ -122,6 +130,117 @@ def test_the_snapshot_precombines_turn_and_window_vectors(tmp_path):
     assert np.allclose(rows, [[0.75, 0.25], [0.25, 0.75], [2 ** -0.5, 2 ** -0.5]])  # turn 3: no window, its own
     assert reader.context_turn_matrix("other", 0.25) is None
     assert Snapshot.empty().context_turn_matrix("m", 0.5) is None
+
+
+def _vector_store(paths):
+    store = ProjectionStore(paths.memory_db)
+    store.set_turn_embeddings("m", [(1, [1.0, 0.0]), (2, [0.0, 2.0]), (3, [1.0, 1.0])])
+    store.set_turn_embeddings("m", [(2, [3.0, 0.0]), (1, [0.0, 1.0])], table=TABLE)
+    return store
+
+
+def test_the_published_matrix_is_memory_mapped_and_equals_the_one_a_reader_builds(tmp_path):
+    paths = make_familiar(tmp_path, "fam", TOML)
+    plain = tmp_path / "plain"
+    with _vector_store(paths) as store:
+        manifest = publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+        publish_snapshot(store.conn, plain, store_watermark={}, turn_context=None)
+    [entry] = manifest.matrices
+    assert (entry.model, entry.share, entry.rows, entry.dim) == ("m", TURN_CONTEXT_SHARE, 3, 2)
+    assert (paths.serving_dir / entry.file).is_file() and (paths.serving_dir / entry.ids_file).is_file()
+    assert read_manifest(paths.serving_dir) == manifest  # the entry survives the JSON round trip
+
+    reader, built = SnapshotReader(paths.serving_dir), SnapshotReader(plain)
+    ids, rows = reader.context_turn_matrix("m", TURN_CONTEXT_SHARE)
+    assert isinstance(rows, np.memmap) and not isinstance(built.context_turn_matrix("m", 0.5)[1], np.memmap)
+    assert ids.tolist() == built.context_turn_matrix("m", 0.5)[0].tolist()
+    assert np.allclose(rows, built.context_turn_matrix("m", 0.5)[1], atol=1e-7)
+    # The turn vector tables are not read until asked; then they are the same rows.
+    snap = reader.current()
+    assert not dict.__contains__(snap._tables, "turn_embeddings") and "turn_embeddings" in snap.table_names()
+    assert np.allclose(snap.turn_matrix("m")[1], built.turn_matrix("m")[1])
+    assert snap.table("turn_window_embeddings").num_rows == 2
+    # Another share than the published one is built from the tables, as before.
+    assert np.allclose(reader.context_turn_matrix("m", 0.25)[1], built.context_turn_matrix("m", 0.25)[1])
+
+
+def test_a_loaded_snapshot_keeps_its_matrix_and_tables_after_later_publishes_collect_the_files(tmp_path):
+    paths = make_familiar(tmp_path, "fam", TOML)
+    with _vector_store(paths) as store:
+        first = publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+        snap = SnapshotReader(paths.serving_dir).current()
+        for _ in range(2):
+            publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+    assert not (paths.serving_dir / first.matrices[0].file).exists()
+    assert not (paths.serving_dir / first.tables["turn_embeddings"].file).exists()
+    assert snap.context_turn_matrix("m", 0.5)[0].tolist() == [1, 2, 3]
+    assert float(np.asarray(snap.context_turn_matrix("m", 0.5)[1]).sum()) > 0
+    assert snap.turn_matrix("m")[0].tolist() == [1, 2, 3]  # read lazily from the open, unlinked file
+    assert sorted(p.suffix for p in paths.serving_dir.glob("turn_context*")) == [".npy"] * 4  # two versions
+
+
+def test_a_snapshot_published_before_the_matrix_still_serves_the_same_rows(tmp_path):
+    import json
+
+    paths = make_familiar(tmp_path, "fam", TOML)
+    with _vector_store(paths) as store:
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+    expected = SnapshotReader(paths.serving_dir).context_turn_matrix("m", 0.5)
+    path = paths.serving_dir / "manifest.json"
+    old = json.loads(path.read_text())
+    for entry in old.pop("matrices"):  # what a publisher written before them left
+        (paths.serving_dir / entry["file"]).unlink()
+        (paths.serving_dir / entry["ids_file"]).unlink()
+    path.write_text(json.dumps(old))
+    reader = SnapshotReader(paths.serving_dir)
+    ids, rows = reader.context_turn_matrix("m", 0.5)
+    assert reader.last_error is None and not isinstance(rows, np.memmap)
+    assert ids.tolist() == expected[0].tolist() and np.allclose(rows, expected[1])
+
+
+def test_a_damaged_matrix_keeps_the_last_good_snapshot(tmp_path):
+    paths = make_familiar(tmp_path, "fam", TOML)
+    with _vector_store(paths) as store:
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+        reader = SnapshotReader(paths.serving_dir)
+        store.set_turn_embeddings("m", [(4, [0.0, 1.0])])
+        second = publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+    (paths.serving_dir / second.matrices[0].file).write_bytes(b"not a matrix")
+    assert reader.refresh() is False and reader.version == 1
+    assert "not a readable matrix" in reader.last_error
+    assert reader.context_turn_matrix("m", 0.5)[0].tolist() == [1, 2, 3]
+
+
+def test_a_failed_matrix_write_leaves_the_previous_snapshot_published(tmp_path, monkeypatch):
+    paths = make_familiar(tmp_path, "fam", TOML)
+    with _vector_store(paths) as store:
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+        before = sorted(p.name for p in paths.serving_dir.iterdir())
+
+        def broken(*args, **kwargs):
+            raise OSError("disk full")
+
+        monkeypatch.setattr(snapshots_module.np, "save", broken)
+        with pytest.raises(SnapshotPublishError, match="disk full"):
+            publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+    assert sorted(p.name for p in paths.serving_dir.iterdir()) == before
+    assert SnapshotReader(paths.serving_dir).version == 1
+
+
+def test_blend_with_every_window_present_equals_the_row_by_row_blend():
+    rng = np.random.default_rng(3)
+    ids = np.array([2, 5, 9])
+    own, windows = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    fast = blend_context_rows(ids, own, ids.copy(), windows, 0.3)  # the fast path: same ids
+    slow = blend_context_rows(ids, own, np.array([2, 5, 9, 11]), np.vstack([windows, windows[:1]]), 0.3)
+    assert fast.dtype == np.float32 and np.allclose(fast, 0.7 * own + 0.3 * windows) and np.allclose(fast, slow)
+    assert blend_context_rows(ids, own, ids[:0], windows[:0], 0.3) is None
+
+
+def test_the_published_share_is_the_shipped_turn_context():
+    from familiar_pipeline.config.schema import RetrievalConfig
+
+    assert RetrievalConfig().turn_context == TURN_CONTEXT_SHARE
 
 
 def test_dense_turns_read_the_precombined_matrix_instead_of_query_time_windows():
@@ -137,7 +256,7 @@ def test_dense_turns_read_the_precombined_matrix_instead_of_query_time_windows()
         retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share, turn_vector_search_rows=2)
         config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=lambda p: p in projectors))
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
-                               memo=lambda key, compute: compute(), warn_once=lambda *a: None)
+                               cue_vector=lambda cue: embedder.embed([cue])[0], warn_once=lambda *a: None)
 
     def windows(candidates):
         raise AssertionError("no query-time windows when window vectors are served")

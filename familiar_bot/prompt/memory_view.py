@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from cachetools import LRUCache
 
 from familiar_pipeline.config import FamiliarConfig
@@ -25,7 +26,7 @@ from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.storage.turns import Turn, TurnLog
 
-from familiar_bot.prompt.layers.common import Labels
+from familiar_bot.prompt.layers.common import Labels, content_hash
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,10 @@ class MemoryView:
         with self._memo_lock:
             self._memo[key] = value
         return value
+
+    def cue_vector(self, cue: str) -> np.ndarray:
+        """The embedder's vector of ``cue``: one model call per cue, however many retrievers ask it."""
+        return self.memo(("cue-vec", self.embedder.name, content_hash(cue)), lambda: self.embedder.embed([cue])[0])
 
     def memo_get(self, key: Hashable) -> Any:
         with self._memo_lock:

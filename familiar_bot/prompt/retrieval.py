@@ -41,7 +41,7 @@ structure records which facts and turns survived the token cut
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -51,7 +51,7 @@ import numpy as np
 from familiar_pipeline.models.embedders import cosine
 from familiar_pipeline.storage.turns import context_windows
 
-from familiar_bot.prompt.layers.common import Labels, clock_12h, content_hash, local_date, one_line
+from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 
 FACTS_HEADER = "## Possibly relevant facts"
@@ -141,8 +141,7 @@ def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, floa
     vectors = memory.snapshot.embeddings_for(embedder.name, fact_ids)
     if not vectors:
         return {}, False
-    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)),
-                          lambda: embedder.embed([cue])[0])
+    cue_vec = memory.cue_vector(cue)
     return {fid: cosine(cue_vec, vec) for fid, vec in vectors.items()}, True
 
 
@@ -351,8 +350,7 @@ def _turn_similarities(cue: str, memory, embedder) -> TurnScores | None:
     ids, matrix = found if blended else snapshot.turn_matrix(embedder.name)
     if len(ids) == 0:
         return None
-    cue_vec = memory.memo(("cue-vec", embedder.name, content_hash(cue)), lambda: embedder.embed([cue])[0])
-    cue_vec = np.asarray(cue_vec, dtype=np.float32)
+    cue_vec = np.asarray(memory.cue_vector(cue), dtype=np.float32)
     if cue_vec.shape[0] != matrix.shape[1]:
         memory.warn_once("turn-dim", "turn vectors under %s have dim %d but the cue has %d; ignoring them",
                          embedder.name, matrix.shape[1], cue_vec.shape[0])
@@ -422,16 +420,22 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
         fused = [f for f in fused if f["turn_id"] not in exclude]
-        rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in fused)}
         kept, ranked = [], []
-        for f in fused:
-            turn = rows.get(f["turn_id"])
-            if turn is None or turn.deleted or not _visible(turn, ctx):
-                continue
-            kept.append(turn)
-            ranked.append(f)
-            if len(kept) == limit:
-                break
+        # Rows are read in rank order, a few more than still wanted at a time: most
+        # candidates rank below the cut and never need their row built.
+        at = 0
+        while at < len(fused) and len(kept) < limit:
+            chunk = fused[at:at + 2 * (limit - len(kept))]
+            at += len(chunk)
+            rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in chunk)}
+            for f in chunk:
+                turn = rows.get(f["turn_id"])
+                if turn is None or turn.deleted or not _visible(turn, ctx):
+                    continue
+                kept.append(turn)
+                ranked.append(f)
+                if len(kept) == limit:
+                    break
         if len(kept) >= limit or (len(hits) < fetch and len(dense) < fetch):
             break
         fetch *= 4
@@ -439,12 +443,19 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         return [], []
     reach = retrieval.turn_neighbours
     span = max(NEIGHBOUR_SPAN, 3 * reach)
-    around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0}
-    nearby = [t for t in rows_of.get(around) if not t.deleted and t.id not in exclude] if reach else []
-    groups = []
+    around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0} if reach else set()
+    # Ids and channels first (live turns only), then rows for just the neighbours shown.
+    by_channel: dict[int, list[int]] = {}
+    for tid, ch in sorted(memory.turn_log.live_channels(around).items()):
+        if tid not in exclude:
+            by_channel.setdefault(ch, []).append(tid)
+    shown: list[list[int]] = []
     for hit in kept:
-        same = [t for t in nearby if t.channel_id == hit.channel_id]
-        groups.append([hit] + [t for t in same if t.id < hit.id][-reach:] + [t for t in same if t.id > hit.id][:reach])
+        same = by_channel.get(hit.channel_id, [])
+        below, above = bisect_left(same, hit.id), bisect_right(same, hit.id)
+        shown.append(same[max(0, below - reach):below] + same[above:above + reach])
+    rows = {t.id: t for t in rows_of.get({tid for ids in shown for tid in ids})}
+    groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted] for hit, ids in zip(kept, shown)]
     chosen = fit_by_rank(groups, token_budget)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total")} for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug

@@ -268,7 +268,7 @@ class FastEmbedEmbedder:
             _prepare_local_model(TextEmbedding, self.model_name, self.model_path)
             kwargs["specific_model_path"] = str(self.model_path)
         try:
-            return TextEmbedding(model_name=self.model_name, **kwargs)
+            model = TextEmbedding(model_name=self.model_name, **kwargs)
         except Exception as exc:  # fastembed raises bare ValueError/OSError/HTTP errors
             hint = (
                 ""
@@ -276,10 +276,46 @@ class FastEmbedEmbedder:
                 else f"; on a host without internet access set ${MODEL_PATH_ENV} to a local model folder"
             )
             raise RuntimeError(f"could not load fastembed model {self.model_name!r}: {exc}{hint}") from exc
+        quiet_onnx_session(model)
+        return model
 
     def __repr__(self) -> str:
         where = f", model_path={str(self.model_path)!r}" if self.model_path else ""
         return f"FastEmbedEmbedder({self.model_name!r}{where})"
+
+
+NO_SPINNING = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+
+
+def quiet_onnx_session(text_embedding) -> bool:
+    """Reopen fastembed's ONNX session with threads that sleep when idle; True when it did.
+
+    onnxruntime's pool threads spin for a while after every run by default. The
+    bot embeds one short cue per reply and then does its own CPU work (BM25,
+    the turn-vector product, reading turns); on a 2-core host the spinning
+    threads took the cores from that work: the work right after an embedding
+    ran ~3x slower (docs/benchmarks.md, "Assembly latency with turn vectors"), and
+    the embedding itself was not faster for it (6.2 ms without spinning, 8.2 with). fastembed does not expose the setting, so the session
+    it built is replaced by one from the same file with the same options plus
+    ``NO_SPINNING``. A fastembed that keeps its session elsewhere is left as it is.
+    """
+    impl = getattr(text_embedding, "model", None)
+    session = getattr(impl, "model", None)
+    path = getattr(session, "_model_path", None)
+    if session is None or not isinstance(path, str) or not hasattr(session, "get_session_options"):
+        return False
+    import onnxruntime as ort
+
+    used = session.get_session_options()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = used.graph_optimization_level
+    options.intra_op_num_threads = used.intra_op_num_threads
+    options.inter_op_num_threads = used.inter_op_num_threads
+    options.enable_cpu_mem_arena = used.enable_cpu_mem_arena
+    for key, value in NO_SPINNING.items():
+        options.add_session_config_entry(key, value)
+    impl.model = ort.InferenceSession(path, sess_options=options, providers=session.get_providers())
+    return True
 
 
 def _catalogue_entry(text_embedding_cls, model_name: str) -> dict | None:

@@ -10,7 +10,9 @@ Publishing protocol (one publisher per familiar at a time, enforced by a lock fi
 1. every table is written with DuckDB ``COPY (query) TO '<temp>' (FORMAT parquet)``
    to a hidden temp name, fsynced, then ``os.replace``d to an immutable versioned
    name such as ``facts.v12.parquet`` (a name is never rewritten once a manifest
-   points at it);
+   points at it); with turn and window vectors, each model's precombined turn
+   matrix is written the same way as ``turn_context_<n>.v12.npy`` (rows) and
+   ``turn_context_<n>_ids.v12.npy`` (turn ids), from the same read transaction;
 2. ``manifest.json`` is written to a temp file, fsynced and ``os.replace``d: this
    rename is the commit point, so a reader sees the whole old or the whole new
    snapshot, never a mix;
@@ -43,7 +45,7 @@ import time
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import duckdb
 import numpy as np
@@ -74,7 +76,11 @@ LOCK_NAME = ".publish.lock"
 SUMMARY_SCOPE = "conversation"
 
 _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_VERSIONED_FILE = re.compile(r"^(?P<table>[a-z][a-z0-9_]{0,62})\.v(?P<version>[0-9]+)\.parquet$")
+_VERSIONED_FILE = re.compile(r"^(?P<table>[a-z][a-z0-9_]{0,62})\.v(?P<version>[0-9]+)\.(?P<kind>parquet|npy)$")
+# The shipped ``[memory.retrieval].turn_context`` (tests hold the two equal): the share of
+# each turn's context-window vector in the turn matrix a snapshot precombines at publish.
+TURN_CONTEXT_SHARE = 0.5
+CONTEXT_MATRIX = "turn_context"
 _TEMP_FILE = re.compile(r"^\..+\.tmp$")
 
 
@@ -255,12 +261,31 @@ class TableFile:
 
 
 @dataclass(frozen=True)
+class MatrixFile:
+    """One model's precombined turn matrix: ``rows`` unit float32 rows of ``dim`` in ``file``
+    (a ``.npy``) for the ascending turn ids in ``ids_file``; each row is ``(1 - share) x``
+    the turn's vector ``+ share x`` its context window's (see :func:`blend_context_rows`)."""
+
+    model: str
+    share: float
+    file: str
+    ids_file: str
+    rows: int
+    dim: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Manifest:
     version: int
     published_at: str  # ISO-8601 UTC
     store_watermark: Mapping[str, Any]
     tables: Mapping[str, TableFile]
     format: int = MANIFEST_FORMAT
+    # Derived at publish from the tables (readers written before them ignore the key).
+    matrices: tuple[MatrixFile, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -272,6 +297,7 @@ class Manifest:
                 name: {"file": t.file, "rows": t.rows, "bytes": t.bytes}
                 for name, t in self.tables.items()
             },
+            "matrices": [m.to_json() for m in self.matrices],
         }
 
     @classmethod
@@ -301,12 +327,36 @@ class Manifest:
                 raise SnapshotFormatError(f"manifest entry for table {name!r} is not an object")
             file, rows, size = entry.get("file"), entry.get("rows"), entry.get("bytes")
             match = _VERSIONED_FILE.match(file) if isinstance(file, str) else None
-            if not _TABLE_NAME.match(str(name)) or match is None or match["table"] != name:
+            if (not _TABLE_NAME.match(str(name)) or match is None or match["table"] != name
+                    or match["kind"] != "parquet"):
                 raise SnapshotFormatError(f"manifest entry for table {name!r} names a bad file {file!r}")
             if not _is_int(rows) or rows < 0 or not _is_int(size) or size < 0:
                 raise SnapshotFormatError(f"manifest entry for table {name!r} has bad rows/bytes")
             tables[name] = TableFile(file=file, rows=rows, bytes=size)
-        return cls(version=version, published_at=published_at, store_watermark=watermark, tables=tables)
+        raw_matrices = data.get("matrices", [])
+        if not isinstance(raw_matrices, list):
+            raise SnapshotFormatError("manifest matrices must be a list")
+        matrices = tuple(_matrix_entry(entry) for entry in raw_matrices)
+        return cls(version=version, published_at=published_at, store_watermark=watermark, tables=tables,
+                   matrices=matrices)
+
+
+def _matrix_entry(entry: Any) -> MatrixFile:
+    """One validated ``matrices`` item of a manifest (files inside the folder, sane sizes)."""
+    fields = [f.name for f in dataclasses.fields(MatrixFile)]
+    if not isinstance(entry, dict) or sorted(entry) != sorted(fields):
+        raise SnapshotFormatError(f"manifest matrix entry must have exactly {', '.join(fields)}")
+    for key in ("file", "ids_file"):
+        match = _VERSIONED_FILE.match(entry[key]) if isinstance(entry[key], str) else None
+        if match is None or match["kind"] != "npy" or not match["table"].startswith(CONTEXT_MATRIX):
+            raise SnapshotFormatError(f"manifest matrix entry names a bad file {entry[key]!r}")
+    share = entry["share"]
+    if not isinstance(entry["model"], str) or isinstance(share, bool) or not isinstance(share, (int, float)) \
+            or not 0.0 <= share <= 1.0:
+        raise SnapshotFormatError("manifest matrix entry has a bad model or share")
+    if not all(_is_int(entry[k]) and entry[k] >= 0 for k in ("rows", "dim")):
+        raise SnapshotFormatError("manifest matrix entry has bad rows/dim")
+    return MatrixFile(**{**entry, "share": float(share)})
 
 
 def read_manifest(serving_dir: str | Path) -> Manifest | None:
@@ -343,6 +393,7 @@ def publish_snapshot(
     store_watermark: Mapping[str, object],
     tables: Mapping[str, str] = SERVING_TABLES,
     durable: bool = True,
+    turn_context: float | None = TURN_CONTEXT_SHARE,
 ) -> Manifest:
     """Publish ``tables`` (name -> SELECT) from ``conn`` as the next snapshot.
 
@@ -353,6 +404,11 @@ def publish_snapshot(
     recorded verbatim in the manifest (datetimes as ISO strings) so checks can
     tell whether the snapshot is in step with the store. ``durable=False`` skips the fsyncs (for
     scratch folders); the rename order alone still keeps readers consistent.
+
+    With turn vectors and context-window vectors in ``tables``, each model's
+    precombined turn matrix (window share ``turn_context``; None for none) is
+    written beside them as ``.npy`` files the bot memory-maps: combining 100k
+    turns took the bot's first reply after each publish several seconds.
     """
     serving_dir = Path(serving_dir)
     watermark = _jsonable_watermark(store_watermark)
@@ -370,12 +426,13 @@ def publish_snapshot(
         version = max(previous.version if previous else 0, _highest_file_version(serving_dir)) + 1
         written: list[Path] = []
         try:
-            entries = _copy_tables(conn, serving_dir, version, tables, written, durable)
+            entries, matrices = _copy_tables(conn, serving_dir, version, tables, written, durable, turn_context)
             manifest = Manifest(
                 version=version,
                 published_at=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
                 store_watermark=watermark,
                 tables=entries,
+                matrices=matrices,
             )
             _write_manifest(serving_dir, manifest, written, durable)
         except BaseException as exc:
@@ -455,7 +512,8 @@ def _copy_tables(
     tables: Mapping[str, str],
     written: list[Path],
     durable: bool,
-) -> dict[str, TableFile]:
+    turn_context: float | None = None,
+) -> tuple[dict[str, TableFile], tuple[MatrixFile, ...]]:
     entries: dict[str, TableFile] = {}
     # A cursor is a separate DuckDB connection to the same database: its own
     # transaction gives every COPY the same committed state, and a failure here
@@ -475,13 +533,58 @@ def _copy_tables(
             written.append(final)
             os.replace(temp, final)
             entries[name] = TableFile(file=final.name, rows=rows, bytes=final.stat().st_size)
+        matrices = () if turn_context is None else _write_context_matrices(
+            cursor, serving_dir, version, tables, entries, float(turn_context), written, durable)
     finally:
         with contextlib.suppress(duckdb.Error):
             cursor.execute("ROLLBACK")  # read-only: nothing to commit
         cursor.close()
     if durable:
         _fsync_dir(serving_dir)
-    return entries
+    return entries, matrices
+
+
+def _write_context_matrices(cursor: duckdb.DuckDBPyConnection, serving_dir: Path, version: int,
+                            tables: Mapping[str, str], entries: Mapping[str, TableFile], share: float,
+                            written: list[Path], durable: bool) -> tuple[MatrixFile, ...]:
+    """Each model's precombined turn matrix, from the turn and window rows just copied.
+
+    Runs in the publish's read transaction, so the matrix is of the same rows as
+    the tables; the rows come straight from DuckDB (reading the Parquet back was
+    ~3x slower at 100k turns).
+    """
+    if not {"turn_embeddings", "turn_window_embeddings"} <= set(entries) or not 0.0 <= share <= 1.0:
+        return ()
+    if entries["turn_window_embeddings"].rows == 0 or entries["turn_embeddings"].rows == 0:
+        return ()
+    own_table = cursor.sql(tables["turn_embeddings"]).to_arrow_table()
+    window_table = cursor.sql(tables["turn_window_embeddings"]).to_arrow_table()
+    out = []
+    for position, model in enumerate(sorted(set(pc.unique(own_table["model"]).to_pylist()))):
+        ids, own = _unit_rows(own_table, model)
+        wids, windows = _unit_rows(window_table, model)
+        matrix = blend_context_rows(ids, own, wids, windows, share)
+        if matrix is None:
+            continue
+        stem = f"{CONTEXT_MATRIX}_{position}"
+        files = {}
+        for name, array in ((f"{stem}_ids", ids), (stem, matrix)):
+            temp = _temp_path(serving_dir, f"{name}.v{version}")
+            written.append(temp)
+            with open(temp, "wb") as handle:
+                np.save(handle, array, allow_pickle=False)
+                handle.flush()
+                if durable:
+                    os.fsync(handle.fileno())
+            final = serving_dir / f"{name}.v{version}.npy"
+            written.append(final)
+            os.replace(temp, final)
+            files[name] = final.name
+        out.append(MatrixFile(model=model, share=share, file=files[stem], ids_file=files[f"{stem}_ids"],
+                              rows=int(matrix.shape[0]), dim=int(matrix.shape[1])))
+    if durable and out:
+        _fsync_dir(serving_dir)
+    return tuple(out)
 
 
 def _write_manifest(serving_dir: Path, manifest: Manifest, written: list[Path], durable: bool) -> None:
@@ -572,9 +675,11 @@ def _where(table: pa.Table, mask: pa.Array | pa.ChunkedArray) -> pa.Table:
     """Rows where ``mask`` is true (NULL counts as false), in table order.
 
     ``take`` of the matching indices touches only those rows; ``Table.filter``
-    would rebuild every column, which costs milliseconds at 20k facts.
+    would rebuild every column, which costs milliseconds at 20k facts. When
+    every row matches, the table itself (no copy).
     """
-    return table.take(pc.indices_nonzero(pc.fill_null(mask, False)))
+    rows = pc.indices_nonzero(pc.fill_null(mask, False))
+    return table if len(rows) == table.num_rows else table.take(rows)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -629,14 +734,18 @@ class Snapshot:
     fact's ``subjects`` a tuple of ``Subject`` in write order.
     """
 
-    def __init__(self, manifest: Manifest | None, tables: Mapping[str, pa.Table]):
+    def __init__(self, manifest: Manifest | None, tables: Mapping[str, pa.Table], *,
+                 lazy: Mapping[str, Callable[[], pa.Table]] | None = None,
+                 context: Mapping[tuple[str, float], tuple[np.ndarray, np.ndarray]] | None = None):
         self.manifest = manifest
-        self._tables = dict(tables)
+        self._tables = _Tables(tables, lazy or {})
         for name, schema in SERVING_SCHEMAS.items():
-            if name not in self._tables:
+            if name not in self._tables and not self._tables.is_lazy(name):
                 self._tables[name] = empty_table(name)
         for name, keys in _SORT_KEYS.items():
             self._tables[name] = self._tables[name].sort_by(keys).combine_chunks()
+        # (model, share) -> (turn ids, combined rows): precombined at publish, else built on first use.
+        self._context_matrices: dict = dict(context or {})
 
     @classmethod
     def empty(cls) -> "Snapshot":
@@ -647,7 +756,7 @@ class Snapshot:
         return self.manifest.version if self.manifest else 0
 
     def table_names(self) -> list[str]:
-        return sorted(self._tables)
+        return self._tables.names()
 
     def table(self, name: str) -> pa.Table:
         try:
@@ -816,24 +925,40 @@ class Snapshot:
         ``(1 - share) x cos(turn) + share x cos(window)``: the context blend costs
         one matrix-vector product per reply, the same as the turn vectors alone.
         A turn whose window vector is missing (its projector lags) keeps its own
-        row. None when no window vector exists under ``model``. Built once per
-        snapshot, model and share; the window rows are not kept (the turn rows are, by
-        ``turn_matrix``).
+        row. None when no window vector exists under ``model``. A snapshot published
+        with this share carries it precombined (memory-mapped at load); otherwise it
+        is built once per snapshot, model and share; the window rows are not kept
+        (the turn rows are, by ``turn_matrix``).
         """
-        cache = self.__dict__.setdefault("_context_matrices", {})
+        cache = self._context_matrices
         key = (model, float(share))
         if key not in cache:
             wids, windows = _unit_rows(self._tables["turn_window_embeddings"], model)
             ids, own = self.turn_matrix(model)
-            if len(wids) == 0 or len(ids) == 0 or windows.shape[1] != own.shape[1]:
-                cache[key] = None
-            else:
-                at = np.searchsorted(wids, ids).clip(0, len(wids) - 1)
-                has = wids[at] == ids
-                blended = own.copy()
-                blended[has] = (1 - share) * own[has] + share * windows[at[has]]
-                cache[key] = (ids, blended)
+            blended = blend_context_rows(ids, own, wids, windows, share)
+            cache[key] = None if blended is None else (ids, blended)
         return cache[key]
+
+
+def blend_context_rows(ids: np.ndarray, own: np.ndarray, wids: np.ndarray, windows: np.ndarray,
+                       share: float) -> np.ndarray | None:
+    """``(1 - share) x own + share x window`` row by row (rows of ``ids``; a turn without a
+    window vector keeps its own row), or None when there is nothing to combine.
+
+    The one definition of the combined turn matrix: the publisher writes it, and
+    a reader of a snapshot published without it (or with another share) builds it.
+    """
+    if len(wids) == 0 or len(ids) == 0 or windows.shape[1] != own.shape[1]:
+        return None
+    if np.array_equal(wids, ids):  # every turn has its window (the usual case): no gathers
+        blended = own * np.float32(1 - share)
+        blended += np.float32(share) * windows
+        return blended
+    at = np.searchsorted(wids, ids).clip(0, len(wids) - 1)
+    has = wids[at] == ids
+    blended = own.copy()
+    blended[has] = (1 - share) * own[has] + share * windows[at[has]]
+    return blended
 
 
 def _unit_rows(table: pa.Table, model: str) -> tuple[np.ndarray, np.ndarray]:
@@ -843,42 +968,111 @@ def _unit_rows(table: pa.Table, model: str) -> tuple[np.ndarray, np.ndarray]:
     if table.num_rows:
         hits = _where(table, pc.equal(table["model"], pa.scalar(model, pa.string())))
         if hits.num_rows:
-            dims = hits["dim"].to_numpy()
-            keep = pc.equal(hits["dim"], pa.scalar(int(dims[0]), pa.int32()))
-            hits = _where(hits, keep)
-            ids = hits["turn_id"].to_numpy().astype(np.int64)
-            flat = pc.list_flatten(hits["vector"]).to_numpy(zero_copy_only=False).astype(np.float32)
-            matrix = flat.reshape(hits.num_rows, int(dims[0]))
+            dim = int(hits["dim"][0].as_py())
+            hits = _where(hits, pc.equal(hits["dim"], pa.scalar(dim, pa.int32())))
+            ids = hits["turn_id"].to_numpy().astype(np.int64, copy=False)
+            flat = pc.list_flatten(hits["vector"]).to_numpy(zero_copy_only=False)
+            matrix = flat.astype(np.float32, copy=False).reshape(hits.num_rows, dim)
             norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-            matrix = matrix / np.where(norms > 0, norms, 1.0)
-            order = np.argsort(ids, kind="stable")
-            ids, matrix = ids[order], np.ascontiguousarray(matrix[order])
-    return ids, matrix
+            matrix = matrix / np.where(norms > 0, norms, np.float32(1.0))
+            if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):  # served sorted; else sort
+                order = np.argsort(ids, kind="stable")
+                ids, matrix = ids[order], matrix[order]
+    return ids, np.ascontiguousarray(matrix)
+
+
+class _Tables(dict):
+    """Served tables by name; a name in ``lazy`` is read on first use (once, under a lock)."""
+
+    def __init__(self, tables: Mapping[str, pa.Table], lazy: Mapping[str, Callable[[], pa.Table]]):
+        super().__init__(tables)
+        self._lazy = dict(lazy)
+        self._lock = threading.Lock()
+
+    def is_lazy(self, name: str) -> bool:
+        return name in self._lazy
+
+    def names(self) -> list[str]:
+        return sorted(set(self) | set(self._lazy))
+
+    def __missing__(self, name: str) -> pa.Table:
+        if name not in self._lazy:
+            raise KeyError(name)
+        with self._lock:
+            if not dict.__contains__(self, name):
+                self[name] = self._lazy[name]()
+            return dict.__getitem__(self, name)
+
+
+# Read only when a reply needs them once the snapshot carries the precombined turn matrix.
+_LAZY_WITH_CONTEXT = frozenset({"turn_embeddings", "turn_window_embeddings"})
 
 
 def load_snapshot(serving_dir: str | Path, manifest: Manifest) -> Snapshot:
     """Read every table the manifest names; raises OSError/ArrowException/
-    SnapshotFormatError when a file is missing, damaged or not as announced."""
+    SnapshotFormatError when a file is missing, damaged or not as announced.
+
+    A snapshot with precombined turn matrices memory-maps them, and the two turn
+    vector tables (~300 MB at 100k turns, read for nothing when the matrix is
+    there) are only opened and checked: their rows are read if a reply asks.
+    Open files and maps keep working after a later publish collects them.
+    """
     serving_dir = Path(serving_dir)
+    context = _context_matrices(serving_dir, manifest)
     tables: dict[str, pa.Table] = {}
+    lazy: dict[str, Callable[[], pa.Table]] = {}
     for name, entry in manifest.tables.items():
         parquet = pq.ParquetFile(str(serving_dir / entry.file))
+        if context and name in _LAZY_WITH_CONTEXT:
+            _check_table(parquet.schema_arrow.names, parquet.metadata.num_rows, name, entry)
+            lazy[name] = _reader(parquet, name, entry)
+            continue
         try:
-            table = parquet.read()
+            tables[name] = _validated(parquet.read(), name, entry)
         finally:
             parquet.close()
-        if table.num_rows != entry.rows:
-            raise SnapshotFormatError(
-                f"{entry.file} has {table.num_rows} rows, the manifest says {entry.rows}"
-            )
-        schema = SERVING_SCHEMAS.get(name)
-        if schema is not None:
-            missing = [c for c in schema.names if c not in table.column_names]
-            if missing:
-                raise SnapshotFormatError(f"{entry.file} lacks columns {missing}")
-            table = table.select(schema.names).cast(schema)
-        tables[name] = table
-    return Snapshot(manifest, tables)
+    return Snapshot(manifest, tables, lazy=lazy, context=context)
+
+
+def _check_table(columns: list[str], rows: int, name: str, entry: TableFile) -> None:
+    if rows != entry.rows:
+        raise SnapshotFormatError(f"{entry.file} has {rows} rows, the manifest says {entry.rows}")
+    schema = SERVING_SCHEMAS.get(name)
+    missing = [c for c in schema.names if c not in columns] if schema is not None else []
+    if missing:
+        raise SnapshotFormatError(f"{entry.file} lacks columns {missing}")
+
+
+def _validated(table: pa.Table, name: str, entry: TableFile) -> pa.Table:
+    """``table`` checked against the manifest and cast to the served schema."""
+    _check_table(table.column_names, table.num_rows, name, entry)
+    schema = SERVING_SCHEMAS.get(name)
+    return table if schema is None else table.select(schema.names).cast(schema)
+
+
+def _reader(parquet: pq.ParquetFile, name: str, entry: TableFile) -> Callable[[], pa.Table]:
+    def read() -> pa.Table:
+        try:
+            return _validated(parquet.read(), name, entry)
+        finally:
+            parquet.close()
+    return read
+
+
+def _context_matrices(serving_dir: Path, manifest: Manifest) -> dict[tuple[str, float], tuple[np.ndarray, np.ndarray]]:
+    """The manifest's precombined turn matrices, memory-mapped, keyed ``(model, share)``."""
+    out = {}
+    for m in manifest.matrices:
+        try:
+            ids = np.load(serving_dir / m.ids_file, allow_pickle=False)
+            rows = np.load(serving_dir / m.file, mmap_mode="r", allow_pickle=False)
+        except ValueError as exc:
+            raise SnapshotFormatError(f"{m.file} is not a readable matrix: {exc}") from exc
+        if (ids.dtype != np.int64 or ids.shape != (m.rows,) or rows.dtype != np.float32
+                or rows.shape != (m.rows, m.dim)):
+            raise SnapshotFormatError(f"{m.file} does not hold the {m.rows} x {m.dim} rows the manifest says")
+        out[(m.model, m.share)] = (ids, rows)
+    return out
 
 
 # --------------------------------------------------------------------------- #
