@@ -226,12 +226,16 @@ def run_breakdown(dagster_home: Path) -> dict:
 
 
 def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s: int, sensor_interval: int | None,
-            settle: float = 120, order: str = "round-robin") -> dict:
+            settle: float = 120, order: str = "round-robin", batch_size: int | None = None) -> dict:
     load_at_start = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         paths = prepare(tmp, familiars)
         os.environ["FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__QUIET_S"] = str(quiet_s)  # start_up copies os.environ
+        if batch_size is not None:
+            os.environ["FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE"] = str(batch_size)
+        else:
+            os.environ.pop("FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE", None)
         os.environ["FAMILIAR_DATA_ROOT"] = str(tmp / "familiars")
         process, err = start_up(tmp, free_port(), sensor_interval)
         sampler = GroupSampler(process.pid)
@@ -253,6 +257,7 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
         lags = batch_lags(appended, visible)
         result = {
             "familiars": familiars, "messages_per_s": rate, "duration_s": duration, "quiet_s": quiet_s, "order": order,
+            "batch_size": batch_size or "default",
             "messages": len(appended), "with_facts": len(visible), "backlog_messages": len(appended) - len(visible),
             "freshness_p50_s": round(percentile(fresh, 0.5), 1) if fresh else None,
             "freshness_p95_s": round(percentile(fresh, 0.95), 1) if fresh else None,
@@ -321,18 +326,20 @@ def main() -> None:
     parser.add_argument("--sensor-interval", type=int, default=None)
     parser.add_argument("--order", choices=("round-robin", "random"), default="round-robin",
                         help="which familiar each message goes to")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="[providers.memory.rich_note].batch_size for the run (default: the shipped one)")
     parser.add_argument("--sweep", default="", help="comma-separated familiar counts, each at sweep_rate(N) (overrides --familiars/--rate)")
     parser.add_argument("--out", type=Path, default=None, help="with --sweep: write scale.json and scale.png here")
     args = parser.parse_args()
     if not args.sweep:
         result = measure(args.familiars, args.rate, args.duration, args.drain, args.quiet_s, args.sensor_interval,
-                         args.settle, args.order)
+                         args.settle, args.order, args.batch_size)
         print(json.dumps(result, indent=1), flush=True)
         return
     results = []
     for n in (int(x) for x in args.sweep.split(",") if x.strip()):
         results.append(measure(n, sweep_rate(n), args.duration, args.drain, args.quiet_s, args.sensor_interval,
-                               args.settle, args.order))
+                               args.settle, args.order, args.batch_size))
         print(json.dumps(results[-1], indent=1), flush=True)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)

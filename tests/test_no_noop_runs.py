@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 
 from familiar_pipeline.definitions import defs, fact_automation_sensor
-from familiar_pipeline.defs.assets import FACT_DRIVEN, MEMORY, NOT_DUE
+from familiar_pipeline.defs.assets import FACT_DRIVEN, MEMORY
 from familiar_pipeline.defs.jobs import execute_request
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
 from familiar_pipeline.storage.turns import TurnLog
@@ -43,7 +43,7 @@ def execute(instance, root, request: dg.RunRequest, trigger: str) -> list[dict]:
     """Run one request as the daemon would; per familiar it served, what each asset read and wrote.
 
     The turn sensor's request covers a partition range (its tags) with a per-asset plan (its
-    run config); a familiar in the range but outside the plan reports "not due" and is left out.
+    run config); a familiar in the range but outside the plan gets no materialization.
     """
     result = execute_request(request, instance=instance, data_root=root, tags={"trigger": trigger})
     assert result.success
@@ -51,8 +51,6 @@ def execute(instance, root, request: dg.RunRequest, trigger: str) -> list[dict]:
     for event in result.get_asset_materialization_events():
         m = event.materialization
         meta = {k: v.value for k, v in m.metadata.items()}
-        if meta["status"] == NOT_DUE:
-            continue
         out.setdefault(m.partition, {})[m.asset_key.path[-1]] = (meta["status"], int(meta["turns_read"]), int(meta["rows_written"]))
     return [{"partition": p, "trigger": trigger, "assets": assets} for p, assets in sorted(out.items())]
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import dagster as dg
 from pydantic import Field
 
+from dagster._core.definitions.data_version import DATA_VERSION_TAG, extract_data_version_from_entry
+
 from familiar_pipeline.defs.checks import MemoryCheck, combine_check_results, memory_checks
 from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
@@ -203,10 +205,6 @@ def _block(blocked: dict[str, str], spec: ProjectorSpec, why: str) -> None:
         blocked.setdefault(follower.asset, why)
 
 
-# What a familiar in the run's partition range that the run's plan leaves out reports.
-NOT_DUE = "not due: outside this run's plan (ProjectionConfig.familiars); nothing was opened"
-
-
 def materialize_projections(
     context: dg.AssetExecutionContext,
     specs: list[ProjectorSpec],
@@ -219,26 +217,27 @@ def materialize_projections(
 
     A run may cover a range of familiars (the turn sensor's one run per tick, a
     single-run backfill). Each familiar gets its own writer lock, store connection,
-    projector runs and one publish, and its metadata goes on its partition's
-    materialization of each asset. A projector that raises for one familiar is
+    projector runs and one publish, and each asset it went through gets a
+    materialization of that familiar's partition with its figures. A familiar in the
+    range that the run's plan leaves out is not opened and gets no materialization:
+    Dagster records one per partition of the range when an asset yields its output, so
+    the step reports each partition it processed itself (an `AssetMaterialization` per
+    familiar) and yields no outputs. A projector that raises for one familiar is
     reported on that partition (status "failed: ..." and an error event); its
     watermark stays where its last committed batch left it, so a later run retries it.
-    An asset fails (and with it the step, after the others are recorded) only when
-    every familiar it processed failed, so a run of one familiar fails as it always did.
+    An asset fails (and with it the step, after the rest is recorded) only when every
+    familiar it processed failed, so a run of one familiar fails as it always did.
     """
     selected = {key.path[-1] for key in context.selected_asset_keys}
     specs = [s for s in specs if s.asset in selected]
     selected_checks = set(context.selected_asset_check_keys)
     checks = tuple(c for c in memory_checks(s.asset for s in specs) if c.key in selected_checks)
     embedders: dict = {}  # one embedder per embedding config for the whole step
-    done: dict[str, dict[str, ProjectionReport]] = {s.asset: {} for s in specs}
+    done: dict[str, int] = {s.asset: 0 for s in specs}
     failed: dict[str, dict[str, Exception]] = {s.asset: {} for s in specs}
     check_results: dict[dg.AssetCheckKey, dict[str, dg.AssetCheckResult]] = {c.key: {} for c in checks}
     for familiar_id in context.partition_keys:
         due = [s for s in specs if config.due(s.asset, familiar_id)]
-        for spec in specs:
-            if spec not in due:
-                context.add_asset_metadata({"status": NOT_DUE}, asset_key=spec.asset, partition_key=familiar_id)
         if not due:
             continue
         try:
@@ -249,11 +248,14 @@ def materialize_projections(
         for asset, exc in outcome.failed.items():
             failed[asset][familiar_id] = exc
             context.log.error(f"[{familiar_id}] {asset} failed: {type(exc).__name__}: {exc}", exc_info=exc)
-            context.add_asset_metadata({"status": f"failed: {type(exc).__name__}: {exc}"}, asset_key=asset,
-                                       partition_key=familiar_id)
+            yield dg.AssetMaterialization(asset, partition=familiar_id,
+                                          metadata={"status": f"failed: {type(exc).__name__}: {exc}"},
+                                          tags=data_version_tags(context, asset, familiar_id, changed=False))
         for asset, result in outcome.results.items():
-            done[asset][familiar_id] = result["report"]
-            context.add_asset_metadata(result["metadata"], asset_key=asset, partition_key=familiar_id)
+            done[asset] += 1
+            changed = config.rebuild or result["report"].rows_written > 0
+            yield dg.AssetMaterialization(asset, partition=familiar_id, metadata=result["metadata"],
+                                          tags=data_version_tags(context, asset, familiar_id, changed=changed))
         # One line per familiar that did something (each is an event the run's log stores: the
         # per-asset details are on each partition's materialization).
         worked = [r["report"] for r in outcome.results.values() if r["report"].status not in ("no-op", "disabled")]
@@ -261,54 +263,43 @@ def materialize_projections(
             context.log.info(f"[{familiar_id}] " + "; ".join(r.summary_line() for r in worked))
         for key, result in outcome.checks.items():
             check_results[key][familiar_id] = result
-    lost = {asset: errors for asset, errors in failed.items() if errors and not done[asset]}
-    for spec in specs:
-        if spec.asset in lost:
-            continue
-        key = dg.AssetKey(spec.asset)
-        yield dg.MaterializeResult(
-            asset_key=key,
-            data_version=output_version(context, key, done[spec.asset], rebuild=config.rebuild),
-            check_results=[combine_check_results(check_results[c.key], check=c) for c in checks
-                           if c.asset == spec.asset and check_results[c.key]],
-        )
+    for check in checks:
+        if check_results[check.key]:
+            yield combine_check_results(check_results[check.key], check=check)
+    lost = [(asset, f, e) for asset, errors in failed.items() if errors and not done[asset] for f, e in errors.items()]
+    if len(lost) == 1:
+        raise lost[0][2]
     if lost:
-        errors = [(asset, f, e) for asset, errs in lost.items() for f, e in errs.items()]
-        if len(errors) == 1:
-            raise errors[0][2]
         raise dg.Failure(
-            description="every familiar failed: " + "; ".join(f"{a} for {f}: {type(e).__name__}: {e}" for a, f, e in errors)
+            description="every familiar failed: " + "; ".join(f"{a} for {f}: {type(e).__name__}: {e}" for a, f, e in lost)
         )
 
 
-def output_version(context: dg.AssetExecutionContext, asset_key: dg.AssetKey, reports: dict[str, ProjectionReport], *,
-                   rebuild: bool) -> dg.DataVersion:
-    """A data version that changes only when the run changed the projection's rows.
+# The assets whose changes the followers' automation condition watches (FOLLOWS_FACTS): the
+# inputs of the fact-driven projectors. Their materializations carry a data version.
+VERSIONED_ASSETS = frozenset(i for s in registry.BUILTIN_SPECS if s.trigger == FACTS for i in s.inputs) - {"turns"}
+
+
+def data_version_tags(context: dg.AssetExecutionContext, asset: str, familiar_id: str, *, changed: bool) -> dict:
+    """The data version of one familiar's materialization: new only when the run changed its rows.
 
     The followers' automation condition fires on a changed data version, not on any
-    materialization: a facts run that wrote nothing (skipped, disabled, no-op, a batch
-    whose facts were all dropped) keeps the partition's previous version. Dagster gives
-    every partition of a run the same version, so in a run over several familiars any
-    familiar's new rows give them all the new version; the turn sensor's runs that include
-    `facts` also include its followers and are tagged so (FOLLOWERS_INCLUDED_TAG), which
-    keeps that from re-triggering them.
+    materialization: a facts run that wrote nothing for a familiar (skipped, disabled,
+    no-op, a batch whose facts were all dropped, a failure) keeps that partition's
+    previous version. Only the assets the followers watch carry one.
     """
-    if rebuild or any(report.rows_written > 0 for report in reports.values()):
-        return dg.DataVersion(context.run.run_id)
-    from dagster._core.definitions.data_version import extract_data_version_from_entry
-
-    previous = set()
-    for partition_key in context.partition_keys:
-        record = context.instance.get_latest_data_version_record(asset_key, partition_key=partition_key)
-        previous.add(extract_data_version_from_entry(record.event_log_entry) if record else None)
-    if len(previous) == 1:
-        return previous.pop() or dg.DataVersion("empty")
-    return dg.DataVersion(context.run.run_id)  # the familiars' versions differ: one value cannot keep them all
+    if asset not in VERSIONED_ASSETS:
+        return {}
+    if changed:
+        return {DATA_VERSION_TAG: context.run.run_id}
+    record = context.instance.get_latest_data_version_record(dg.AssetKey(asset), partition_key=familiar_id)
+    previous = extract_data_version_from_entry(record.event_log_entry) if record else None
+    return {DATA_VERSION_TAG: previous.value if previous else "empty"}
 
 
 # Run after `facts` (or supersession) changed, for that familiar's partition only:
 # a dependency's data version changed (only a run that wrote rows changes it: see
-# output_version), none missing or in progress. `turns` is an external asset Dagster
+# data_version_tags), none missing or in progress. `turns` is an external asset Dagster
 # never sees materialized, so it is ignored; what is new in the turn log is each
 # projection's own watermark. Runs the turn sensor launches with the fact-driven assets
 # already in them carry this tag; their updates do not trigger the followers a second time.
