@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 from familiar_pipeline.defs.assets import MEMORY
-from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, due_assets, read_state
+from familiar_pipeline.defs.sensors import MAX_RANGE_GAP, blocks, build_turn_watermark_sensor, due_assets, read_state
 
 from familiar_pipeline.storage.paths import FamiliarPaths
 
@@ -317,3 +317,28 @@ def test_a_familiar_created_again_under_its_name_gets_a_new_run_key(env):
     again = tick(instance, cursor=first.cursor)
     assert requested(again) == requested(first)
     assert again.run_requests[0].run_key != first.run_requests[0].run_key
+
+
+def test_due_familiars_far_apart_get_a_run_each():
+    """A familiar in a run's range that is not due still costs Dagster events: long gaps split the run."""
+    order = [f"f{i:03d}" for i in range(100)]
+    position = {f: i for i, f in enumerate(order)}
+    near = ["f000", "f003", f"f{4 + MAX_RANGE_GAP:03d}"]  # gaps of 2 and MAX_RANGE_GAP: one run
+    assert blocks(near, position) == [near]
+    far = ["f000", f"f{2 + MAX_RANGE_GAP:03d}", "f099"]  # a gap of MAX_RANGE_GAP + 1, then a long one
+    assert blocks(far, position) == [["f000"], [f"f{2 + MAX_RANGE_GAP:03d}"], ["f099"]]
+    assert blocks([], position) == []
+
+
+def test_a_tick_splits_its_run_where_due_familiars_are_far_apart(env):
+    root, instance = env
+    names = [f"b{i:02d}" for i in range(MAX_RANGE_GAP + 3)]
+    for name in names:
+        make_familiar(root, name)
+    append_chat(FamiliarPaths.for_id(names[0], root), 11)
+    append_chat(FamiliarPaths.for_id(names[-1], root), 11)
+    result = tick(instance)
+    ranges = [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
+              for r in result.run_requests]
+    assert ranges == [(names[0], names[0]), (names[-1], names[-1])], "21 idle familiars between: two runs"
+    assert len({r.run_key for r in result.run_requests}) == 2
