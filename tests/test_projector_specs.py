@@ -24,8 +24,8 @@ SPECS = registry.specs()
 def test_the_builtins_are_the_registered_specs():
     assert [s.name for s in SPECS] == list(registry.BUILTIN_PROJECTORS)
     assert registry.BUILTIN_PROJECTORS == (
-        "turns_fts", "rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection",
-        "fact_embedding", "turn_embedding", "turn_window_embedding")
+        "turns_fts", "rolling_summary", "rich_note", "fact_embedding", "fact_supersede", "people_dossier",
+        "reflection", "turn_embedding", "turn_window_embedding")
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
