@@ -85,7 +85,7 @@ def test_every_projector_has_a_drop_rule_that_clears_its_rows_and_watermark(tmp_
 
 def test_dropping_facts_takes_every_projection_that_reads_them():
     assert [d.name for d in registry.dependants("rich_note")] == [
-        "people_dossier", "reflection", "fact_supersede", "fact_embedding"]
+        "fact_embedding", "people_dossier", "reflection", "fact_supersede"]
     assert registry.dependants("rolling_summary") == []
 
 
