@@ -5,7 +5,7 @@ writes, under `--out` (default `docs/bench`):
 
 * `speed.json`: every figure, with the machine it was measured on;
 * `speed.md`: the tables `docs/benchmarks.md` quotes;
-* `assembly.png`, `pipeline.png`, `freshness.png`: the plots.
+* `assembly.png`, `pipeline.png`, `freshness.png`, `scale.png`: the plots.
 
     uv run python benchmarks/report.py              # everything, ~8 min on 2 idle cores
     uv run python benchmarks/report.py --quick      # small sizes, for a smoke run
@@ -15,7 +15,7 @@ Parts: `assembly` (p50/p95/p99 at 10k/100k turns x 2k/20k facts, with and withou
 the MiniLM cue embedding), `pipeline` (the LoCoMo dev file through every asset with
 real MiniLM vectors for facts and turns, then a full rebuild), `embedding` (raw
 MiniLM texts/s), `freshness` (`familiar up` ready time, idle RSS, message to facts
-visible), `scale` (`benchmarks/scale.py` at 1 and 10 familiars; a table, no plot yet).
+visible), `scale` (`benchmarks/scale.py` at 1 and 10 familiars, `scale.png`; `scale.py --sweep` runs the longer curve).
 `--parts` picks a subset. Quote medians and ratios: the machines are noisy.
 """
 
@@ -227,6 +227,11 @@ def plots(report: dict, out: Path) -> list[Path]:
         written.append(out / "freshness.png")
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
+    if report.get("scale"):
+        import scale
+
+        if scale.plot(report["scale"], out / "scale.png"):
+            written.append(out / "scale.png")
     return written
 
 
