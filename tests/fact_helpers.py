@@ -34,13 +34,19 @@ def familiar(root, familiar_id: str = "fam", toml: str = GRAPH_TOML):
     return make_familiar(root, familiar_id, toml)
 
 
-def run_projector(module, root, familiar_id: str = "fam", *, rebuild: bool = False, embedder: bool = False) -> ProjectionReport:
-    """Run one projector's logic directly (no Dagster), as an asset would."""
+def run_projector(module, root, familiar_id: str = "fam", *, rebuild: bool = False, embedder: bool = False,
+                  model=None) -> ProjectionReport:
+    """Run one projector's logic directly (no Dagster), as an asset would.
+
+    `embedder`: build the configured embedder; `model`: use this embedder object instead.
+    """
     usage = LlmUsage()
     rt = build_runtime(
         FamiliarData(data_root=str(root)), LlmResource(), familiar_id, usage=usage,
         embedder=EmbedderResource() if embedder else None,
     )
+    if model is not None:
+        rt.embedder = model
     report = ProjectionReport(module.PROJECTOR)
     try:
         module.run(rt, report, rebuild=rebuild)

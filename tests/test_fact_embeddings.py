@@ -8,11 +8,9 @@ import pytest
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.models.embedders import HashEmbedder
 from familiar_pipeline.projectors import embeddings
-from familiar_pipeline.projectors.report import ProjectionReport
-from familiar_pipeline.defs.resources import FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.storage.store import ProjectionStore
 
-from .fact_helpers import CASS, add_facts, fact
+from .fact_helpers import CASS, add_facts, fact, run_projector
 from .helpers import CountingEmbedder, make_familiar
 
 TOML = '[providers.embedding]\nbackend = "hash"\ndim = 64\n[providers.memory]\nprojectors = ["fact_embedding"]\n'
@@ -20,14 +18,7 @@ TOML = '[providers.embedding]\nbackend = "hash"\ndim = 64\n[providers.memory]\np
 
 def run(root, embedder, *, batch_size=None):
     paths = make_familiar(root, "fam", TOML + (f"[providers.memory.fact_embedding]\nbatch_size = {batch_size}\n" if batch_size else ""))
-    rt = build_runtime(FamiliarData(data_root=str(root)), LlmResource(), "fam")
-    rt.embedder = embedder
-    report = ProjectionReport(embeddings.PROJECTOR)
-    try:
-        embeddings.run(rt, report)
-    finally:
-        rt.close()
-    return paths, report
+    return paths, run_projector(embeddings, root, model=embedder)
 
 
 def seed(root, n):

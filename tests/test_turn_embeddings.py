@@ -16,12 +16,12 @@ from familiar_pipeline.models.embedders import HashEmbedder
 from familiar_pipeline.projectors import turn_embeddings
 from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.projectors.report import ProjectionReport
-from familiar_pipeline.defs.resources import FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.defs.sensors import FamiliarState, due_assets
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
+from .fact_helpers import run_projector
 from .helpers import CountingEmbedder, append_chat, make_familiar
 
 TOML = ('[providers.embedding]\nbackend = "hash"\ndim = 64\n'
@@ -30,14 +30,7 @@ TOML = ('[providers.embedding]\nbackend = "hash"\ndim = 64\n'
 
 
 def run(root, embedder, *, rebuild=False):
-    rt = build_runtime(FamiliarData(data_root=str(root)), LlmResource(), "fam")
-    rt.embedder = embedder
-    report = ProjectionReport(turn_embeddings.PROJECTOR)
-    try:
-        turn_embeddings.run(rt, report, rebuild=rebuild)
-    finally:
-        rt.close()
-    return report
+    return run_projector(turn_embeddings, root, model=embedder, rebuild=rebuild)
 
 
 def vectors(paths, model, ids):

@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 
 from familiar_bot.prompt.retrieval import _dense_turns, top_rows
-from familiar_pipeline.defs.resources import FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.models.embedders import HashEmbedder
 from familiar_pipeline.projectors import turn_windows
 from familiar_pipeline.projectors.registry import drop_projection
-from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.storage import snapshots as snapshots_module
 from familiar_pipeline.storage.snapshots import (
     TURN_CONTEXT_SHARE,
@@ -28,6 +26,7 @@ from familiar_pipeline.storage.snapshots import (
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog, context_windows
 
+from .fact_helpers import run_projector
 from .helpers import CountingEmbedder, append_chat, make_familiar
 
 TOML = ('[providers.embedding]\nbackend = "hash"\ndim = 64\n'
@@ -37,14 +36,7 @@ TABLE = turn_windows.TABLE
 
 
 def run(root, embedder):
-    rt = build_runtime(FamiliarData(data_root=str(root)), LlmResource(), "fam")
-    rt.embedder = embedder
-    report = ProjectionReport(turn_windows.PROJECTOR)
-    try:
-        turn_windows.run(rt, report)
-    finally:
-        rt.close()
-    return report
+    return run_projector(turn_windows, root, model=embedder)
 
 
 def stored(paths, model="hash-v1-d64"):
