@@ -192,9 +192,11 @@ def project_familiar(
                     if check.blocking and not result.passed and result.severity == dg.AssetCheckSeverity.ERROR:
                         _block(blocked, spec, f"blocked: check {check.name} on {spec.asset} failed")
         runtime.flush()
+        snapshot = None  # the snapshot check is one comparison for all of the familiar's assets
         for check in checks:
             if check.find is None and check.asset in out.results:
-                out.checks[check.key] = check.evaluate(runtime, familiar_id)
+                snapshot = snapshot or check.evaluate(runtime, familiar_id)
+                out.checks[check.key] = snapshot
     finally:
         runtime.close()
     return out
