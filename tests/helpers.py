@@ -98,3 +98,22 @@ class CountingEmbedder:
         self.calls.append(list(texts))
         vectors = self.inner.embed(texts)
         return vectors[: len(vectors) - self.drop] if self.drop else vectors
+
+
+REPO_DAGSTER_YAML = Path(__file__).resolve().parents[1] / "dagster_home" / "dagster.yaml"
+
+
+def repo_instance(home: Path, monkeypatch):
+    """A Dagster instance configured by the repository's `dagster_home/dagster.yaml`, in `home`.
+
+    The instance `familiar up` and `dagster dev` use (its event log class, its run queue),
+    with its state in a temporary folder; use it as a context manager.
+    """
+    import shutil
+
+    import dagster as dg
+
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO_DAGSTER_YAML, home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return dg.DagsterInstance.get()

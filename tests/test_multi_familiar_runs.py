@@ -9,9 +9,13 @@ own partition while the others commit, and the writer lock refusing a second wri
 
 from __future__ import annotations
 
+import threading
+import time
+
 import dagster as dg
 import pytest
 
+import familiar_pipeline.defs.assets as assets_module
 from familiar_pipeline.defs.assets import MEMORY
 from familiar_pipeline.defs.jobs import execute_request, materialize_in_process
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
@@ -140,24 +144,46 @@ def test_a_raising_projector_fails_the_step_only_when_every_familiar_failed(env,
     assert "a1: RuntimeError: extractor exploded" in failure.event_specific_data.error.message
 
 
-def test_a_second_writer_is_refused_at_once_naming_the_familiar(env):
+def test_a_second_writer_is_refused_at_once_naming_the_familiar(env, monkeypatch):
     root, instance = env
+    monkeypatch.setattr(assets_module, "BUSY_WAIT_S", 0.3)
     fams = familiars(root, instance, [("a1", 10), ("a2", 10)])
     with WriterLock(fams["a2"]):  # another writer holds a2 (a lock is per open file, so this process counts)
+        started = time.monotonic()
         with pytest.raises(FamiliarBusy, match="familiar 'a2' is being written by another process"):
             WriterLock(fams["a2"]).acquire()
+        assert time.monotonic() - started < 0.2, "refused at once, not after a wait"
         result = run_range(root, instance, ["facts"], "a1", "a2")
         assert result.success
         facts = by_partition(result, "facts")
         assert facts["a1"]["status"] == "ok"
         assert facts["a2"]["status"].startswith("failed: FamiliarBusy: familiar 'a2' is being written")
+        assert "(waited 0.3 s)" in facts["a2"]["status"], "the run came back to it and waited first"
         assert not fams["a2"].memory_db.exists(), "the refused writer wrote nothing"
     later = run_range(root, instance, ["facts"], "a1", "a2")
     assert by_partition(later, "facts")["a2"]["status"] == "ok", "a later run retries it"
 
 
-def test_a_single_partition_run_takes_the_same_lock(env):
+def test_a_familiar_another_writer_holds_is_taken_up_after_the_others_once_free(env, monkeypatch):
+    """Two runs at a time: one that meets a familiar the other is writing comes back to it at its end."""
     root, instance = env
+    monkeypatch.setattr(assets_module, "BUSY_WAIT_S", 30.0)
+    fams = familiars(root, instance, [("a1", 10), ("a2", 10), ("a3", 10)])
+    other = WriterLock(fams["a1"])
+    other.acquire()
+    threading.Timer(1.5, other.release).start()  # the other run finishes a1 while this one does a2, a3
+    result = run_range(root, instance, ["facts"], "a1", "a3")
+    assert result.success
+    facts = by_partition(result, "facts")
+    assert {f: m["status"] for f, m in facts.items()} == {"a1": "ok", "a2": "ok", "a3": "ok"}
+    order = [e.materialization.partition for e in result.get_asset_materialization_events()]
+    assert order == ["a2", "a3", "a1"], "the held familiar waited at the end, not in front of the others"
+    assert facts_and_mark(fams["a1"])[1] == 10
+
+
+def test_a_single_partition_run_takes_the_same_lock(env, monkeypatch):
+    root, instance = env
+    monkeypatch.setattr(assets_module, "BUSY_WAIT_S", 0.2)
     fams = familiars(root, instance, [("a1", 10)])
     with WriterLock(fams["a1"]):
         result = materialize_in_process(["facts"], instance=instance, data_root=root, partition_key="a1",

@@ -8,11 +8,13 @@ import dagster as dg
 import pytest
 
 from familiar_pipeline.defs.assets import MEMORY
-from familiar_pipeline.defs.sensors import MAX_RANGE_GAP, blocks, build_turn_watermark_sensor, due_assets, read_state
+from familiar_pipeline.defs.sensors import (
+    MAX_RANGE_GAP, blocks, build_turn_watermark_sensor, due_assets, read_state, run_lanes, split_lanes,
+)
 
 from familiar_pipeline.storage.paths import FamiliarPaths
 
-from .helpers import append_chat, make_familiar
+from .helpers import append_chat, make_familiar, repo_instance
 
 
 @pytest.fixture
@@ -342,3 +344,54 @@ def test_a_tick_splits_its_run_where_due_familiars_are_far_apart(env):
               for r in result.run_requests]
     assert ranges == [(names[0], names[0]), (names[-1], names[-1])], "21 idle familiars between: two runs"
     assert len({r.run_key for r in result.run_requests}) == 2
+
+
+def test_one_wave_of_due_familiars_is_cut_into_near_equal_runs_one_per_lane():
+    due = [f"f{i:03d}" for i in range(21)]
+    assert split_lanes([due], 2) == [due[:11], due[11:]]
+    assert split_lanes([due], 3) == [due[:11], due[11:]], "21 familiars: two runs of at least 8, not three"
+    more = [f"f{i:03d}" for i in range(24)]
+    assert split_lanes([more], 3) == [more[:8], more[8:16], more[16:]]
+    assert split_lanes([due[:15]], 2) == [due[:15]], "two runs of fewer than 8 familiars cost more than they save"
+    assert split_lanes([due], 1) == [due]
+    assert split_lanes([due[:3], due[10:]], 4) == [due[:3], due[10:]], "runs already cut stay as they are"
+    assert split_lanes([], 2) == []
+
+
+def test_run_lanes_is_the_queue_limit_of_projection_runs(tmp_path, monkeypatch):
+    with repo_instance(tmp_path / "home", monkeypatch) as instance:
+        assert run_lanes(instance) == 2, "dagster_home/dagster.yaml starts two projection runs at a time"
+    limits = {"run_queue": {"tag_concurrency_limits": [{"key": "familiar/queue", "limit": 3}]}}
+    with dg.instance_for_test(overrides=limits) as instance:
+        assert run_lanes(instance) == 3
+    with dg.instance_for_test() as instance:
+        assert run_lanes(instance) == 1, "no limit said: one at a time"
+
+
+def test_a_tick_on_the_repository_instance_gives_each_lane_its_own_familiars(tmp_path, monkeypatch):
+    """Two lanes: a wave of 20 due familiars is two runs of 10; far-apart ones are not cut (one planned event per asset)."""
+    root = tmp_path / "data"
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(root))
+    names = [f"w{i:02d}" for i in range(20)]
+    for name in names:
+        append_chat(make_familiar(root, name), 12)
+    with repo_instance(tmp_path / "home", monkeypatch) as instance:
+        result = tick(instance)
+        runs = [json.loads(r.tags["familiar/turn_ids"]) for r in result.run_requests]
+        assert [sorted(run) for run in runs] == [names[:10], names[10:]]
+        assert [covered_by(r) for r in result.run_requests] == [(names[0], names[9]), (names[10], names[19])]
+        assert len({r.run_key for r in result.run_requests}) == 2
+
+        later = [f"x{i:02d}" for i in range(MAX_RANGE_GAP + 3)]
+        for name in later:
+            make_familiar(root, name)
+        append_chat(FamiliarPaths.for_id(later[0], root), 11)
+        append_chat(FamiliarPaths.for_id(later[-1], root), 11)
+        instance.add_dynamic_partitions("familiars", names)
+        again = tick(instance, cursor=result.cursor)
+        assert [covered_by(r) for r in again.run_requests] == [(later[0], later[-1])], \
+            "idle familiars between cost nothing here: one run"
+
+
+def covered_by(request) -> tuple[str, str]:
+    return request.tags["dagster/asset_partition_range_start"], request.tags["dagster/asset_partition_range_end"]

@@ -30,10 +30,14 @@ from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.report import ProjectionReport
-from familiar_pipeline.projectors.runtime import NoModelConfigured
+from familiar_pipeline.projectors.runtime import FamiliarBusy, NoModelConfigured
 from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec
 
 PREVIEW_ROWS = 20
+
+# A familiar whose writer lock another process holds (another run, a rebuild) is left to
+# the end of the run, then waited for this long before it is reported failed (FamiliarBusy).
+BUSY_WAIT_S = 60.0
 
 # Dagster 1.13 marks `backfill_policy` on @asset as beta and warns at every definition;
 # acknowledged here, where we opt in, so CLI commands do not print it on each start.
@@ -159,10 +163,12 @@ def project_familiar(
     embedder: EmbedderResource | None = None,
     checks: tuple[MemoryCheck, ...] = (),
     embedders: dict | None = None,
+    lock_wait_s: float = 0.0,
 ) -> FamiliarPass:
     """One familiar through `specs` (dependency order) with one writer lock, one store connection, one publish.
 
-    Each projector's invariants (`checks` on its asset) are checked right after it, on
+    The writer lock is taken first (FamiliarBusy, after up to `lock_wait_s`, if another
+    process holds it), so a familiar is either worked on whole or not opened. Each projector's invariants (`checks` on its asset) are checked right after it, on
     the same connection; a failed blocking check, or a projector that raised, holds back
     what is built on that asset for this familiar (reported "skipped: blocked ..."), as
     Dagster would between steps. The snapshot check runs after the publish.
@@ -174,6 +180,7 @@ def project_familiar(
     runtime = build_runtime(familiar_data, llm, familiar_id, config=cfg,
                             embedder=embedder if needs_embedder else None, embedders=embedders)
     try:
+        runtime.hold_writer_lock(lock_wait_s)
         for spec in specs:
             if spec.asset in blocked:
                 report = ProjectionReport(spec.name, status="skipped", reason=blocked[spec.asset])
@@ -227,7 +234,8 @@ def materialize_projections(
     familiar) and yields no outputs. A projector that raises for one familiar is
     reported on that partition (status "failed: ..." and an error event); its
     watermark stays where its last committed batch left it, so a later run retries it.
-    An asset fails (and with it the step, after the rest is recorded) only when every
+    A familiar whose writer lock another process holds is taken up again after the
+    others, waiting up to BUSY_WAIT_S for it, then reported failed (FamiliarBusy). An asset fails (and with it the step, after the rest is recorded) only when every
     familiar it processed failed, so a run of one familiar fails as it always did.
     """
     selected = {key.path[-1] for key in context.selected_asset_keys}
@@ -238,14 +246,18 @@ def materialize_projections(
     done: dict[str, int] = {s.asset: 0 for s in specs}
     failed: dict[str, dict[str, Exception]] = {s.asset: {} for s in specs}
     check_results: dict[dg.AssetCheckKey, dict[str, dg.AssetCheckResult]] = {c.key: {} for c in checks}
-    for familiar_id in context.partition_keys:
-        due = [s for s in specs if config.due(s.asset, familiar_id)]
+    work = [(f, [s for s in specs if config.due(s.asset, f)], 0.0) for f in context.partition_keys]
+    for familiar_id, due, lock_wait_s in work:  # grows: a familiar another writer holds comes back at the end
         if not due:
             continue
         try:
             outcome = project_familiar(due, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data, llm=llm,
-                                       embedder=embedder, checks=checks, embedders=embedders)
+                                       embedder=embedder, checks=checks, embedders=embedders, lock_wait_s=lock_wait_s)
         except Exception as exc:  # the familiar could not be opened at all (config, lock, storage)
+            if isinstance(exc, FamiliarBusy) and not lock_wait_s:
+                context.log.info(f"[{familiar_id}] another writer holds it; back to it at the end of this run")
+                work.append((familiar_id, due, BUSY_WAIT_S))
+                continue
             outcome = FamiliarPass(failed={s.asset: exc for s in due})
         for asset, exc in outcome.failed.items():
             failed[asset][familiar_id] = exc

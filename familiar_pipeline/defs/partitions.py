@@ -5,8 +5,9 @@ import dagster as dg
 familiars_partitions = dg.DynamicPartitionsDefinition(name="familiars")
 
 # Runs that may serve many familiars (the turn sensor's, declarative automation's, the CLI
-# backfill's) carry this tag, and the run queue (dagster_home/dagster.yaml) starts one of
-# them at a time: a run over a range of familiars has no `dagster/partition` tag, so the
-# per-partition limit cannot keep two of them off one familiar. A run queued behind another
-# then waits for it instead of meeting a held writer lock (projectors.runtime.WriterLock).
+# backfill's) carry this tag, and the run queue (dagster_home/dagster.yaml) starts a fixed
+# number of them at a time (`sensors.run_lanes` reads it): a run over a range of familiars has
+# no `dagster/partition` tag, so the per-partition limit cannot keep two of them off one
+# familiar. The familiar's writer lock does (projectors.runtime.WriterLock): a run that finds
+# it held leaves that familiar to its end and waits for it there.
 PROJECTION_QUEUE_TAG = {"familiar/queue": "projections"}

@@ -3,13 +3,15 @@
 Each tick scans data/familiars/*/turns.db, adds familiars it has not seen as
 dynamic partitions, and for each familiar compares the turn log (latest turn id,
 latest edit/delete seq) and the published snapshot's watermarks with what it
-dispatched last time. It requests one run per tick covering every familiar
-that is due: a partition key range from the first to the last of them (in
-partition order), the union of their due assets, and, per asset, the familiars
-it is due for (`ProjectionConfig.familiars`), so the run's fixed cost (process
-start, imports, code location load) is paid once per tick, not once per
-familiar; due familiars far apart in the partition order get a run each
-(`blocks`). The cursor only records what was dispatched; what each
+dispatched last time. It requests runs covering every familiar that is due: each
+a partition key range from the first to the last of its familiars (in partition
+order), the union of their due assets, and, per asset, the familiars it is due
+for (`ProjectionConfig.familiars`), so a run's fixed cost (process start,
+imports, code location load) is paid once for many familiars. The due familiars
+are cut into as many runs as the run queue starts at once (`run_lanes`: its
+`familiar/queue` limit) when each gets enough of them (`lanes`), and, on an
+instance that records one planned event per partition, where far apart in the
+partition order (`blocks`). The cursor only records what was dispatched; what each
 projection has processed is its own watermark in memory.duckdb (read here,
 lock-free, from the serving manifest). Resetting the cursor therefore loses
 nothing: the next tick re-dispatches and each asset processes only what is new.
@@ -50,6 +52,18 @@ DISPATCHED_TURN_TAG = "familiar/turn_id"  # a run of one familiar: its newest tu
 DISPATCHED_TURNS_TAG = "familiar/turn_ids"  # a run the sensor requested: {familiar: newest turn id}, JSON
 RANGE_START_TAG = "dagster/asset_partition_range_start"  # what RunRequest.partition_key_range reads
 RANGE_END_TAG = "dagster/asset_partition_range_end"
+
+# A run covers a contiguous range of partitions. With Dagster's stock SQLite event log, each
+# familiar in it that is not due still costs a planned-materialization event per selected asset
+# when the run is created (~20 ms each), and a run costs ~2.5 s to start: due familiars more
+# than this many partitions apart then go in separate runs. The instance's own event log
+# (familiar_pipeline.event_log) records one planned event per asset for the whole range,
+# so the sensor does not cut there (`max_gap` None).
+MAX_RANGE_GAP = 20
+
+# A run costs ~2.5 s of CPU to start and a familiar's batch ~0.3 s to project (scripted
+# model): the due familiars are cut into several runs only when each gets at least this many.
+MIN_FAMILIARS_PER_LANE = 8
 
 
 @dataclass(frozen=True)
@@ -184,13 +198,15 @@ def evaluate_tick(
     max_requests: int,
     model_assets: frozenset[str] = frozenset(),
     ops: dict[str, str] | None = None,
+    lanes: int = 1,
+    max_gap: int | None = MAX_RANGE_GAP,
 ) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
     """Pure tick logic: (run requests, new partitions, new cursor, log lines).
 
     `known_partitions`: the dynamic partitions in their order (Dagster's: insertion);
-    the new ones are added after them in `familiars` order. One run request per block of due
-    familiars (`blocks`; usually one in all), at most `max_requests` familiars in all (the
-    flood guard).
+    the new ones are added after them in `familiars` order. At most `max_requests`
+    familiars in all (the flood guard), cut into runs by `blocks` (`max_gap`; None: never)
+    and then `lanes` (how many runs the queue starts at once).
     `model_assets`: the assets that need the background model (kind "llm"); `ops`: asset ->
     the step that materializes it (default: `op_name`).
     """
@@ -239,27 +255,54 @@ def evaluate_tick(
     else:
         new_cursor.pop(TOLD_NO_MODEL, None)
     position = {f: i for i, f in enumerate(order)}
-    requests = [range_request({f: plan[f] for f in block}, {f: states[f] for f in block}, ops)
-                for block in blocks(list(plan), position)]
+    runs = split_lanes(blocks(list(plan), position, max_gap), lanes)
+    requests = [range_request({f: plan[f] for f in run}, {f: states[f] for f in run}, ops) for run in runs]
     return requests, new_partitions, new_cursor, notes
 
 
-# A run covers a contiguous range of partitions. Each familiar in it that is not due still
-# costs Dagster a planned-materialization event per selected asset when the run is created
-# (~20 ms each with the SQLite instance storage), a run costs ~2.5 s to start: due familiars
-# more than this many partitions apart go in separate runs.
-MAX_RANGE_GAP = 20
-
-
-def blocks(due: list[str], position: dict[str, int], max_gap: int = MAX_RANGE_GAP) -> list[list[str]]:
+def blocks(due: list[str], position: dict[str, int], max_gap: int | None = MAX_RANGE_GAP) -> list[list[str]]:
     """The due familiars (in partition order) cut where more than `max_gap` others lie between two."""
     out: list[list[str]] = []
     for familiar in due:
-        if out and position[familiar] - position[out[-1][-1]] - 1 <= max_gap:
+        if out and (max_gap is None or position[familiar] - position[out[-1][-1]] - 1 <= max_gap):
             out[-1].append(familiar)
         else:
             out.append([familiar])
     return out
+
+
+def split_lanes(runs: list[list[str]], lanes: int, min_per_lane: int = MIN_FAMILIARS_PER_LANE) -> list[list[str]]:
+    """One run of due familiars cut into up to `lanes` near-equal runs (partition order kept).
+
+    The queue starts `lanes` projection runs at once: a wave of due familiars in one run
+    would use one core of several while the others wait. Each part keeps at least
+    `min_per_lane` familiars, so a run's start cost stays small beside its work. Runs
+    already cut (far apart, `blocks`) are left as they are.
+    """
+    if len(runs) != 1:
+        return runs
+    [run] = runs
+    parts = max(1, min(lanes, len(run) // min_per_lane))
+    size, extra = divmod(len(run), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (i < extra)
+        out.append(run[start:end])
+        start = end
+    return out
+
+
+def run_lanes(instance: dg.DagsterInstance) -> int:
+    """How many runs with PROJECTION_QUEUE_TAG the instance's run queue starts at once (1 if unsaid)."""
+    try:
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    except Exception:  # no queued run coordinator: one at a time is the safe reading
+        return 1
+    (key, value), = PROJECTION_QUEUE_TAG.items()
+    for limit in limits or ():
+        if limit.get("key") == key and limit.get("value") in (None, value):
+            return max(1, int(limit.get("limit", 1)))
+    return 1
 
 
 def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState], ops: dict[str, str] | None = None) -> dg.RunRequest:
@@ -397,10 +440,12 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         try:
             max_requests = load_config(None, root=root).pipeline.max_familiars_per_tick
         except ConfigError:
-            max_requests = 20
+            max_requests = PipelineConfig.max_familiars_per_tick
+        per_partition = not context.instance.event_log_storage.supports_partition_subset_in_asset_materialization_planned_events
         requests, new_partitions, new_cursor, notes = evaluate_tick(
             cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests,
-            model_assets=model_assets, ops=ops,
+            model_assets=model_assets, ops=ops, lanes=run_lanes(context.instance),
+            max_gap=MAX_RANGE_GAP if per_partition else None,
         )
         for note in notes:
             context.log.info(note)

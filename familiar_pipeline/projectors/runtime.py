@@ -43,6 +43,9 @@ PUBLISH_INTERVAL_S = 5.0
 # A model call that has not answered after this long gives up the write connection (see above).
 MODEL_CALL_GRACE_S = 0.5
 
+# How often a writer waiting for a familiar's lock tries again.
+LOCK_POLL_S = 0.2
+
 
 class NoModelConfigured(RuntimeError):
     """An LLM projector ran with no model set for the background slot."""
@@ -60,7 +63,7 @@ class WriterLock:
     process only while the file is open, and a projector closes the store between
     batches (its model calls happen with the store closed), so two runs could otherwise
     interleave one familiar's batches. The lock spans all of one familiar's work in a
-    step and a second writer fails at once; the kernel drops it when its process dies,
+    step and a second writer is refused at once (or after waiting, if it asks to wait); the kernel drops it when its process dies,
     so a crashed run never leaves a familiar locked.
     """
 
@@ -72,21 +75,29 @@ class WriterLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self) -> None:
+    def acquire(self, wait_s: float = 0.0) -> None:
+        """Take the lock; held by another process: retry for up to `wait_s`, then FamiliarBusy."""
         if self._fd is not None:
             return
         self.paths.dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.paths.writer_lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise FamiliarBusy(
-                f"familiar {self.paths.familiar_id!r} is being written by another process"
-                f"{f' (pid {holder})' if holder.isdigit() else ''} holding {self.paths.writer_lock}; "
-                "one writer per familiar, so this run leaves it to that one and a later run retries"
-            ) from None
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(min(LOCK_POLL_S, max(0.0, deadline - time.monotonic())))
+                    continue
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                os.close(fd)
+                waited = f" (waited {wait_s:g} s)" if wait_s else ""
+                raise FamiliarBusy(
+                    f"familiar {self.paths.familiar_id!r} is being written by another process"
+                    f"{f' (pid {holder})' if holder.isdigit() else ''} holding {self.paths.writer_lock}{waited}; "
+                    "one writer per familiar, so this run leaves it to that one and a later run retries"
+                ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -182,11 +193,11 @@ class FamiliarRuntime:
             store, self._open_store = self._open_store, None
             store.close()
 
-    def hold_writer_lock(self) -> None:
+    def hold_writer_lock(self, wait_s: float = 0.0) -> None:
         """Take the familiar's writer lock until `close()` (a no-op when already held)."""
         if self._writer is None:
             self._writer = WriterLock(self.paths)
-        self._writer.acquire()
+        self._writer.acquire(wait_s)
 
     def publish(self, store: ProjectionStore, *, force: bool = False) -> None:
         """Publish the serving snapshot after a committed write (at most every PUBLISH_INTERVAL_S)."""
