@@ -62,7 +62,7 @@ def test_defaults_are_the_documented_values(tmp_path):
     assert cfg.familiar_id == FID and cfg.display_name == "Sapphire" and cfg.aliases == ()
     assert cfg.display_tz == "UTC"
     assert dataclasses.asdict(cfg.pipeline) == {
-        "sensor_interval_s": 5, "max_familiars_per_tick": 20, "max_batches_per_run": 20, "index_quiet_s": 30}
+        "sensor_interval_s": 5, "max_familiars_per_tick": 100, "max_batches_per_run": 20, "index_quiet_s": 30}
     mem = cfg.memory
     assert mem.projectors == ("rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection")
     assert mem.projectors == registry.DEFAULT_PROJECTORS

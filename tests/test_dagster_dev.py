@@ -24,12 +24,13 @@ def test_dagster_definitions_validate():
 # through `familiar up` in tests/test_up.py.
 
 
-def test_shipped_instance_turns_off_the_new_user_pop_up(tmp_path):
+def test_shipped_instance_turns_off_the_new_user_pop_up(tmp_path, monkeypatch):
     import shutil
 
     import dagster as dg
 
     shutil.copy(REPO / "dagster_home" / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))  # as `familiar up` and `dagster dev` set it
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
         assert instance.get_settings("nux") == {"enabled": False}
         assert instance.nux_enabled is False

@@ -310,3 +310,51 @@ def test_the_embedding_model_loads_once_per_run_for_many_familiars(env):
         assert len(made) == 1, "one model for the three familiars that share its config"
     finally:
         unregister_embedder("counted")
+
+
+def test_a_ui_backfill_through_dagsters_backfill_daemon_is_one_run_over_the_range(tmp_path, monkeypatch):
+    """What the UI's "Materialize" over three familiars does: the backfill daemon launches one run (single-run policy)."""
+    import logging
+    import os
+
+    from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+    from dagster._core.test_utils import create_test_daemon_workspace_context
+    from dagster._core.workspace.load_target import ModuleTarget
+    from dagster._daemon.backfill import execute_backfill_iteration
+
+    root, home = tmp_path / "data", tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(root))
+    names = ["u1", "u2", "u3"]
+    for name in names:
+        append_chat(make_familiar(root, name), 10)
+    overrides = {  # runs launched synchronously in this process; the repository's event log class
+        "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
+        "run_launcher": {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"},
+        "event_log_storage": {"module": "familiar_pipeline.event_log", "class": "FamiliarSqliteEventLogStorage",
+                              "config": {"base_dir": str(home / "history" / "runs")}},
+    }
+    target = ModuleTarget(module_name="familiar_pipeline.definitions", attribute=None,
+                          working_directory=os.getcwd(), location_name="familiar")
+    with fake_llm(careful_model), dg.instance_for_test(temp_dir=str(home), overrides=overrides) as instance, \
+            create_test_daemon_workspace_context(target, instance) as workspace:
+        instance.add_dynamic_partitions("familiars", names)
+        instance.add_backfill(PartitionBackfill.from_asset_partitions(
+            backfill_id="ui", asset_graph=workspace.create_request_context().asset_graph, partition_names=names,
+            asset_selection=[dg.AssetKey(a) for a in FACTS_AND_INDEX], backfill_timestamp=time.time(), tags={},
+            dynamic_partitions_store=instance, all_partitions=False, title=None, description=None, run_config=None))
+        for _ in range(5):
+            list(execute_backfill_iteration(workspace, logging.getLogger("backfill")))
+            if instance.get_backfill("ui").status != BulkActionStatus.REQUESTED:
+                break
+        assert instance.get_backfill("ui").status == BulkActionStatus.COMPLETED_SUCCESS
+        [run] = instance.get_runs()
+        assert run.status == dg.DagsterRunStatus.SUCCESS
+        assert (run.tags[RANGE_START], run.tags[RANGE_END]) == ("u1", "u3")
+        for name in names:
+            [record] = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("facts"), asset_partitions=[name]), limit=5).records
+            assert record.asset_materialization.metadata["status"].value == "ok"
+            assert facts_and_mark(FamiliarPaths.for_id(name, root))[1] == 10
+        planned = instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED)
+        assert len(planned.records) == len(FACTS_AND_INDEX), "one planned event per asset for the whole range"

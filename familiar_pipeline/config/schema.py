@@ -154,7 +154,7 @@ class LlmConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     sensor_interval_s: int = knob(5, minimum=5)
-    max_familiars_per_tick: int = knob(20, minimum=1)
+    max_familiars_per_tick: int = knob(100, minimum=1)
     max_batches_per_run: int = knob(20, minimum=1)
     index_quiet_s: int = knob(30, minimum=0)
 
