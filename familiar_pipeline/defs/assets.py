@@ -168,8 +168,9 @@ def project_familiar(
     """One familiar through `specs` (dependency order) with one writer lock, one store connection, one publish.
 
     The writer lock is taken first (FamiliarBusy, after up to `lock_wait_s`, if another
-    process holds it), so a familiar is either worked on whole or not opened. Each projector's invariants (`checks` on its asset) are checked right after it, on
-    the same connection; a failed blocking check, or a projector that raised, holds back
+    process holds it), so a familiar is either worked on whole or not opened. Each
+    projector's invariants (`checks` on its asset) are checked right after it, on the
+    same connection; a failed blocking check, or a projector that raised, holds back
     what is built on that asset for this familiar (reported "skipped: blocked ..."), as
     Dagster would between steps. The snapshot check runs after the publish.
     """
@@ -235,7 +236,8 @@ def materialize_projections(
     reported on that partition (status "failed: ..." and an error event); its
     watermark stays where its last committed batch left it, so a later run retries it.
     A familiar whose writer lock another process holds is taken up again after the
-    others, waiting up to BUSY_WAIT_S for it, then reported failed (FamiliarBusy). An asset fails (and with it the step, after the rest is recorded) only when every
+    others, waiting up to BUSY_WAIT_S for it, then reported failed (FamiliarBusy). An
+    asset fails (and with it the step, after the rest is recorded) only when every
     familiar it processed failed, so a run of one familiar fails as it always did.
     """
     selected = {key.path[-1] for key in context.selected_asset_keys}

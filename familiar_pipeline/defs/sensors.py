@@ -61,8 +61,9 @@ RANGE_END_TAG = "dagster/asset_partition_range_end"
 # so the sensor does not cut there (`max_gap` None).
 MAX_RANGE_GAP = 20
 
-# A run costs ~2.5 s of CPU to start and a familiar's batch ~0.3 s to project (scripted
-# model): the due familiars are cut into several runs only when each gets at least this many.
+# A run costs ~6 s of CPU before its first familiar (process start, imports, the model
+# client's import on its first call) and a familiar's batch ~0.3-0.5 s (scripted model): the
+# due familiars are cut into several runs only when each gets at least this many.
 MIN_FAMILIARS_PER_LANE = 8
 
 

@@ -63,8 +63,9 @@ class WriterLock:
     process only while the file is open, and a projector closes the store between
     batches (its model calls happen with the store closed), so two runs could otherwise
     interleave one familiar's batches. The lock spans all of one familiar's work in a
-    step and a second writer is refused at once (or after waiting, if it asks to wait); the kernel drops it when its process dies,
-    so a crashed run never leaves a familiar locked.
+    step and a second writer is refused at once (or after waiting, if it asks to wait);
+    the kernel drops it when its process dies, so a crashed run never leaves a familiar
+    locked.
     """
 
     def __init__(self, paths: FamiliarPaths):
