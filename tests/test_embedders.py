@@ -22,6 +22,7 @@ from familiar_pipeline.models.embedders import (
     FastEmbedEmbedder,
     HashEmbedder,
     cosine,
+    cosines,
     create_embedder,
     hash_tokens,
     known_embedders,
@@ -56,6 +57,21 @@ def test_cosine_is_zero_for_mismatched_lengths_and_zero_vectors():
 
 
 # -------------------------------------------------------------------------- hash
+
+
+def test_cosines_of_many_rows_are_cosine_of_each():
+    rng = np.random.default_rng(3)
+    query = rng.normal(size=16).astype(np.float32)
+    rows = {i: rng.normal(size=16).astype(np.float32) for i in range(40)}
+    rows.update({"short": np.ones(8), "zero": np.zeros(16), "list": list(rng.normal(size=16)), "nan": np.full(16, np.nan)})
+    got = cosines(query, rows)
+    assert list(got) == list(rows)
+    for key, row in rows.items():
+        want = cosine(query, row)
+        assert got[key] == pytest.approx(want, abs=1e-12) or (np.isnan(want) and np.isnan(got[key])), key
+    assert got["short"] == 0.0 and got["zero"] == 0.0
+    assert cosines(np.zeros(16), rows) == dict.fromkeys(rows, 0.0)
+    assert cosines(query, {}) == {}
 
 
 def test_hash_shape_dtype_and_normalised_rows():

@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from familiar_pipeline.models.embedders import cosine
+from familiar_pipeline.models.embedders import cosines as cue_cosines
 from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
@@ -142,7 +142,7 @@ def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, floa
     if not vectors:
         return {}, False
     cue_vec = memory.cue_vector(cue)
-    return {fid: cosine(cue_vec, vec) for fid, vec in vectors.items()}, True
+    return cue_cosines(cue_vec, vectors), True
 
 
 def retrieve_facts(cue: str, memory, budget) -> tuple[list, dict[str, Any]]:
