@@ -72,6 +72,19 @@ def cosine(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> 
     return float(va @ vb) / norm
 
 
+def row_dots(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """``matrix @ vector`` on the calling thread, without the BLAS thread pool.
+
+    numpy hands a large matrix-vector product to OpenBLAS, whose worker threads
+    then spin for a while after every call. In the bot that is one product per
+    reply (the cue against up to 20k turn vectors): the spinning threads doubled
+    the process's CPU time per reply and competed with onnxruntime's threads for
+    the next cue (docs/benchmarks.md). ``einsum`` runs numpy's own vectorised
+    loop on one core: as fast as the threaded product at this size, nothing left spinning.
+    """
+    return np.einsum("ij,j->i", matrix, np.asarray(vector, dtype=matrix.dtype))
+
+
 def cosines(query: Sequence[float] | np.ndarray, rows: Mapping[Hashable, Sequence[float] | np.ndarray]) -> dict:
     """``{key: cosine(query, row)}`` for every row, as one matrix product.
 
@@ -87,7 +100,7 @@ def cosines(query: Sequence[float] | np.ndarray, rows: Mapping[Hashable, Sequenc
         return out
     matrix = np.asarray([np.asarray(rows[key], dtype=np.float64).ravel() for key in same])
     norms = np.linalg.norm(matrix, axis=1) * q_norm
-    dots = matrix @ q
+    dots = row_dots(matrix, q)
     ok = (norms > 0) & np.isfinite(norms)
     values = np.divide(dots, norms, out=np.zeros_like(dots), where=ok)
     out.update(zip(same, values.tolist()))
