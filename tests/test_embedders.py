@@ -27,6 +27,7 @@ from familiar_pipeline.models.embedders import (
     hash_tokens,
     known_embedders,
     register_embedder,
+    row_dots,
     unregister_embedder,
 )
 
@@ -72,6 +73,16 @@ def test_cosines_of_many_rows_are_cosine_of_each():
     assert got["short"] == 0.0 and got["zero"] == 0.0
     assert cosines(np.zeros(16), rows) == dict.fromkeys(rows, 0.0)
     assert cosines(query, {}) == {}
+
+
+def test_row_dots_is_the_matrix_vector_product_in_the_matrix_dtype():
+    rng = np.random.default_rng(5)
+    matrix = rng.normal(size=(3000, 384)).astype(np.float32)
+    vector = rng.normal(size=384)  # float64: cast to the matrix's float32, the matrix is never copied up
+    got = row_dots(matrix, vector)
+    assert got.dtype == np.float32 and got.shape == (3000,)
+    np.testing.assert_allclose(got, matrix @ vector.astype(np.float32), rtol=1e-5, atol=1e-4)
+    assert row_dots(matrix[:0], vector).shape == (0,)
 
 
 def test_hash_shape_dtype_and_normalised_rows():
