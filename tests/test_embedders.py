@@ -451,7 +451,7 @@ def test_fastembed_session_threads_sleep_when_idle_and_vectors_are_unchanged(min
     texts = ["I adopted a puppy last week", "ok but the raid again send help"]
     out = minilm_embedder.embed(texts)
     options = minilm_embedder._loaded_model().model.model.get_session_options()
-    for key, value in embedders.NO_SPINNING.items():
+    for key, value in {**embedders.NO_SPINNING, **embedders.DYNAMIC_BLOCKS}.items():
         assert options.get_session_config_entry(key) == value
     plain = TextEmbedding(model_name=MINILM, specific_model_path=str(minilm_dir))
     with pytest.raises(RuntimeError, match="allow_spinning"):  # fastembed alone keeps the spinning default

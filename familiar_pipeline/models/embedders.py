@@ -320,6 +320,9 @@ class FastEmbedEmbedder:
 
 
 NO_SPINNING = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+# Each operator's work cut into small blocks that whichever pool thread is free takes next, so a
+# thread the OS descheduled (a busy 2-core host) holds up less of the run. Same vectors, bit for bit.
+DYNAMIC_BLOCKS = {"session.dynamic_block_base": "4"}
 
 
 def quiet_onnx_session(text_embedding) -> bool:
@@ -332,7 +335,8 @@ def quiet_onnx_session(text_embedding) -> bool:
     ran ~3x slower (docs/benchmarks.md, "Assembly latency with turn vectors"), and
     the embedding itself was not faster for it (6.2 ms without spinning, 8.2 with). fastembed does not expose the setting, so the session
     it built is replaced by one from the same file with the same options plus
-    ``NO_SPINNING``. A fastembed that keeps its session elsewhere is left as it is.
+    ``NO_SPINNING`` and ``DYNAMIC_BLOCKS`` (p95 of a cue 3-12% lower at load ~2.5,
+    docs/benchmarks.md). A fastembed that keeps its session elsewhere is left as it is.
     """
     impl = getattr(text_embedding, "model", None)
     session = getattr(impl, "model", None)
@@ -347,7 +351,7 @@ def quiet_onnx_session(text_embedding) -> bool:
     options.intra_op_num_threads = used.intra_op_num_threads
     options.inter_op_num_threads = used.inter_op_num_threads
     options.enable_cpu_mem_arena = used.enable_cpu_mem_arena
-    for key, value in NO_SPINNING.items():
+    for key, value in {**NO_SPINNING, **DYNAMIC_BLOCKS}.items():
         options.add_session_config_entry(key, value)
     impl.model = ort.InferenceSession(path, sess_options=options, providers=session.get_providers())
     return True
