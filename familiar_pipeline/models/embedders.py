@@ -335,7 +335,7 @@ def quiet_onnx_session(text_embedding) -> bool:
     ran ~3x slower (docs/benchmarks.md, "Assembly latency with turn vectors"), and
     the embedding itself was not faster for it (6.2 ms without spinning, 8.2 with). fastembed does not expose the setting, so the session
     it built is replaced by one from the same file with the same options plus
-    ``NO_SPINNING`` and ``DYNAMIC_BLOCKS`` (p95 of a cue 3-12% lower at load ~2.5,
+    ``NO_SPINNING`` and ``DYNAMIC_BLOCKS`` (p95 of a cue 2-12% lower at load 2.4-5.5,
     docs/benchmarks.md). A fastembed that keeps its session elsewhere is left as it is.
     """
     impl = getattr(text_embedding, "model", None)
