@@ -78,15 +78,15 @@ def is_earlier_build(model_dir: Path) -> bool:
     """A folder this module built with an older graph, which a rebuild may replace.
 
     Either its stamp names an older version of our graph, or (builds before the
-    stamp existed) it holds exactly the files a build writes and its graph is
-    named ``bert_encoder``. A model.onnx from anywhere else is not ours to replace.
+    stamp existed) it holds only files a build writes and its graph is named
+    ``bert_encoder``. A model.onnx from anywhere else is not ours to replace.
     """
     if not is_built(model_dir):
         return False
     stamp = _read_stamp(model_dir)
     if stamp is not None:
         return stamp.get("graph") == GRAPH_NAME and stamp != _stamp()
-    if {p.name for p in model_dir.iterdir()} != {*TOKENIZER_FILES, "model.onnx"}:
+    if not {p.name for p in model_dir.iterdir()} <= {*TOKENIZER_FILES, "model.onnx"}:
         return False
     try:
         import onnx
