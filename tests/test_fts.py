@@ -160,6 +160,38 @@ def test_ties_go_to_the_higher_id_even_beyond_the_limit():
     assert ids(idx.search("sentence", 3)) == [60, 59, 58]  # deterministic across calls
 
 
+def test_a_cut_that_splits_no_tie_costs_one_tantivy_search(monkeypatch):
+    """One hit past the limit shows the cut splits no tie; only a tie makes the search go deeper."""
+    idx = FtsIndex(None)
+    idx.upsert_many((row_id, "fox " * row_id) for row_id in range(1, 41))  # more foxes, higher score: no ties
+    idx.upsert_many((row_id, "hound") for row_id in range(100, 120))  # all tied
+    idx.commit()
+    live = idx._live_index()
+    searches: list[int] = []
+
+    class CountingSearcher:
+        def __init__(self, searcher):
+            self._searcher = searcher
+
+        def search(self, query, limit, **kwargs):
+            searches.append(limit)
+            return self._searcher.search(query, limit, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self._searcher, name)
+
+    class CountingIndex:
+        def searcher(self):
+            return CountingSearcher(live.searcher())
+
+    monkeypatch.setattr(idx, "_live_index", lambda: CountingIndex())
+    assert ids(idx.search("fox", 5)) == [40, 39, 38, 37, 36]
+    assert searches == [6]
+    searches.clear()
+    assert ids(idx.search("hound", 5)) == [119, 118, 117, 116, 115]
+    assert searches == [6, 12, 24]  # followed the 20 tied hits past the cut
+
+
 def test_max_id_filters_inside_the_query_not_after_truncation():
     idx = FtsIndex(None)
     for row_id in range(1, 6):  # old, long turns: weak matches

@@ -48,7 +48,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from familiar_pipeline.models.embedders import cosine
+from familiar_pipeline.models.embedders import cosines as cue_cosines
+from familiar_pipeline.models.embedders import row_dots
 from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
@@ -142,7 +143,7 @@ def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, floa
     if not vectors:
         return {}, False
     cue_vec = memory.cue_vector(cue)
-    return {fid: cosine(cue_vec, vec) for fid, vec in vectors.items()}, True
+    return cue_cosines(cue_vec, vectors), True
 
 
 def retrieve_facts(cue: str, memory, budget) -> tuple[list, dict[str, Any]]:
@@ -332,7 +333,7 @@ class TurnScores:
         old, new = rows[rows < self.start], rows[rows >= self.start]
         out = {int(self.ids[r]): float(self.sims[r - self.start]) for r in new}
         if len(old):
-            out.update(zip(self.ids[old].tolist(), (self.matrix[old] @ self.cue).tolist()))
+            out.update(zip(self.ids[old].tolist(), row_dots(self.matrix[old], self.cue).tolist()))
         return out
 
 
@@ -358,7 +359,7 @@ def _turn_similarities(cue: str, memory, embedder) -> TurnScores | None:
     cue_vec = cue_vec / (float(np.linalg.norm(cue_vec)) or 1.0)
     searched = retrieval.turn_vector_search_rows
     start = max(0, len(ids) - searched) if searched > 0 else 0
-    return TurnScores(ids, matrix, cue_vec, start, matrix[start:] @ cue_vec, blended)
+    return TurnScores(ids, matrix, cue_vec, start, row_dots(matrix[start:], cue_vec), blended)
 
 
 class _TurnRows:

@@ -26,7 +26,7 @@ import os
 import re
 import threading
 import unicodedata
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from hashlib import blake2b
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -70,6 +70,41 @@ def cosine(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> 
     if norm == 0.0 or not np.isfinite(norm):
         return 0.0
     return float(va @ vb) / norm
+
+
+def row_dots(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    """``matrix @ vector`` on the calling thread, without the BLAS thread pool.
+
+    numpy hands a large matrix-vector product to OpenBLAS, whose worker threads
+    then spin for a while after every call. In the bot that is one product per
+    reply (the cue against up to 20k turn vectors): the spinning threads doubled
+    the process's CPU time per reply and competed with onnxruntime's threads for
+    the next cue (docs/benchmarks.md). ``einsum`` runs numpy's own vectorised
+    loop on one core: as fast as the threaded product at this size, nothing left spinning.
+    """
+    return np.einsum("ij,j->i", matrix, np.asarray(vector, dtype=matrix.dtype))
+
+
+def cosines(query: Sequence[float] | np.ndarray, rows: Mapping[Hashable, Sequence[float] | np.ndarray]) -> dict:
+    """``{key: cosine(query, row)}`` for every row, as one matrix product.
+
+    The same values and rules as :func:`cosine` (0.0 for another length or a zero
+    vector), without a Python call and two norms per row: a reply scores every
+    candidate fact against its cue this way.
+    """
+    q = np.asarray(query, dtype=np.float64).ravel()
+    out = dict.fromkeys(rows, 0.0)
+    same = [key for key, row in rows.items() if np.size(row) == q.size]
+    q_norm = float(np.linalg.norm(q))
+    if not same or q.size == 0 or q_norm == 0.0 or not np.isfinite(q_norm):
+        return out
+    matrix = np.asarray([np.asarray(rows[key], dtype=np.float64).ravel() for key in same])
+    norms = np.linalg.norm(matrix, axis=1) * q_norm
+    dots = row_dots(matrix, q)
+    ok = (norms > 0) & np.isfinite(norms)
+    values = np.divide(dots, norms, out=np.zeros_like(dots), where=ok)
+    out.update(zip(same, values.tolist()))
+    return out
 
 
 def _as_texts(texts: Sequence[str]) -> list[str]:
@@ -285,6 +320,9 @@ class FastEmbedEmbedder:
 
 
 NO_SPINNING = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
+# Each operator's work cut into small blocks that whichever pool thread is free takes next, so a
+# thread the OS descheduled (a busy 2-core host) holds up less of the run. Same vectors, bit for bit.
+DYNAMIC_BLOCKS = {"session.dynamic_block_base": "4"}
 
 
 def quiet_onnx_session(text_embedding) -> bool:
@@ -297,7 +335,8 @@ def quiet_onnx_session(text_embedding) -> bool:
     ran ~3x slower (docs/benchmarks.md, "Assembly latency with turn vectors"), and
     the embedding itself was not faster for it (6.2 ms without spinning, 8.2 with). fastembed does not expose the setting, so the session
     it built is replaced by one from the same file with the same options plus
-    ``NO_SPINNING``. A fastembed that keeps its session elsewhere is left as it is.
+    ``NO_SPINNING`` and ``DYNAMIC_BLOCKS`` (p95 of a cue 2-12% lower at load 2.4-5.5,
+    docs/benchmarks.md). A fastembed that keeps its session elsewhere is left as it is.
     """
     impl = getattr(text_embedding, "model", None)
     session = getattr(impl, "model", None)
@@ -312,7 +351,7 @@ def quiet_onnx_session(text_embedding) -> bool:
     options.intra_op_num_threads = used.intra_op_num_threads
     options.inter_op_num_threads = used.inter_op_num_threads
     options.enable_cpu_mem_arena = used.enable_cpu_mem_arena
-    for key, value in NO_SPINNING.items():
+    for key, value in {**NO_SPINNING, **DYNAMIC_BLOCKS}.items():
         options.add_session_config_entry(key, value)
     impl.model = ort.InferenceSession(path, sess_options=options, providers=session.get_providers())
     return True

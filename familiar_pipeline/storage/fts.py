@@ -446,8 +446,10 @@ class FtsIndex:
         if total == 0:
             return []
         # Fetch past the limit while the cut could split a run of tied scores,
-        # so "higher id wins a tie" holds across the whole index.
-        fetch = min(limit, total)
+        # so "higher id wins a tie" holds across the whole index. One hit beyond
+        # the limit tells whether the cut splits a tie; fetching exactly `limit`
+        # could not, so every search ran twice.
+        fetch = min(limit + 1, total)
         hits = searcher.search(tantivy_query, fetch, count=False).hits
         while fetch < total and _ties_may_continue(hits, fetch, limit):
             fetch = min(fetch * 2, total)
