@@ -395,3 +395,22 @@ def test_a_tick_on_the_repository_instance_gives_each_lane_its_own_familiars(tmp
 
 def covered_by(request) -> tuple[str, str]:
     return request.tags["dagster/asset_partition_range_start"], request.tags["dagster/asset_partition_range_end"]
+
+
+def test_due_familiars_wait_while_a_projection_run_is_queued_and_gather_into_the_next(env):
+    """Every lane busy and a run waiting: a tick requests nothing; the next tick after it starts takes them all."""
+    root, instance = env
+    append_chat(make_familiar(root, "q1"), 12)
+    first = tick(instance)
+    assert requested(first) == {"q1": FULL}
+    instance.add_run(dg.DagsterRun(job_name="__ASSET_JOB", run_id="waiting", status=dg.DagsterRunStatus.NOT_STARTED,
+                                   tags={"familiar/queue": "projections", "familiar/turn_ids": '{"other":1}'}))
+    append_chat(make_familiar(root, "q2"), 12)
+    append_chat(FamiliarPaths.for_id("q1", root), 12, start=12)
+    held = tick(instance, cursor=first.cursor)
+    assert held.run_requests == []
+    assert json.loads(held.cursor).get("q2") is None, "not dispatched: looked at again next tick"
+    assert json.loads(held.cursor)["q1"] == json.loads(first.cursor)["q1"]
+    instance.delete_run("waiting")  # it left the queue
+    later = tick(instance, cursor=held.cursor)
+    assert requested(later) == {"q1": FULL, "q2": FULL}, "both in one run once the queued one started"

@@ -201,13 +201,17 @@ def evaluate_tick(
     ops: dict[str, str] | None = None,
     lanes: int = 1,
     max_gap: int | None = MAX_RANGE_GAP,
+    queue_waiting: bool = False,
 ) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
     """Pure tick logic: (run requests, new partitions, new cursor, log lines).
 
     `known_partitions`: the dynamic partitions in their order (Dagster's: insertion);
     the new ones are added after them in `familiars` order. At most `max_requests`
     familiars in all (the flood guard), cut into runs by `blocks` (`max_gap`; None: never)
-    and then `lanes` (how many runs the queue starts at once).
+    and then `lanes` (how many runs the queue starts at once). `queue_waiting`: a
+    projection run is queued and not started yet; the due familiars then wait for the
+    next tick (their cursor is not advanced), so that while every lane is busy they
+    gather into one run instead of a queue of small ones, each paying a run's start.
     `model_assets`: the assets that need the background model (kind "llm"); `ops`: asset ->
     the step that materializes it (default: `op_name`).
     """
@@ -256,6 +260,14 @@ def evaluate_tick(
     else:
         new_cursor.pop(TOLD_NO_MODEL, None)
     position = {f: i for i, f in enumerate(order)}
+    if queue_waiting and plan:
+        for familiar_id in [*plan, TOLD_NO_MODEL]:  # looked at again next tick, with whatever else is due by then
+            if familiar_id in cursor:
+                new_cursor[familiar_id] = cursor[familiar_id]
+            else:
+                new_cursor.pop(familiar_id, None)
+        notes.append(f"{len(plan)} due familiar(s) wait: a projection run is queued and not started yet")
+        return [], new_partitions, new_cursor, notes
     runs = split_lanes(blocks(list(plan), position, max_gap), lanes)
     requests = [range_request({f: plan[f] for f in run}, {f: states[f] for f in run}, ops) for run in runs]
     return requests, new_partitions, new_cursor, notes
@@ -362,6 +374,12 @@ def run_familiars(run: dg.DagsterRun, order: list[str]) -> dict[str, int | None]
     return {}
 
 
+def projection_run_waiting(instance: dg.DagsterInstance) -> bool:
+    """A run over many familiars is queued and not started: every lane is busy."""
+    waiting = dg.RunsFilter(statuses=sorted(WAITING, key=str), tags=PROJECTION_QUEUE_TAG)
+    return bool(instance.get_run_records(filters=waiting, limit=1))
+
+
 def in_flight_runs(instance: dg.DagsterInstance, order: list[str]) -> dict[str, InFlightRun]:
     """Familiar -> its newest queued or running run, whether that run serves one familiar or many."""
     in_flight: dict[str, InFlightRun] = {}
@@ -446,7 +464,7 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         requests, new_partitions, new_cursor, notes = evaluate_tick(
             cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests,
             model_assets=model_assets, ops=ops, lanes=run_lanes(context.instance),
-            max_gap=MAX_RANGE_GAP if per_partition else None,
+            max_gap=MAX_RANGE_GAP if per_partition else None, queue_waiting=projection_run_waiting(context.instance),
         )
         for note in notes:
             context.log.info(note)
