@@ -269,8 +269,7 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     """
     retrieval = memory.config.memory.retrieval
     embedder = memory.embedder
-    if (retrieval.turn_embedding_weight <= 0 or embedder is None
-            or not memory.config.memory.is_active("turn_embedding")):
+    if not _dense_turns_on(memory):
         return {}
     cache = {} if cache is None else cache
     if "sims" not in cache:
@@ -291,6 +290,27 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
         if near:
             out[tid] = (1 - share) * own + share * sum(near) / len(near)
     return out
+
+
+def _dense_turns_on(memory) -> bool:
+    """Whether turns are ranked by cosine too (``turn_embedding`` on, a positive weight, an embedder)."""
+    return (memory.config.memory.retrieval.turn_embedding_weight > 0 and memory.embedder is not None
+            and memory.config.memory.is_active("turn_embedding"))
+
+
+def needs_cue_vector(memory) -> bool:
+    """Whether a reply here will embed its cue: cosines are on for facts or turns and the
+    snapshot holds vectors under the embedder's model for them (a cold side-index costs
+    no model call). What ``rag_context`` checks before starting the embedding early."""
+    embedder = memory.embedder
+    if embedder is None:
+        return False
+    snapshot = memory.snapshot
+    counted = getattr(snapshot, "fact_vector_count", None)
+    if memory.config.memory.retrieval.embedding_weight > 0 and counted is not None and counted(embedder.name) > 0:
+        return True
+    turn_matrix = getattr(snapshot, "turn_matrix", None)
+    return _dense_turns_on(memory) and turn_matrix is not None and len(turn_matrix(embedder.name)[0]) > 0
 
 
 def top_rows(scores: np.ndarray, limit: int) -> np.ndarray:
