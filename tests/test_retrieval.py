@@ -196,7 +196,7 @@ def test_an_error_of_the_worker_surfaces_as_without_it_and_is_not_remembered(wor
     class NoPrefetch(RagContextLayer):
         prefetch = None  # the layer as it was: the cue embedded on the calling thread
 
-    errors = []
+    errors, results = [], []
     for layer in (RagContextLayer(), NoPrefetch()):
         embedder = Broken()
         memory = world.assembler(env, embedder=embedder).memory
@@ -208,8 +208,10 @@ def test_an_error_of_the_worker_surfaces_as_without_it_and_is_not_remembered(wor
         prompt = assembler.assemble(ctx("pancake"))
         assert prompt.debug["errors"] == {} and "Pancake fact" in section(prompt, "rag_context").text
         assert embedder.calls == 2
+        results.append((section(prompt, "rag_context").text, prompt.debug["rag"]))
         memory.close()
     assert errors[0] == errors[1] == {"rag_context": "RuntimeError: model file vanished"}
+    assert results[0] == results[1]  # the same ranking, scores and section either way
 
 
 def test_the_cue_worker_is_one_thread_and_ends_with_the_view(world):
