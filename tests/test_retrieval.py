@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pytest
 
+from familiar_bot.prompt.assembly import Assembler
 from familiar_bot.prompt.layers.rag_context import RagContextLayer
 from familiar_bot.prompt.retrieval import GROUP_SLACK_TOKENS, Weights, fit_by_rank, fuse_facts, render
 from familiar_bot.prompt.tokens import estimate_tokens
@@ -137,6 +139,95 @@ def test_facts_and_turns_share_one_embedding_of_the_cue(world):
     text, debug = rag(world, "pancake", env, embedder)
     assert debug["embedded_cue"] is True and any(t["cosine"] is not None for t in debug["turns"])
     assert embedder.calls == 1
+
+
+def _warm_world(world):
+    """A fact and a turn with vectors under ``test-emb``, and the settings that rank by both."""
+    a = world.fact("Pancake fact")
+    world.store.set_fact_embedding(a.id, "test-emb", [1.0, 0.0, 0.0])
+    turn = world.say("pancakes again this morning", channel=11)
+    world.store.set_turn_embeddings("test-emb", [(turn.id, [1.0, 0.0, 0.0])])
+    world.sync()
+    return {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "5",
+            "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding", "turn_embedding"]'}
+
+
+def test_cue_embedding_runs_on_the_worker_while_the_searches_run(world):
+    env = _warm_world(world)
+    started = threading.Event()
+    seen: dict = {}
+
+    class SlowEmbedder(CountingEmbedder):
+        def embed(self, texts):
+            seen["thread"] = threading.current_thread().name
+            started.set()
+            return super().embed(texts)
+
+    embedder = SlowEmbedder()
+    assembler = world.assembler(env, embedder=embedder)
+    search = assembler.memory.fts_facts.search
+
+    def search_after_the_embedding_started(query, limit, **kw):
+        # On the calling thread, before any cosine is needed: the model call is already under way.
+        seen.setdefault("started_before_search", started.wait(5))
+        return search(query, limit, **kw)
+
+    assembler.memory.fts_facts.search = search_after_the_embedding_started
+    prompt = assembler.assemble(ctx("pancake"))
+    debug = prompt.debug["rag"]
+    assert seen == {"thread": seen["thread"], "started_before_search": True}
+    assert seen["thread"].startswith("familiar-cue") and embedder.calls == 1
+    assert debug["embedded_cue"] is True and any(t["cosine"] is not None for t in debug["turns"])
+    assembler.memory.close()
+
+
+def test_an_error_of_the_worker_surfaces_as_without_it_and_is_not_remembered(world):
+    env = _warm_world(world)
+
+    class Broken(CountingEmbedder):
+        fail = True
+
+        def embed(self, texts):
+            if self.fail:
+                self.calls += 1
+                raise RuntimeError("model file vanished")
+            return super().embed(texts)
+
+    class NoPrefetch(RagContextLayer):
+        prefetch = None  # the layer as it was: the cue embedded on the calling thread
+
+    errors, results = [], []
+    for layer in (RagContextLayer(), NoPrefetch()):
+        embedder = Broken()
+        memory = world.assembler(env, embedder=embedder).memory
+        assembler = Assembler(memory, [layer])
+        prompt = assembler.assemble(ctx("pancake"))
+        errors.append(prompt.debug["errors"])
+        assert section(prompt, "rag_context").text == "" and embedder.calls == 1
+        embedder.fail = False  # the next reply tries again: a failed call is not memoised
+        prompt = assembler.assemble(ctx("pancake"))
+        assert prompt.debug["errors"] == {} and "Pancake fact" in section(prompt, "rag_context").text
+        assert embedder.calls == 2
+        results.append((section(prompt, "rag_context").text, prompt.debug["rag"]))
+        memory.close()
+    assert errors[0] == errors[1] == {"rag_context": "RuntimeError: model file vanished"}
+    assert results[0] == results[1]  # the same ranking, scores and section either way
+
+
+def test_the_cue_worker_is_one_thread_and_ends_with_the_view(world):
+    env = _warm_world(world)
+    before = set(threading.enumerate())
+    embedder = CountingEmbedder()
+    assembler = world.assembler(env, embedder=embedder)
+    for i in range(12):
+        assembler.assemble(ctx(f"pancake number {i}"))
+    workers = [t for t in set(threading.enumerate()) - before if t.name.startswith("familiar-cue")]
+    assert embedder.calls == 12 and len(workers) == 1
+    assembler.memory.close()
+    workers[0].join(5)
+    assert not workers[0].is_alive() and set(threading.enumerate()) <= before
+    assembler.memory.prefetch_cue_vector("after close")  # a closed view embeds on the caller instead
+    assert assembler.memory.cue_vector("after close").shape == (3,) and embedder.calls == 13
 
 
 def test_cold_index_never_embeds_the_cue(world):

@@ -597,3 +597,44 @@ def test_reader_in_another_process_never_sees_a_torn_snapshot(tmp_path):
     assert report["n_torn"] == 0, report["torn"]
     assert report["final_version"] == publishes
     assert len(report["versions"]) >= 20, report["versions"]
+
+
+def test_fact_vectors_by_id_index_agrees_with_a_scan_of_every_row():
+    """``embeddings_for`` looks ids up in an index built once per snapshot and model; it must
+    return what a scan of every row returns: that model's rows only, the last row of a repeated
+    id, no entry for a NULL vector or an unknown id."""
+    import random
+
+    import pyarrow as pa
+
+    rng = random.Random(3)
+    rows = [(fid, model, [float(fid), float(len(model)), float(i)])
+            for i, (fid, model) in enumerate((fid, model) for fid in range(1, 400) for model in ("a", "bb")
+                                             if rng.random() < 0.7)]
+    rows += [(7, "a", [70.0, 0.0, 1.0]), (8, "a", None), (9, "bb", [1.0, 2.0])]  # repeats, NULL, another dim
+    rng.shuffle(rows)
+    table = pa.table({"fact_id": pa.array([r[0] for r in rows], pa.int64()),
+                      "model": pa.array([r[1] for r in rows], pa.string()),
+                      "dim": pa.array([len(r[2] or ()) for r in rows], pa.int32()),
+                      "vector": pa.array([r[2] for r in rows], pa.list_(pa.float32())),
+                      "created_at": pa.array([T0] * len(rows), snapshots._TS)})
+    snap = snapshots.Snapshot(None, {"fact_embeddings": table})
+
+    def scanned(model, ids):
+        out = {}
+        for fid, m, vector in rows:
+            if m == model and fid in ids:
+                out[fid] = vector
+        return {fid: v for fid, v in out.items() if v is not None}
+
+    for model in ("a", "bb", "missing"):
+        for _ in range(30):
+            ids = {rng.randrange(0, 420) for _ in range(rng.randrange(0, 50))} | {7, 8, 9}
+            got = snap.embeddings_for(model, list(ids) + list(ids)[:3])  # repeated asks are one
+            want = scanned(model, ids)
+            assert set(got) == set(want)
+            assert all(got[f].dtype == np.float32 and got[f].tolist() == want[f] for f in want)
+    assert snap.embeddings_for("a", [7])[7].tolist() == [70.0, 0.0, 1.0] and 8 not in snap.embeddings_for("a", [8])
+    assert snap.fact_vector_count("a") == sum(r[1] == "a" for r in rows)
+    assert snap.fact_vector_count("missing") == 0 and snapshots.Snapshot.empty().fact_vector_count("a") == 0
+    assert snap._fact_vector_rows("a") is snap._fact_vector_rows("a")  # built once per snapshot and model

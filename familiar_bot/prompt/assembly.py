@@ -130,7 +130,9 @@ class Assembler:
         history: list[Message] = []
         debug: dict[str, Any] = {"order": [], "keys": {}, "timings_ms": {}, "errors": {},
                                  "snapshot_version": memory.snapshot.version}
-        for layer in self.layer_order(ctx):
+        order = self.layer_order(ctx)
+        self._prefetch(order, ctx, memory)
+        for layer in order:
             debug["order"].append(layer.name)
             t0 = time.perf_counter()
             try:
@@ -155,6 +157,20 @@ class Assembler:
             sections.append(Section(layer.name, text, estimate_tokens(text), cached))
         debug["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return AssembledPrompt("\n\n".join(texts), history, sections, debug)
+
+    def _prefetch(self, order: list[Layer], ctx: AssemblyContext, memory: MemoryView) -> None:
+        """Let each layer whose section is not cached start its slow off-thread work
+        (``prefetch``) before any layer builds, so that work overlaps theirs. A
+        failure here is left for the layer's own build to meet and report."""
+        for layer in order:
+            start = getattr(layer, "prefetch", None)
+            if start is None:
+                continue
+            try:
+                if self._cached((layer.name, str(layer.invalidation_key(ctx, memory)))) is None:
+                    start(ctx, memory)
+            except Exception:  # noqa: BLE001 - the build runs the same code and reports it
+                log.debug("prefetch of layer %s failed", layer.name, exc_info=True)
 
     def _build(self, layer: Layer, ctx: AssemblyContext, memory: MemoryView,
                debug: dict) -> tuple[str, bool, dict | None]:

@@ -14,6 +14,7 @@ import copy
 import logging
 import threading
 from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,9 @@ class MemoryView:
         self._bulk: LRUCache = LRUCache(_BULK_SIZE)
         self._warned: set[str] = set()
         self._pin: dict | None = None  # per-assembly values, only in pinned views
+        # One worker for the cue's model call (``prefetch_cue_vector``), shared by pinned
+        # copies; its thread starts at the first prefetch and ends in ``close()``.
+        self._cue_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="familiar-cue")
 
     def refresh(self) -> None:
         """Pick up a new snapshot or index commit; never raises."""
@@ -177,9 +181,51 @@ class MemoryView:
             self._memo[key] = value
         return value
 
+    def _cue_key(self, cue: str) -> tuple:
+        return ("cue-vec", self.embedder.name, content_hash(cue))
+
+    def _embed_cue(self, cue: str) -> np.ndarray:
+        return self.embedder.embed([cue])[0]
+
+    def prefetch_cue_vector(self, cue: str) -> None:
+        """Start the model call for ``cue`` on the view's worker thread; ``cue_vector`` joins it.
+
+        The model's run (onnxruntime, which releases the GIL) then overlaps the layers
+        and searches that do not need the vector (docs/benchmarks.md). An error is kept
+        in the future and raised by ``cue_vector``, as if the call had run there; a
+        prefetched vector nobody asks for costs only the background call.
+        """
+        if self.embedder is None or not cue:
+            return
+        key = self._cue_key(cue)
+        with self._memo_lock:
+            if key in self._memo:
+                return
+            try:
+                self._memo[key] = self._cue_worker.submit(self._embed_cue, cue)
+            except RuntimeError:  # closed: cue_vector embeds on the calling thread
+                pass
+
     def cue_vector(self, cue: str) -> np.ndarray:
         """The embedder's vector of ``cue``: one model call per cue, however many retrievers ask it."""
-        return self.memo(("cue-vec", self.embedder.name, content_hash(cue)), lambda: self.embedder.embed([cue])[0])
+        key = self._cue_key(cue)
+        with self._memo_lock:
+            value = self._memo.get(key)
+        if value is None:
+            return self.memo(key, lambda: self._embed_cue(cue))
+        if not isinstance(value, Future):
+            return value
+        try:
+            vector = value.result()
+        except BaseException:
+            with self._memo_lock:  # a failed call is not remembered: the next ask tries again
+                if self._memo.get(key) is value:
+                    del self._memo[key]
+            raise
+        with self._memo_lock:
+            if self._memo.get(key) is value:
+                self._memo[key] = vector
+        return vector
 
     def memo_get(self, key: Hashable) -> Any:
         with self._memo_lock:
@@ -232,6 +278,7 @@ class MemoryView:
         return turns
 
     def close(self) -> None:
+        self._cue_worker.shutdown(wait=True, cancel_futures=True)
         self.fts_turns.close()
         self.fts_facts.close()
         if self._owns_turn_log:

@@ -269,8 +269,7 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     """
     retrieval = memory.config.memory.retrieval
     embedder = memory.embedder
-    if (retrieval.turn_embedding_weight <= 0 or embedder is None
-            or not memory.config.memory.is_active("turn_embedding")):
+    if not _dense_turns_on(memory):
         return {}
     cache = {} if cache is None else cache
     if "sims" not in cache:
@@ -291,6 +290,27 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
         if near:
             out[tid] = (1 - share) * own + share * sum(near) / len(near)
     return out
+
+
+def _dense_turns_on(memory) -> bool:
+    """Whether turns are ranked by cosine too (``turn_embedding`` on, a positive weight, an embedder)."""
+    return (memory.config.memory.retrieval.turn_embedding_weight > 0 and memory.embedder is not None
+            and memory.config.memory.is_active("turn_embedding"))
+
+
+def needs_cue_vector(memory) -> bool:
+    """Whether a reply here will embed its cue: cosines are on for facts or turns and the
+    snapshot holds vectors under the embedder's model for them (a cold side-index costs
+    no model call). What ``rag_context`` checks before starting the embedding early."""
+    embedder = memory.embedder
+    if embedder is None:
+        return False
+    snapshot = memory.snapshot
+    counted = getattr(snapshot, "fact_vector_count", None)
+    if memory.config.memory.retrieval.embedding_weight > 0 and counted is not None and counted(embedder.name) > 0:
+        return True
+    turn_matrix = getattr(snapshot, "turn_matrix", None)
+    return _dense_turns_on(memory) and turn_matrix is not None and len(turn_matrix(embedder.name)[0]) > 0
 
 
 def top_rows(scores: np.ndarray, limit: int) -> np.ndarray:
@@ -394,8 +414,14 @@ def _same_channel_windows(log, span: int, exclude: frozenset[int]) -> Callable[[
     return windows
 
 
+def turn_fetch(memory, budget) -> int:
+    """How many turn candidates each ranking asks for first (``retrieve_turns`` grows it on a refetch)."""
+    return max(memory.config.memory.retrieval.turn_candidates, budget.max_rag_turns)
+
+
 def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
-                   token_budget: int | None = None) -> tuple[list, list[dict]]:
+                   token_budget: int | None = None,
+                   first_hits: list[tuple[int, float]] | None = None) -> tuple[list, list[dict]]:
     """Hit turns (not excluded, not deleted, visible here) with their neighbours, ascending by id.
 
     Candidates are the union of the top ``turn_candidates`` BM25 hits and, when
@@ -404,16 +430,18 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     than the budget's ``max_rag_turns``, the candidate depth grows and the
     ranking is redone. With ``token_budget``, hits join in rank order only
     while they and their neighbours fit it (see :func:`fit_by_rank`).
+    ``first_hits``: the full-text search of the first round (``turn_fetch`` hits),
+    when the caller already ran it.
     """
     retrieval = memory.config.memory.retrieval
     limit = budget.max_rag_turns
     rows_of = _TurnRows(memory.turn_log)
     dense_cache: dict = {}
-    fetch = max(retrieval.turn_candidates, limit)
+    fetch = turn_fetch(memory, budget)
     kept: list = []
     ranked: list[dict] = []
-    for _ in range(MAX_REFETCH_ROUNDS + 1):
-        hits = memory.fts_turns.search(cue, fetch)
+    for round_ in range(MAX_REFETCH_ROUNDS + 1):
+        hits = first_hits if round_ == 0 and first_hits is not None else memory.fts_turns.search(cue, fetch)
         bm25 = dict(hits)
         dense = _dense_turns(cue, memory, fetch, list(bm25),
                              _same_channel_windows(memory.turn_log, retrieval.turn_context_span, exclude), dense_cache)
@@ -565,11 +593,15 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
         return "", {"cue": "", "facts": [], "turns": []}
     budget = memory.config.budget_for(ctx.tier)
     labels = memory.labels(ctx.guild_id)
+    # The turns' full-text search does not need the cue's vector: run it before the facts'
+    # cosines wait for that vector, while the model call (started by ``prefetch``) runs.
+    first_hits = memory.fts_turns.search(cue, turn_fetch(memory, budget))
     facts, debug = retrieve_facts(cue, memory, budget)
     fact_lines = [f"- {one_line(f.text)}{rename_note(f, labels)}" for f in facts]
     fact_tokens = sum(estimate_tokens(line) for line in cap_blocks(fact_lines, budget.rag_tokens))
     turns, turn_debug = retrieve_turns(cue, memory, ctx, budget, exclude,
-                                       token_budget=max(0, budget.rag_tokens - fact_tokens))
+                                       token_budget=max(0, budget.rag_tokens - fact_tokens),
+                                       first_hits=first_hits)
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)
     owned = owned_turn_lines(turns, labels, memory.config.tz)

@@ -887,23 +887,45 @@ class Snapshot:
         )
         return rows[0] if rows else Watermark(projector)
 
+    def _fact_vector_rows(self, model: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(fact ids ascending, their row numbers in fact_embeddings)`` for ``model``.
+
+        Built once per snapshot and model (the snapshot never changes), so a reply's
+        few dozen candidates are a binary search instead of an ``is_in`` over every
+        vector row (20k rows: ~1 ms per reply). Where an id repeats, its last row in
+        table order comes last, which is the row ``embeddings_for`` returns.
+        """
+        cache = self.__dict__.setdefault("_fact_vector_index", {})
+        if model not in cache:
+            table = self._tables["fact_embeddings"]
+            rows = pc.indices_nonzero(pc.fill_null(
+                pc.equal(table["model"], pa.scalar(model, pa.string())), False)).to_numpy().astype(np.int64)
+            ids = table["fact_id"].take(pa.array(rows, pa.int64())).to_numpy().astype(np.int64, copy=False)
+            order = np.argsort(ids, kind="stable")
+            cache[model] = (ids[order], rows[order])
+        return cache[model]
+
+    def fact_vector_count(self, model: str) -> int:
+        """How many rows of ``fact_embeddings`` are under ``model`` (0: the side-index is cold for it)."""
+        return len(self._fact_vector_rows(model)[0])
+
     def embeddings_for(self, model: str, fact_ids: Iterable[int]) -> dict[int, np.ndarray]:
         """``{fact_id: float32 vector}`` of ``model`` only; facts without one are absent."""
-        wanted = _clean_ids(fact_ids)
+        wanted = np.unique(np.fromiter((int(i) for i in fact_ids), dtype=np.int64))
         table = self._tables["fact_embeddings"]
         if len(wanted) == 0 or table.num_rows == 0:
             return {}
-        mask = pc.and_(
-            pc.equal(table["model"], pa.scalar(model, pa.string())),
-            pc.is_in(table["fact_id"], value_set=wanted),
-        )
-        hits = _where(table, mask)
+        ids, rows = self._fact_vector_rows(model)
+        if len(ids) == 0:
+            return {}
+        at = np.searchsorted(ids, wanted, side="right") - 1
+        found = (at >= 0) & (ids[np.maximum(at, 0)] == wanted)
+        hits = table.take(pa.array(rows[at[found]], pa.int64()))
         out: dict[int, np.ndarray] = {}
         for fact_id, vector in zip(hits["fact_id"].to_pylist(), hits["vector"]):
             if vector.is_valid:
                 out[fact_id] = vector.values.to_numpy(zero_copy_only=False).astype(np.float32, copy=True)
         return out
-
 
     def turn_matrix(self, model: str, table: str = "turn_embeddings") -> tuple[np.ndarray, np.ndarray]:
         """``(turn ids, unit-length float32 rows)`` of every turn vector under ``model``.
@@ -1194,7 +1216,7 @@ class SnapshotReader:
     QUERIES = frozenset({
         "table", "facts_by_ids", "current_facts", "recent_facts", "facts_for_subject",
         "superseded_fact_ids", "latest_fact_id", "summary", "dossier", "dossiers",
-        "recent_reflections", "watermark", "embeddings_for", "turn_matrix", "context_turn_matrix",
+        "recent_reflections", "watermark", "fact_vector_count", "embeddings_for", "turn_matrix", "context_turn_matrix",
     })
 
     def __getattr__(self, name: str) -> Any:

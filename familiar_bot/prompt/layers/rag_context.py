@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from familiar_bot.prompt.layers.common import content_hash
 from familiar_bot.prompt.layers.recent_history import history_view
-from familiar_bot.prompt.retrieval import retrieve
+from familiar_bot.prompt.retrieval import needs_cue_vector, retrieve
 
 
 def excluded_turns(ctx, memory) -> frozenset[int]:
@@ -32,6 +32,12 @@ class RagContextLayer:
         return (f"{content_hash(cue)}|ch{ctx.channel_id}|g{ctx.guild_id}|{ctx.tier}|w{window}"
                 f"|s{memory.snapshot.version}|ft{memory.fts_turns.generation}"
                 f"|ff{memory.fts_facts.generation}|e{embedder}")
+
+    def prefetch(self, ctx, memory) -> None:
+        """Start embedding the cue on the memory view's worker while the other layers build."""
+        cue = ctx.cue.strip()
+        if cue and needs_cue_vector(memory):
+            memory.prefetch_cue_vector(cue)
 
     def build_with_debug(self, ctx, memory) -> tuple[str, dict]:
         return retrieve(ctx, memory, excluded_turns(ctx, memory))
