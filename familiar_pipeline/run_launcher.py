@@ -67,10 +67,12 @@ class CodeLocationKey(NamedTuple):
 class RunWorkerServer:
     """The preloaded process: started once, asked for one fork per run (see `familiar_pipeline.run_worker`)."""
 
-    def __init__(self, preload: tuple[str, ...], *, cwd: str | None = None):
+    def __init__(self, preload: tuple[str, ...], *, cwd: str | None = None, instance_ref: str | None = None):
         args = [sys.executable, "-m", "familiar_pipeline.run_worker"]
         for entry in preload:
             args += ["--preload", entry]
+        if instance_ref:
+            args += ["--instance-ref", instance_ref]
         # stderr is the daemon's: a run worker's own output shows where the stock one's did.
         self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=cwd)
         hello = self._read(READY_TIMEOUT_S)
@@ -226,7 +228,7 @@ class PreloadedRunLauncher(DefaultRunLauncher):
                 self._server = None
             if self._server is None:
                 modules = (key.module,) if key.module else ()
-                self._server = RunWorkerServer((*modules, *self.preload), cwd=key.cwd)
+                self._server = RunWorkerServer((*modules, *self.preload), cwd=key.cwd, instance_ref=instance_ref)
                 self._server_key = key
             try:
                 return self._server.fork_run(run_id, instance_ref), self._server.pid

@@ -35,7 +35,9 @@ import traceback
 
 
 def preload_projection_run() -> None:
-    """What a projection run imports: the code location, litellm (offline), DuckDB, tantivy, Parquet."""
+    """What a projection run imports: the code location, Dagster's run execution, litellm (offline), DuckDB, tantivy, Parquet."""
+    import dagster._cli.api  # noqa: F401  (the run worker's entry point and what it executes with)
+    import dagster._core.executor.in_process  # noqa: F401
     import duckdb  # noqa: F401
     import pyarrow.parquet  # noqa: F401
     import tantivy  # noqa: F401
@@ -53,6 +55,19 @@ def preload(entries: list[str]) -> None:
         loaded = importlib.import_module(module)
         if function:
             getattr(loaded, function)()
+
+
+def warm_instance(instance_ref: str) -> None:
+    """Open and close the instance once: its storage classes, SQLAlchemy and the schema checks get imported here."""
+    from dagster._core.instance import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
+    from dagster._serdes import deserialize_value
+
+    with DagsterInstance.from_ref(deserialize_value(instance_ref, InstanceRef)) as instance:
+        instance.get_run_by_id("0" * 32)
+    import gc
+
+    gc.collect()  # its connections are closed before any fork
 
 
 def execute_run_in_child(run_id: str, instance_ref: str) -> int:
@@ -95,7 +110,7 @@ def _reply(channel: int, message: dict) -> None:
     os.write(channel, (json.dumps(message) + "\n").encode())
 
 
-def serve(entries: list[str]) -> int:
+def serve(entries: list[str], instance_ref: str | None = None) -> int:
     # The protocol gets its own copy of stdout; anything printed here goes to stderr.
     channel = os.dup(1)
     os.dup2(2, 1)
@@ -103,6 +118,8 @@ def serve(entries: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C of `dagster dev` stops the daemon, which closes stdin
     try:
         preload(entries)
+        if instance_ref:
+            warm_instance(instance_ref)
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher, which starts runs the stock way
         traceback.print_exc()
         _reply(channel, {"error": f"preload failed: {type(exc).__name__}: {exc}"})
@@ -124,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preload", action="append", default=[],
                         help="a module to import or module:function to call before serving (repeatable)")
-    return serve(parser.parse_args(argv).preload)
+    parser.add_argument("--instance-ref", default=None,
+                        help="a serialized InstanceRef to open and close once before serving (imports its storage)")
+    args = parser.parse_args(argv)
+    return serve(args.preload, args.instance_ref)
 
 
 if __name__ == "__main__":
