@@ -228,15 +228,20 @@ def test_projection_assets_backfill_many_familiars_in_one_run():
 # ----------------------------------------------------------------------------- one step, each familiar once
 
 
-def test_each_familiar_is_opened_and_published_once_per_run(env, monkeypatch):
-    """All selected projections of a familiar share one store connection and one snapshot publish."""
+def test_a_run_over_many_familiars_publishes_every_familiars_facts_before_any_followers(env, monkeypatch):
+    """Two passes: each familiar's turn index and facts (one open, one publish), then its followers (again).
+
+    The bot sees every familiar's new facts after the first pass over the run; a run of one
+    familiar keeps one pass: one open for all its projections and one publish.
+    """
     import familiar_pipeline.projectors.runtime as runtime_module
     import familiar_pipeline.storage.store as store_module
 
     root, instance = env
     familiars(root, instance, [("a1", 10), ("a2", 10)])
-    published, opened = [], []
+    published, opened, ran = [], [], []
     real_publish, real_init = runtime_module.publish_snapshot, store_module.ProjectionStore.__init__
+    real_run = assets_module.run_projector
 
     def counting_publish(conn, serving_dir, **kwargs):
         published.append(serving_dir.parent.name)
@@ -246,20 +251,36 @@ def test_each_familiar_is_opened_and_published_once_per_run(env, monkeypatch):
         opened.append((path.parent.name, kwargs.get("read_only", False)))
         real_init(self, path, *args, **kwargs)
 
+    def recording_run(spec, runtime, cfg, **kwargs):
+        ran.append((runtime.paths.familiar_id, spec.asset))
+        return real_run(spec, runtime, cfg, **kwargs)
+
     monkeypatch.setattr(runtime_module, "publish_snapshot", counting_publish)
     monkeypatch.setattr(store_module.ProjectionStore, "__init__", counting_init)
+    monkeypatch.setattr(assets_module, "run_projector", recording_run)
     everything = ["turns_fts", "rolling_summary", "facts", "fact_supersessions", "people_dossiers", "reflections"]
     result = run_range(root, instance, everything, "a1", "a2")
     assert result.success
-    assert sorted(published) == ["a1", "a2"], "one publish per familiar, after all its projections"
+    assert published == ["a1", "a2", "a1", "a2"], "one publish per familiar and pass"
+    first_pass = [("a1", "turns_fts"), ("a1", "facts"), ("a2", "turns_fts"), ("a2", "facts")]
+    assert ran[:4] == first_pass, ran
+    assert ran[4:] == [(f, a) for f in ("a1", "a2") for a in ("rolling_summary", "fact_supersessions",
+                                                                "people_dossiers", "reflections")], ran
     for name in ("a1", "a2"):
-        # One open for the projections; the model calls close it (a notebook may read meanwhile), so a
-        # few reopens follow, but none per projector or per check: fewer opens than projections.
+        # One open per pass; the model calls close it (a notebook may read meanwhile), so a few
+        # reopens follow, but none per projector or per check: fewer opens than projections.
         writes = [ro for f, ro in opened if f == name and not ro]
-        assert 1 <= len(writes) < len(everything), opened
+        assert 2 <= len(writes) < len(everything), opened
         assert not [ro for f, ro in opened if f == name and ro], "the checks read through the writer's connection"
     assert {e.check_name for e in result.get_asset_check_evaluations()} >= {"facts_cite_existing_turns",
                                                                              "serving_snapshot_in_step"}
+
+    append_chat(FamiliarPaths.for_id("a1", root), 10, start=10)
+    published.clear(), opened.clear()
+    assert run_range(root, instance, everything, "a1", "a1").success
+    assert published == ["a1"], "a run of one familiar: one pass, one publish"
+    assert 1 <= len([ro for f, ro in opened if not ro]) < len(everything)
+
     assert all(e.passed for e in result.get_asset_check_evaluations())
 
 
@@ -358,3 +379,17 @@ def test_a_ui_backfill_through_dagsters_backfill_daemon_is_one_run_over_the_rang
             assert facts_and_mark(FamiliarPaths.for_id(name, root))[1] == 10
         planned = instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED)
         assert len(planned.records) == len(FACTS_AND_INDEX), "one planned event per asset for the whole range"
+
+
+def test_passes_put_the_turn_index_and_facts_and_what_they_read_first():
+    from familiar_pipeline.projectors import registry
+
+    specs = list(registry.BUILTIN_SPECS)
+    first, rest = assets_module.passes(specs)
+    assert [s.asset for s in first] == ["turns_fts", "facts"]
+    assert [s.asset for s in rest] == [s.asset for s in specs if s.asset not in ("turns_fts", "facts")]
+    assert not {s.asset for s in rest} & {i for s in first for i in s.inputs}, "nothing in the first pass reads the second"
+    only_followers = [s for s in specs if s.asset in ("people_dossiers", "reflections")]
+    assert assets_module.passes(only_followers) == [only_followers]
+    follower_of_facts = [s for s in specs if s.asset in ("facts", "fact_embeddings")]
+    assert [[s.asset for s in p] for p in assets_module.passes(follower_of_facts)] == [["facts"], ["fact_embeddings"]]

@@ -18,6 +18,7 @@ no tokens and yields the same rows.
 
 import dataclasses
 import warnings
+from collections import deque
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -38,6 +39,12 @@ PREVIEW_ROWS = 20
 # A familiar whose writer lock another process holds (another run, a rebuild) is left to
 # the end of the run, then waited for this long before it is reported failed (FamiliarBusy).
 BUSY_WAIT_S = 60.0
+
+# What a new message is found by: the turn index and the facts. A run over several familiars
+# takes these (and whatever they read) for every familiar first, each published as it is done,
+# then the rest (summaries, supersession, dossiers, reflections): the last familiar's facts
+# reach the bot after one short pass over the run, not after every familiar's full work.
+FIRST_PASS = ("turns_fts", "facts")
 
 # Dagster 1.13 marks `backfill_policy` on @asset as beta and warns at every definition;
 # acknowledged here, where we opt in, so CLI commands do not print it on each start.
@@ -164,6 +171,7 @@ def project_familiar(
     checks: tuple[MemoryCheck, ...] = (),
     embedders: dict | None = None,
     lock_wait_s: float = 0.0,
+    blocked: dict[str, str] | None = None,
 ) -> FamiliarPass:
     """One familiar through `specs` (dependency order) with one writer lock, one store connection, one publish.
 
@@ -172,11 +180,16 @@ def project_familiar(
     projector's invariants (`checks` on its asset) are checked right after it, on the
     same connection; a failed blocking check, or a projector that raised, holds back
     what is built on that asset for this familiar (reported "skipped: blocked ..."), as
-    Dagster would between steps. The snapshot check runs after the publish.
+    Dagster would between steps. `blocked` (asset -> why) carries that from an earlier
+    pass over the familiar and is updated. The snapshot check runs after the publish.
     """
-    cfg = familiar_data.config(familiar_id)
     out = FamiliarPass()
-    blocked: dict[str, str] = {}  # asset -> why its projector does not run for this familiar
+    blocked = {} if blocked is None else blocked  # asset -> why its projector does not run for this familiar
+    if all(spec.asset in blocked for spec in specs):  # nothing to run: not opened
+        for spec in specs:
+            _skip_blocked(out, spec, blocked)
+        return out
+    cfg = familiar_data.config(familiar_id)
     needs_embedder = embedder is not None and any(s.needs_embedder for s in specs)
     runtime = build_runtime(familiar_data, llm, familiar_id, config=cfg,
                             embedder=embedder if needs_embedder else None, embedders=embedders)
@@ -184,8 +197,7 @@ def project_familiar(
         runtime.hold_writer_lock(lock_wait_s)
         for spec in specs:
             if spec.asset in blocked:
-                report = ProjectionReport(spec.name, status="skipped", reason=blocked[spec.asset])
-                out.results[spec.asset] = {"report": report, "metadata": report_metadata(report, None, {})}
+                _skip_blocked(out, spec, blocked)
                 continue
             try:
                 out.results[spec.asset] = run_projector(spec, runtime, cfg, rebuild=rebuild)
@@ -215,6 +227,30 @@ def _block(blocked: dict[str, str], spec: ProjectorSpec, why: str) -> None:
         blocked.setdefault(follower.asset, why)
 
 
+def _skip_blocked(out: FamiliarPass, spec: ProjectorSpec, blocked: dict[str, str]) -> None:
+    report = ProjectionReport(spec.name, status="skipped", reason=blocked[spec.asset])
+    out.results[spec.asset] = {"report": report, "metadata": report_metadata(report, None, {})}
+
+
+def passes(specs: list[ProjectorSpec]) -> list[list[ProjectorSpec]]:
+    """The selected specs in the order a run over several familiars takes them: two passes.
+
+    First the FIRST_PASS assets and every selected spec they read (transitively), then the
+    rest; each pass keeps the given dependency order, and nothing in the first reads the
+    second. An empty pass is left out.
+    """
+    by_asset = {s.asset: s for s in specs}
+    first: set[str] = set()
+    todo = [a for a in FIRST_PASS if a in by_asset]
+    while todo:
+        asset = todo.pop()
+        if asset not in first:
+            first.add(asset)
+            todo += [i for i in by_asset[asset].inputs if i in by_asset]
+    split = [[s for s in specs if s.asset in first], [s for s in specs if s.asset not in first]]
+    return [p for p in split if p]
+
+
 def materialize_projections(
     context: dg.AssetExecutionContext,
     specs: list[ProjectorSpec],
@@ -227,8 +263,11 @@ def materialize_projections(
 
     A run may cover a range of familiars (the turn sensor's one run per tick, a
     single-run backfill). Each familiar gets its own writer lock, store connection,
-    projector runs and one publish, and each asset it went through gets a
-    materialization of that familiar's partition with its figures. A familiar in the
+    projector runs and publish, and each asset it went through gets a materialization
+    of that familiar's partition with its figures. A run over several familiars takes
+    them in two passes (`passes`): every familiar's turn index and facts first, then
+    everything else, so facts reach the bot without waiting for other familiars'
+    followers; what a failure in the first pass holds back stays held in the second. A familiar in the
     range that the run's plan leaves out is not opened and gets no materialization:
     Dagster records one per partition of the range when an asset yields its output, so
     the step reports each partition it processed itself (an `AssetMaterialization` per
@@ -248,19 +287,35 @@ def materialize_projections(
     done: dict[str, int] = {s.asset: 0 for s in specs}
     failed: dict[str, dict[str, Exception]] = {s.asset: {} for s in specs}
     check_results: dict[dg.AssetCheckKey, dict[str, dg.AssetCheckResult]] = {c.key: {} for c in checks}
-    work = [(f, [s for s in specs if config.due(s.asset, f)], 0.0) for f in context.partition_keys]
-    for familiar_id, due, lock_wait_s in work:  # grows: a familiar another writer holds comes back at the end
-        if not due:
+    # A run over several familiars takes them in two passes (`passes`): each familiar's facts are
+    # published before any familiar's followers run. One familiar: one pass, one open, one publish.
+    steps = passes(specs) if len(context.partition_keys) > 1 else [specs]
+    blocked: dict[str, dict[str, str]] = {f: {} for f in context.partition_keys}
+    # (familiar, pass, lock wait): a familiar's next pass is queued once this one is done, and a
+    # familiar another writer holds comes back at the end of the queue.
+    work = deque((f, 0, 0.0) for f in context.partition_keys)
+    while work:
+        familiar_id, step, lock_wait_s = work.popleft()
+        due = [s for s in steps[step] if config.due(s.asset, familiar_id)]
+        outcome = None
+        if due:
+            try:
+                outcome = project_familiar(due, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data,
+                                           llm=llm, embedder=embedder, checks=checks, embedders=embedders,
+                                           lock_wait_s=lock_wait_s, blocked=blocked[familiar_id])
+            except Exception as exc:  # the familiar could not be opened at all (config, lock, storage)
+                if isinstance(exc, FamiliarBusy) and not lock_wait_s:
+                    context.log.info(f"[{familiar_id}] another writer holds it; back to it at the end of this run")
+                    work.append((familiar_id, step, BUSY_WAIT_S))
+                    continue
+                outcome = FamiliarPass(failed={s.asset: exc for s in due})
+                for later in steps[step + 1:]:  # its later passes would not open it either
+                    for spec in later:
+                        blocked[familiar_id].setdefault(spec.asset, f"blocked: familiar not opened ({type(exc).__name__})")
+        if step + 1 < len(steps):
+            work.append((familiar_id, step + 1, 0.0))
+        if outcome is None:
             continue
-        try:
-            outcome = project_familiar(due, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data, llm=llm,
-                                       embedder=embedder, checks=checks, embedders=embedders, lock_wait_s=lock_wait_s)
-        except Exception as exc:  # the familiar could not be opened at all (config, lock, storage)
-            if isinstance(exc, FamiliarBusy) and not lock_wait_s:
-                context.log.info(f"[{familiar_id}] another writer holds it; back to it at the end of this run")
-                work.append((familiar_id, due, BUSY_WAIT_S))
-                continue
-            outcome = FamiliarPass(failed={s.asset: exc for s in due})
         for asset, exc in outcome.failed.items():
             failed[asset][familiar_id] = exc
             context.log.error(f"[{familiar_id}] {asset} failed: {type(exc).__name__}: {exc}", exc_info=exc)
