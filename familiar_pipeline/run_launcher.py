@@ -243,10 +243,11 @@ class PreloadedRunLauncher(DefaultRunLauncher):
             return super().terminate(run_id)
         if run.is_finished:
             return False
-        self._instance.report_run_canceling(run)
         pid = int(run.tags[PID_TAG])
-        if not worker_alive(pid):
-            return False
+        if not worker_alive(pid):  # nothing runs it any more: canceled now, not after a timeout
+            self._instance.report_run_canceled(run, message=f"Run worker process {pid} is gone; run canceled")
+            return True
+        self._instance.report_run_canceling(run)
         os.kill(pid, signal.SIGINT)
         return True
 

@@ -29,11 +29,12 @@ LAUNCHER = {"module": "familiar_pipeline.run_launcher", "class": "PreloadedRunLa
 
 
 @pytest.fixture
-def launched(tmp_path, monkeypatch):
+def launched(tmp_path, monkeypatch, request):
     """An instance with the preloaded launcher, its workspace, and a function that launches a job's run."""
     monkeypatch.setenv("LAUNCHER_TEST_DIR", str(tmp_path))
     (tmp_path / "home").mkdir()
-    overrides = {"run_launcher": LAUNCHER,
+    launcher = {**LAUNCHER, "config": getattr(request, "param", {})}
+    overrides = {"run_launcher": launcher,
                  "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}}
     target = ModuleTarget(module_name="tests.launcher_defs", attribute=None, working_directory=os.getcwd(),
                           location_name="launcher_test")
@@ -105,6 +106,20 @@ def test_terminate_cancels_a_running_run_and_monitoring_sees_a_killed_worker(lau
         time.sleep(0.05)
     health = instance.run_launcher.check_run_worker_health(instance.get_run_by_id(run_id))
     assert health.status == WorkerStatus.FAILED and str(pid) in health.msg
+    assert instance.run_launcher.terminate(run_id), "nothing left to interrupt: canceled at once"
+    assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELED
+
+
+@pytest.mark.parametrize("launched", [{"preload": ["no_such_module_here"]}], indirect=True)
+def test_a_preloaded_process_that_cannot_start_leaves_the_run_to_the_stock_launcher(launched, tmp_path):
+    instance, launch = launched
+    run_id = launch("quick_job")
+    run = wait_for(instance, run_id, FINISHED_STATUSES)
+    assert run.status == dg.DagsterRunStatus.SUCCESS and PID_TAG not in run.tags
+    [mark] = [json.loads(p.read_text()) for p in tmp_path.glob("quick-*.json")]
+    assert not mark["litellm_imported"], "a fresh process from the code server"
+    messages = [e.message or "" for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)]
+    assert any("preload failed: ModuleNotFoundError" in m and "fresh process instead" in m for m in messages), messages
 
 
 def test_a_run_for_another_python_is_not_forked():
