@@ -229,7 +229,7 @@ def test_projection_assets_backfill_many_familiars_in_one_run():
 
 
 def test_a_run_over_many_familiars_publishes_every_familiars_facts_before_any_followers(env, monkeypatch):
-    """Two passes: each familiar's turn index and facts (one open, one publish), then its followers (again).
+    """Two passes: each familiar's facts (one open, one publish), then the rest (again).
 
     The bot sees every familiar's new facts after the first pass over the run; a run of one
     familiar keeps one pass: one open for all its projections and one publish.
@@ -262,9 +262,8 @@ def test_a_run_over_many_familiars_publishes_every_familiars_facts_before_any_fo
     result = run_range(root, instance, everything, "a1", "a2")
     assert result.success
     assert published == ["a1", "a2", "a1", "a2"], "one publish per familiar and pass"
-    first_pass = [("a1", "turns_fts"), ("a1", "facts"), ("a2", "turns_fts"), ("a2", "facts")]
-    assert ran[:4] == first_pass, ran
-    assert ran[4:] == [(f, a) for f in ("a1", "a2") for a in ("rolling_summary", "fact_supersessions",
+    assert ran[:2] == [("a1", "facts"), ("a2", "facts")], ran
+    assert ran[2:] == [(f, a) for f in ("a1", "a2") for a in ("turns_fts", "rolling_summary", "fact_supersessions",
                                                                 "people_dossiers", "reflections")], ran
     for name in ("a1", "a2"):
         # One open per pass; the model calls close it (a notebook may read meanwhile), so a few
@@ -381,13 +380,13 @@ def test_a_ui_backfill_through_dagsters_backfill_daemon_is_one_run_over_the_rang
         assert len(planned.records) == len(FACTS_AND_INDEX), "one planned event per asset for the whole range"
 
 
-def test_passes_put_the_turn_index_and_facts_and_what_they_read_first():
+def test_passes_put_the_facts_and_what_they_read_first():
     from familiar_pipeline.projectors import registry
 
     specs = list(registry.BUILTIN_SPECS)
     first, rest = assets_module.passes(specs)
-    assert [s.asset for s in first] == ["turns_fts", "facts"]
-    assert [s.asset for s in rest] == [s.asset for s in specs if s.asset not in ("turns_fts", "facts")]
+    assert [s.asset for s in first] == ["facts"]
+    assert [s.asset for s in rest] == [s.asset for s in specs if s.asset != "facts"]
     assert not {s.asset for s in rest} & {i for s in first for i in s.inputs}, "nothing in the first pass reads the second"
     only_followers = [s for s in specs if s.asset in ("people_dossiers", "reflections")]
     assert assets_module.passes(only_followers) == [only_followers]

@@ -122,6 +122,14 @@ def test_a_preloaded_process_that_cannot_start_leaves_the_run_to_the_stock_launc
     assert any("preload failed: ModuleNotFoundError" in m and "fresh process instead" in m for m in messages), messages
 
 
+@pytest.mark.parametrize("launched", [{"enabled": False}], indirect=True)
+def test_enabled_false_starts_every_run_the_stock_way(launched, tmp_path):
+    instance, launch = launched
+    run = wait_for(instance, launch("quick_job"), FINISHED_STATUSES)
+    assert run.status == dg.DagsterRunStatus.SUCCESS and PID_TAG not in run.tags
+    assert instance.run_launcher._server is None, "no preloaded process started"
+
+
 def test_a_run_for_another_python_is_not_forked():
     class Origin:
         executable_path = "/some/other/venv/bin/python"

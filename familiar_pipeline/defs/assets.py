@@ -40,11 +40,12 @@ PREVIEW_ROWS = 20
 # the end of the run, then waited for this long before it is reported failed (FamiliarBusy).
 BUSY_WAIT_S = 60.0
 
-# What a new message is found by: the turn index and the facts. A run over several familiars
-# takes these (and whatever they read) for every familiar first, each published as it is done,
-# then the rest (summaries, supersession, dossiers, reflections): the last familiar's facts
-# reach the bot after one short pass over the run, not after every familiar's full work.
-FIRST_PASS = ("turns_fts", "facts")
+# What the bot needs soonest from a new batch: its facts (recent turns are in the prompt's
+# history anyway, so the turn index can follow). A run over several familiars takes these (and
+# whatever they read) for every familiar first, each published as it is done, then the rest
+# (turn index, summaries, supersession, dossiers, reflections): the last familiar's facts reach
+# the bot after one short pass over the run, not after every familiar's full work.
+FIRST_PASS = ("facts",)
 
 # Dagster 1.13 marks `backfill_policy` on @asset as beta and warns at every definition;
 # acknowledged here, where we opt in, so CLI commands do not print it on each start.
@@ -265,8 +266,7 @@ def materialize_projections(
     single-run backfill). Each familiar gets its own writer lock, store connection,
     projector runs and publish, and each asset it went through gets a materialization
     of that familiar's partition with its figures. A run over several familiars takes
-    them in two passes (`passes`): every familiar's turn index and facts first, then
-    everything else, so facts reach the bot without waiting for other familiars'
+    them in two passes (`passes`): every familiar's facts first, then everything else, so facts reach the bot without waiting for other familiars'
     followers; what a failure in the first pass holds back stays held in the second. A familiar in the
     range that the run's plan leaves out is not opened and gets no materialization:
     Dagster records one per partition of the range when an asset yields its output, so

@@ -61,9 +61,10 @@ RANGE_END_TAG = "dagster/asset_partition_range_end"
 # so the sensor does not cut there (`max_gap` None).
 MAX_RANGE_GAP = 20
 
-# A run costs ~6 s of CPU before its first familiar (process start, imports, the model
-# client's import on its first call) and a familiar's batch ~0.3-0.5 s (scripted model): the
-# due familiars are cut into several runs only when each gets at least this many.
+# A run costs ~0.3-0.5 s before its first familiar when forked from the preloaded run worker
+# (6-8 s as a fresh process: imports, the model client's import on its first call) and a
+# familiar's batch ~0.3-0.5 s (scripted model): the due familiars are cut into several runs
+# only when each gets at least this many.
 MIN_FAMILIARS_PER_LANE = 8
 
 
