@@ -375,16 +375,21 @@ def run_familiars(run: dg.DagsterRun, order: list[str]) -> dict[str, int | None]
     return {}
 
 
-def projection_run_waiting(instance: dg.DagsterInstance) -> bool:
-    """A run over many familiars is queued and not started: every lane is busy."""
-    waiting = dg.RunsFilter(statuses=sorted(WAITING, key=str), tags=PROJECTION_QUEUE_TAG)
-    return bool(instance.get_run_records(filters=waiting, limit=1))
+def projection_run_waiting(records) -> bool:
+    """Among in-flight run records, a run over many familiars queued and not started: every lane is busy."""
+    key, value = next(iter(PROJECTION_QUEUE_TAG.items()))
+    return any(r.dagster_run.status in WAITING and r.dagster_run.tags.get(key) == value for r in records)
 
 
-def in_flight_runs(instance: dg.DagsterInstance, order: list[str]) -> dict[str, InFlightRun]:
+def in_flight_records(instance: dg.DagsterInstance) -> list:
+    """Every queued or running run's record, newest first (one query per tick)."""
+    return list(instance.get_run_records(filters=dg.RunsFilter(statuses=IN_FLIGHT)))
+
+
+def in_flight_runs(instance: dg.DagsterInstance, order: list[str], records=None) -> dict[str, InFlightRun]:
     """Familiar -> its newest queued or running run, whether that run serves one familiar or many."""
     in_flight: dict[str, InFlightRun] = {}
-    for record in instance.get_run_records(filters=dg.RunsFilter(statuses=IN_FLIGHT)):  # newest first
+    for record in in_flight_records(instance) if records is None else records:  # newest first
         run = record.dagster_run
         for familiar_id, dispatched in run_familiars(run, order).items():
             in_flight.setdefault(familiar_id, InFlightRun(waiting=run.status in WAITING, dispatched_turn_id=dispatched))
@@ -456,7 +461,8 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         cursor = json.loads(context.cursor) if context.cursor else {}
         familiars = list_familiars(root)
         known = list(context.instance.get_dynamic_partitions(familiars_partitions.name))
-        in_flight = in_flight_runs(context.instance, known)
+        records = in_flight_records(context.instance)
+        in_flight = in_flight_runs(context.instance, known, records)
         try:
             max_requests = load_config(None, root=root).pipeline.max_familiars_per_tick
         except ConfigError:
@@ -465,7 +471,7 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         requests, new_partitions, new_cursor, notes = evaluate_tick(
             cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests,
             model_assets=model_assets, ops=ops, lanes=run_lanes(context.instance),
-            max_gap=MAX_RANGE_GAP if per_partition else None, queue_waiting=projection_run_waiting(context.instance),
+            max_gap=MAX_RANGE_GAP if per_partition else None, queue_waiting=projection_run_waiting(records),
         )
         for note in notes:
             context.log.info(note)
