@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from familiar_bot.supervisor import child_sessions, free_port, processes_in_sessions, rss_bytes  # noqa: E402
+from familiar_pipeline.config import load_config  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
@@ -150,12 +151,31 @@ def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: f
     return appended, visible
 
 
-def batch_lags(appended: dict, visible: dict) -> list[float]:
-    """Per batch (one familiar's messages that became visible together): visible - its last message appended."""
-    batches: dict[tuple[int, float], float] = {}
+def batch_lags(appended: dict, visible: dict) -> list[tuple[float, int]]:
+    """Per batch (one familiar's messages that became visible together): (visible - its last message appended, size)."""
+    batches: dict[tuple[int, float], list] = {}
     for (f, turn_id), seen in visible.items():
-        batches[(f, seen)] = max(batches.get((f, seen), 0.0), appended[(f, turn_id)])
-    return sorted(seen - last for (f, seen), last in batches.items())
+        batch = batches.setdefault((f, seen), [0.0, 0])
+        batch[0], batch[1] = max(batch[0], appended[(f, turn_id)]), batch[1] + 1
+    return sorted((seen - last, size) for (f, seen), (last, size) in batches.items())
+
+
+def lag_figures(lags: list[tuple[float, int]], batch_size: int, quiet_s: int) -> dict:
+    """Batch lag p50/p95: all batches; full ones (closed at `batch_size`); quiet ones after their close.
+
+    A batch short of `batch_size` closes only once `quiet_s` has passed since its last
+    message, so its lag includes that wait by design (the shipped `quiet_s` is 120 s; the
+    issue bounds a lone message by `quiet_s` + 15 s): it is reported from its close.
+    """
+    def pct(values: list[float]) -> dict:
+        return {"p50_s": round(percentile(values, 0.5), 1), "p95_s": round(percentile(values, 0.95), 1),
+                "n": len(values)} if values else {"p50_s": None, "p95_s": None, "n": 0}
+
+    every = sorted(lag for lag, _ in lags)
+    full = sorted(lag for lag, size in lags if size >= batch_size)
+    quiet = sorted(lag - quiet_s for lag, size in lags if size < batch_size)
+    return {"batch_lag_p50_s": pct(every)["p50_s"], "batch_lag_p95_s": pct(every)["p95_s"],
+            "full_batch_lag": pct(full), "quiet_batch_after_close": pct(quiet)}
 
 
 def wait_for_runs(dagster_home: Path, timeout: float) -> float:
@@ -255,6 +275,7 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
                 stop_up(process)
         fresh = sorted(visible[k] - appended[k] for k in visible)
         lags = batch_lags(appended, visible)
+        shipped = load_config(paths[0].familiar_id, root=tmp / "familiars").memory.rich_note.batch_size
         result = {
             "familiars": familiars, "messages_per_s": rate, "duration_s": duration, "quiet_s": quiet_s, "order": order,
             "batch_size": batch_size or "default",
@@ -262,8 +283,7 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
             "freshness_p50_s": round(percentile(fresh, 0.5), 1) if fresh else None,
             "freshness_p95_s": round(percentile(fresh, 0.95), 1) if fresh else None,
             "batches": len(lags),
-            "batch_lag_p50_s": round(percentile(lags, 0.5), 1) if lags else None,
-            "batch_lag_p95_s": round(percentile(lags, 0.95), 1) if lags else None,
+            **lag_figures(lags, shipped, quiet_s),
             "settle_s": round(settled, 1),  # after the drain, until no run was queued or running
             "busy_cpu_s": round(cpu, 1),
             "busy_cpu_s_per_1000_turns": round(cpu / max(1, len(appended)) * 1000),
@@ -296,6 +316,8 @@ def plot(results: list[dict], path: Path) -> Path | None:
     for key, label in (("batch_lag_p95_s", "batch lag p95"), ("freshness_p95_s", "freshness p95"),
                        ("batch_lag_p50_s", "batch lag p50")):
         left.plot(xs, [r[key] if r[key] is not None else float("nan") for r in rows], marker="o", label=label)
+    full = [(r.get("full_batch_lag") or {}).get("p95_s") for r in rows]
+    left.plot(xs, [v if v is not None else float("nan") for v in full], marker="s", label="full batches: lag p95")
     left.axhline(30, color="red", linestyle="--", label="target: batch lag p95 30 s")
     left.set_ylabel("seconds")
     left.set_title("Message to facts in the bot's snapshot")
