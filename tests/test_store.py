@@ -23,6 +23,7 @@ from familiar_pipeline.storage.store import (
     SchemaVersionError,
     StoreError,
     Subject,
+    Watermark,
     clamp_importance,
     normalize_fact_text,
 )
@@ -360,6 +361,41 @@ def test_supersede_decisions_are_logged(store):
     with pytest.raises(TypeError):
         store.record_supersede_decision(new_fact_id=new.id, subject_key="discord:1", shown_prior_ids=[],
                                         retired_ids=[], skipped=[3], model=None)
+
+
+def test_watermarks_read_once_stay_true_through_rollbacks_and_raw_sql(tmp_path):
+    path = tmp_path / "m.duckdb"
+    with ProjectionStore(path) as store:
+        store.set_watermark("rich_note", turn_id=5, now=T0)
+        with pytest.raises(RuntimeError):
+            with store.transaction():
+                store.set_watermark("rich_note", turn_id=9, fact_id=2)
+                store.set_watermark("reflection", turn_id=1)
+                raise RuntimeError("the batch failed")
+        assert store.get_watermark("rich_note") == Watermark("rich_note", 5, 0, 0, T0)
+        assert [m.projector for m in store.watermarks()] == ["rich_note"]
+        store.conn.execute("UPDATE watermarks SET fact_id = 7")
+        assert store.get_watermark("rich_note").fact_id == 7
+        store.set_watermark("rich_note", change_seq=3, now=T0)
+        store.drop_rows(watermarks=["reflection"])
+        store.set_watermark("reflection", fact_id=4, now=T0)
+        kept = store.watermarks()
+    with ProjectionStore(path) as reopened:
+        assert reopened.watermarks() == kept == [Watermark("reflection", 0, 4, 0, T0), Watermark("rich_note", 5, 7, 3, T0)]
+
+
+def test_supersede_decisions_logged_together_match_one_at_a_time(tmp_path):
+    decisions = [dict(new_fact_id=i, subject_key=f"discord:{i % 2}", shown_prior_ids=list(range(1, i)),
+                      retired_ids=[1] if i == 3 else [], skipped=[(2, "fact id=2 already superseded")] if i == 2 else [],
+                      model=None if i == 1 else "fake/model") for i in (1, 2, 3)]
+    with ProjectionStore(tmp_path / "one.duckdb") as one, ProjectionStore(tmp_path / "all.duckdb") as together:
+        ids = [one.record_supersede_decision(**d, now=T0) for d in decisions]
+        assert together.record_supersede_decisions(decisions, now=T0) == ids == [1, 2, 3]
+        assert together.table_rows("supersede_decisions") == one.table_rows("supersede_decisions")
+        with pytest.raises(TypeError, match="pairs"):  # a bad one anywhere: nothing of the batch is written
+            together.record_supersede_decisions([decisions[0], {**decisions[1], "skipped": [5]}])
+        assert len(together.table_rows("supersede_decisions")) == 3
+        assert together.record_supersede_decisions([]) == []
 
 
 # ------------------------------------------------------------------ validity and reads

@@ -222,20 +222,20 @@ def apply(rt, report, decisions: list[Decision], watermark: int) -> None:
     """Retire, log every decision and move the watermark, in one transaction."""
     with rt.store() as store:
         with store.transaction():
+            log = []  # written together after the retirements, in the same order (ids from one sequence)
             for d in decisions:
                 result = store.supersede(d.retire, d.new_fact_id) if d.retire else None
                 done = list(result.superseded) if result else []
                 skipped = list(result.skipped) if result else []
-                store.record_supersede_decision(
-                    new_fact_id=d.new_fact_id, subject_key=d.subject_key, shown_prior_ids=d.shown,
-                    retired_ids=done, skipped=skipped, model=d.model,
-                )
+                log.append(dict(new_fact_id=d.new_fact_id, subject_key=d.subject_key, shown_prior_ids=d.shown,
+                                retired_ids=done, skipped=skipped, model=d.model))
                 report.rows_written += len(done)
                 report.drop("already_retired_skipped", len(skipped))
                 if done:
                     report.preview.append({"new_fact": d.new_fact_id, "subject": d.subject_key, "retired": ", ".join(map(str, done))})
                 if result and result.dropped_dossiers:
                     report.extra.setdefault("dossiers_dropped", []).extend(result.dropped_dossiers)
+            store.record_supersede_decisions(log)
             store.set_watermark(PROJECTOR, fact_id=watermark)
         rt.publish(store)
     report.extra["decisions"] = report.extra.get("decisions", 0) + len(decisions)
