@@ -719,6 +719,34 @@ def test_a_held_file_gives_a_clear_locked_error(tmp_path):
     assert out.stdout.startswith("locked:") and "another process" in out.stdout, out.stderr
 
 
+def test_writable_stores_share_one_attachment_and_the_last_close_releases_the_file(tmp_path):
+    path, other = tmp_path / "memory.duckdb", tmp_path / "other.duckdb"
+    probe = textwrap.dedent(f"""
+        from familiar_pipeline.storage.store import ProjectionStore, StoreLockedError
+        try:
+            ProjectionStore({str(path)!r}).close()
+            print("opened")
+        except StoreLockedError:
+            print("locked")
+    """)
+
+    def another_process() -> str:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
+
+    first, second, elsewhere = ProjectionStore(path), ProjectionStore(path), ProjectionStore(other)
+    fact, _ = first.append_fact(FactDraft("Cass likes tea.", subjects=[CASS]))
+    elsewhere.set_watermark("rich_note", turn_id=9)
+    first.close()
+    assert second.facts_by_ids([fact.id]) == [fact] and second.get_watermark("rich_note").turn_id == 0
+    assert another_process() == "locked"  # still held: one store of this process has it open
+    second.close()
+    assert another_process() == "opened"
+    assert elsewhere.get_watermark("rich_note").turn_id == 9
+    elsewhere.close()
+    with ProjectionStore(path) as again:  # attached afresh after its detach
+        assert again.facts_by_ids([fact.id]) == [fact]
+
+
 def test_a_v1_file_migrates_on_writer_open_and_never_on_read_only_open(tmp_path):
     path = tmp_path / "memory.duckdb"
     conn = duckdb.connect(str(path))

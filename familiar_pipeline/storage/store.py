@@ -35,7 +35,9 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import re
+import threading
 import unicodedata
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -322,6 +324,64 @@ def _checked_vector(model: Any, kind: str, key: int, vector: Iterable[float]) ->
     return values
 
 
+class _AttachedFiles:
+    """The process's writable store files, each ATTACHed to one shared in-memory DuckDB instance.
+
+    Creating a DuckDB instance costs ~16 ms of CPU (its catalog of built-in
+    functions) and attaching a file to a live one ~1 ms; a projection step opens one
+    store per familiar, so each gets a connection (a cursor) of the shared instance
+    with its file as the default database (`USE`). The file is locked exactly as by
+    `duckdb.connect` (one process per file) and released at DETACH, when its last
+    store in this process closes, so two stores on one file share one attachment as
+    two connections to the file shared one instance before. A forked child starts
+    its own instance (a parent's does not survive the fork).
+    """
+
+    _lock = threading.Lock()
+    _pid: int | None = None
+    _host: duckdb.DuckDBPyConnection | None = None
+    _files: dict[str, list] = {}  # resolved path -> [alias, open stores]
+    _count = 0
+
+    @classmethod
+    def open(cls, path: Path) -> tuple[duckdb.DuckDBPyConnection, str]:
+        """A connection whose default database is `path`; with the key to give `release`."""
+        key = str(path.resolve())
+        with cls._lock:
+            if cls._pid != os.getpid():
+                cls._pid, cls._host, cls._files, cls._count = os.getpid(), duckdb.connect(":memory:"), {}, 0
+            entry = cls._files.get(key)
+            if entry is None:
+                cls._count += 1
+                alias = f"familiar_store_{cls._count}"
+                with cls._host.cursor() as cursor:
+                    cursor.execute(f"ATTACH '{key.replace(chr(39), chr(39) * 2)}' AS {alias}")
+                entry = cls._files[key] = [alias, 0]
+            entry[1] += 1
+            conn = cls._host.cursor()
+        try:
+            conn.execute(f"USE {entry[0]}")
+        except BaseException:
+            conn.close()
+            cls.release(key)
+            raise
+        return conn, key
+
+    @classmethod
+    def release(cls, key: str) -> None:
+        """One store of `key` closed (its connection first); the last one detaches the file."""
+        with cls._lock:
+            entry = cls._files.get(key)
+            if entry is None or cls._pid != os.getpid():
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del cls._files[key]
+            with cls._host.cursor() as cursor:
+                cursor.execute(f"DETACH {entry[0]}")
+
+
 class ProjectionStore:
     """One familiar's projection store (``memory.duckdb``); ``path=None`` is in-memory."""
 
@@ -331,6 +391,7 @@ class ProjectionStore:
         self._tx_depth = 0
         self._tx_error: duckdb.Error | None = None
         self._marks: dict[str, Watermark] | None = None  # see _watermark_rows
+        self._attached: str | None = None  # the _AttachedFiles key of a writable file store
         if self.path is None:
             if read_only:
                 raise ValueError("an in-memory store cannot be read-only: there is nothing to read")
@@ -341,17 +402,19 @@ class ProjectionStore:
             self._conn.execute("SET TimeZone = 'UTC'")
             self._open_schema()
         except BaseException:
-            self._conn.close()
+            self.close()
             raise
 
-    @staticmethod
-    def _connect_file(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    def _connect_file(self, path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
         if read_only and not path.exists():
             raise FileNotFoundError(f"no projection store at {path}")
         if not read_only:
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            if read_only:
+                return duckdb.connect(str(path), read_only=True)
+            conn, self._attached = _AttachedFiles.open(path)
+            return conn
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 raise StoreLockedError(
@@ -361,7 +424,7 @@ class ProjectionStore:
             raise
 
     def _open_schema(self) -> None:
-        found = store_schema.current_version(self._conn)
+        found, tables, views_current = store_schema.open_state(self._conn)
         where = self.path or "in-memory store"
         if found > store_schema.SCHEMA_VERSION:
             raise SchemaVersionError(
@@ -375,12 +438,12 @@ class ProjectionStore:
                     "A read-only open never migrates: let a pipeline run (a writer) open it first"
                 )
             return
-        if found == 0 and store_schema.user_table_count(self._conn) > 0:
+        if found == 0 and tables > 0:
             raise SchemaVersionError(
                 f"{where} holds tables but no schema_version: not a familiar projection store"
             )
-        applied = store_schema.migrate(self._conn)
-        if applied or not store_schema.notebook_views_current(self._conn):
+        applied = store_schema.migrate(self._conn) if found < store_schema.SCHEMA_VERSION else []
+        if applied or not views_current:
             store_schema.create_notebook_views(self._conn)
 
     @property
@@ -397,8 +460,13 @@ class ProjectionStore:
 
     def close(self) -> None:
         if self._conn is not None:
-            self._conn.close()
-            self._conn = None  # type: ignore[assignment]
+            try:
+                self._conn.close()  # ends (rolls back) a transaction still open on it
+            finally:
+                self._conn = None  # type: ignore[assignment]
+                if self._attached is not None:
+                    key, self._attached = self._attached, None
+                    _AttachedFiles.release(key)
 
     def __enter__(self) -> "ProjectionStore":
         return self
