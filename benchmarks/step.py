@@ -71,7 +71,7 @@ BREAKDOWN = [
     ("snapshot publish", lambda f, fn: f.endswith("storage/snapshots.py") and fn == "publish_snapshot"),
     ("model calls (LlmClient.complete)", lambda f, fn: f.endswith("models/llm.py") and fn == "complete"),
     ("litellm.completion", lambda f, fn: "litellm" in f and fn == "wrapper" and "utils.py" in f),
-    ("DuckDB execute/executemany", lambda f, fn: "duckdb" in fn.lower() and ("execute" in fn or "executemany" in fn)),
+    ("store statements (ProjectionStore._q)", lambda f, fn: f.endswith("storage/store.py") and fn == "_q"),
     ("tantivy commit", lambda f, fn: "tantivy" in fn.lower() and "commit" in fn),
     ("turn log reads", lambda f, fn: f.endswith("storage/turns.py") and fn in ("turns_after", "turns_between", "turns")),
     ("Dagster event log (store_event)", lambda f, fn: "event_log" in f and fn == "store_event"),

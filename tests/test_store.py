@@ -363,6 +363,18 @@ def test_supersede_decisions_are_logged(store):
                                         retired_ids=[], skipped=[3], model=None)
 
 
+def test_facts_for_subjects_is_each_subjects_own_read_in_one(store):
+    bo, mia = Subject("discord:2", "Bo"), Subject("discord:3", "Mia")
+    for i, subjects in enumerate([(CASS,), (CASS, bo), (bo,), (mia, CASS), (bo,), (CASS,)]):
+        add(store, f"fact {i}", *subjects)
+    store.supersede([2], 5)
+    for after, upto in ((0, 6), (1, 4), (3, 3)):
+        keys = ["discord:1", "discord:2", "discord:3", "discord:9"]
+        expected = {k: store.facts_by_ids(store.fact_ids_for_subject(k, after_id=after, upto_id=upto)) for k in keys}
+        assert store.facts_for_subjects(reversed(keys), after_id=after, upto_id=upto) == expected
+    assert store.facts_for_subjects([], after_id=0, upto_id=6) == {}
+
+
 def test_watermarks_read_once_stay_true_through_rollbacks_and_raw_sql(tmp_path):
     path = tmp_path / "m.duckdb"
     with ProjectionStore(path) as store:

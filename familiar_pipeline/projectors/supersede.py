@@ -141,7 +141,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             upto = chunk[-1].id if chunk else watermark
             # Every status, then filtered in select_priors: world-time expiry is judged
             # against the new fact's valid_from, never the wall clock, so a rebuild sees the same priors.
-            by_subject = {k: store.facts_by_ids(store.fact_ids_for_subject(k, after_id=0, upto_id=upto)) for k in keys}
+            by_subject = store.facts_for_subjects(keys, after_id=0, upto_id=upto)
         for new in chunk:
             if new.superseded_at is not None:
                 report.drop("new_fact_already_retired")

@@ -839,14 +839,14 @@ class ProjectionStore:
         rows = self._q(sql, params).fetchall()
         if not rows:
             return []
-        # Subjects come from a second query over the same selection rather
-        # than a correlated list() per fact, which DuckDB runs as a join over
-        # all of fact_subjects even for one fact.
+        # Subjects come from a second query for the ids just read rather than a
+        # correlated list() per fact, which DuckDB runs as a join over all of
+        # fact_subjects even for one fact (and rather than running the selection again).
         grouped: dict[int, list[Subject]] = {}
         for fact_id, key, display in self._q(
             "SELECT fact_id, canonical_key, display_at_write FROM fact_subjects "
-            f"WHERE fact_id IN (SELECT id FROM ({sql})) ORDER BY fact_id, position",
-            params,
+            "WHERE fact_id IN (SELECT unnest(?::BIGINT[])) ORDER BY fact_id, position",
+            [[row[0] for row in rows]],
         ).fetchall():
             grouped.setdefault(fact_id, []).append(stored_subject(key, display))
         return [_fact(row, tuple(grouped.get(row[0], ()))) for row in rows]
@@ -944,6 +944,22 @@ class ProjectionStore:
             [key, _int(after_id, "after_id"), _int(upto_id, "upto_id")],
         ).fetchall()
         return [row[0] for row in rows]
+
+    def facts_for_subjects(self, keys: Iterable[str], *, after_id: int, upto_id: int) -> dict[str, list[Fact]]:
+        """Per key, `facts_by_ids(fact_ids_for_subject(key, ...))`: in two statements for all the keys."""
+        wanted = sorted(set(keys))
+        after, upto = _int(after_id, "after_id"), _int(upto_id, "upto_id")
+        out: dict[str, list[Fact]] = {key: [] for key in wanted}
+        if not wanted:
+            return out
+        facts = self._facts(
+            "f.id IN (SELECT fact_id FROM fact_subjects WHERE canonical_key IN (SELECT unnest(?::VARCHAR[])) "
+            "AND fact_id > ? AND fact_id <= ?)", [wanted, after, upto])
+        for fact in facts:  # ascending by id, as each key's own read gave them
+            for key in dict.fromkeys(fact.subject_keys):
+                if key in out:
+                    out[key].append(fact)
+        return out
 
     def facts_retired_between(self, after_id: int, upto_id: int) -> list[Fact]:
         """Facts retired by a replacement with ``after_id < superseded_by <= upto_id``, ascending."""
