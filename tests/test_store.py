@@ -375,6 +375,18 @@ def test_facts_for_subjects_is_each_subjects_own_read_in_one(store):
     assert store.facts_for_subjects([], after_id=0, upto_id=6) == {}
 
 
+def test_reflections_written_together_match_one_at_a_time(tmp_path):
+    rows = [("Cass seems happier.", [1, 2], []), ("Tea again.", [], [3]), ("Both.", [2], [3, 1])]
+    with ProjectionStore(tmp_path / "one.duckdb") as one, ProjectionStore(tmp_path / "all.duckdb") as together:
+        singles = [one.append_reflection(channel_id=5, text=t, cited_turn_ids=ts, cited_fact_ids=fs,
+                                         last_turn_id=9, last_fact_id=3, now=T0) for t, ts, fs in rows]
+        assert together.append_reflections(rows, channel_id=5, last_turn_id=9, last_fact_id=3, now=T0) == singles
+        assert together.table_rows("reflections") == one.table_rows("reflections")
+        with pytest.raises(ValueError, match="cite"):  # an uncited row anywhere: none of them is written
+            together.append_reflections([rows[0], ("Uncited.", [], [])], channel_id=5, last_turn_id=9, last_fact_id=3)
+        assert len(together.all_reflections()) == 3
+
+
 def test_watermarks_read_once_stay_true_through_rollbacks_and_raw_sql(tmp_path):
     path = tmp_path / "m.duckdb"
     with ProjectionStore(path) as store:

@@ -1083,21 +1083,49 @@ class ProjectionStore:
         now: Any = None,
     ) -> Reflection:
         """Store a reflection. It must cite at least one turn or fact (uncited ones are dropped upstream)."""
-        body = _text(text, "reflection text")
+        (reflection,) = self.append_reflections(
+            [(text, cited_turn_ids, cited_fact_ids)], channel_id=channel_id,
+            last_turn_id=last_turn_id, last_fact_id=last_fact_id, now=now,
+        )
+        return reflection
+
+    def append_reflections(
+        self,
+        rows: Iterable[tuple[str, Iterable[int], Iterable[int]]],
+        *,
+        channel_id: int | None,
+        last_turn_id: int,
+        last_fact_id: int,
+        now: Any = None,
+    ) -> list[Reflection]:
+        """`append_reflection` for one window's ``(text, cited turn ids, cited fact ids)`` rows, in order.
+
+        Every row is checked first; then two statements (the ids, one INSERT) for all of them.
+        """
         channel = _opt_int(channel_id, "channel_id")
-        turns = _ids(cited_turn_ids, "cited_turn_ids")
-        facts = _ids(cited_fact_ids, "cited_fact_ids")
-        if not turns and not facts:
-            raise ValueError("a reflection must cite at least one turn or fact")
         turn_wm = _int(last_turn_id, "last_turn_id", minimum=0)
         fact_wm = _int(last_fact_id, "last_fact_id", minimum=0)
+        checked = []
+        for text, cited_turn_ids, cited_fact_ids in rows:
+            body = _text(text, "reflection text")
+            turns = _ids(cited_turn_ids, "cited_turn_ids")
+            facts = _ids(cited_fact_ids, "cited_fact_ids")
+            if not turns and not facts:
+                raise ValueError("a reflection must cite at least one turn or fact")
+            checked.append((body, turns, facts))
+        if not checked:
+            return []
         at = now_or(now)
         with self.transaction():
-            (reflection_id,) = self._q(
-                "INSERT INTO reflections VALUES (nextval('reflections_id_seq'), ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                [channel, body, list(turns), list(facts), turn_wm, fact_wm, at],
-            ).fetchone()
-        return Reflection(reflection_id, channel, body, turns, facts, turn_wm, fact_wm, at)
+            ids = [r[0] for r in self._q(
+                "SELECT nextval('reflections_id_seq') FROM range(?) ORDER BY range", [len(checked)]).fetchall()]
+            self._q(
+                "INSERT INTO reflections SELECT unnest(?::BIGINT[]), ?, unnest(?::VARCHAR[]), unnest(?::BIGINT[][]), "
+                "unnest(?::BIGINT[][]), ?, ?, ?",
+                [ids, channel, [c[0] for c in checked], [list(c[1]) for c in checked], [list(c[2]) for c in checked],
+                 turn_wm, fact_wm, at],
+            )
+        return [Reflection(i, channel, body, turns, facts, turn_wm, fact_wm, at) for i, (body, turns, facts) in zip(ids, checked)]
 
     def recent_reflections(self, channel_id: int | None = None, limit: int = 10) -> list[Reflection]:
         """Newest first. With a channel: that channel's rows plus channel-agnostic (NULL) ones."""
