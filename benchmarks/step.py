@@ -42,25 +42,11 @@ from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 from familiar_pipeline.testing.fake_llm import fake_llm  # noqa: E402
 from familiar_pipeline.testing.scripted import careful_model  # noqa: E402
+from tests.helpers import LINES, PEOPLE  # noqa: E402  (the chat lines the scripted model extracts facts from)
 
 # The shipped default selection of a turn-driven run with its followers.
 ASSETS = ["turns_fts", "rolling_summary", "facts", "fact_supersessions", "people_dossiers", "reflections"]
 CHARACTER = '[llm.background]\nmodel = "fake/careful"\n'
-PEOPLE = [("discord:111", "Cass"), ("discord:222", "Bo"), ("discord:333", "Mia")]
-LINES = [
-    "I just moved to Berlin for a new job at a bakery",
-    "My cat Pixel knocked over the plants again this morning",
-    "We should plan the hiking trip for the first weekend of June",
-    "I'm allergic to peanuts so please no satay at the party",
-    "Honestly the new album is better than their last three",
-    "lol",
-    "Started learning the cello last month and my fingers hurt",
-    "My sister is visiting from Lisbon next Tuesday",
-    "ok",
-    "The bakery opens at six so I'm up at five every day",
-    "I moved to Lisbon last week, Berlin was too cold",
-    "My cat is called Miso now, Pixel went to my sister",
-]
 EVENT_LOG = {"module": "familiar_pipeline.event_log", "class": "FamiliarSqliteEventLogStorage"}
 
 # Where the profiled step's time goes: (label, predicate on (file, line, function)) over

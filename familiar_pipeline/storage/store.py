@@ -486,6 +486,12 @@ class ProjectionStore:
                 self._tx_error = exc
             raise
 
+    def _next_ids(self, sequence: str, n: int) -> list[int]:
+        """The next `n` values of `sequence` in one statement, in order (rows inserted together get them in order)."""
+        if not _SEQUENCE.fullmatch(sequence):
+            raise ValueError(f"invalid sequence name {sequence!r}")
+        return [r[0] for r in self._q(f"SELECT nextval('{sequence}') FROM range(?) ORDER BY range", [n]).fetchall()]
+
     @contextmanager
     def transaction(self) -> Iterator["ProjectionStore"]:
         """One short write transaction; a nested use joins the outer one.
@@ -614,7 +620,7 @@ class ProjectionStore:
     def _insert_facts(self, rows: list[_PreparedFact], at: datetime) -> list[int]:
         if not rows:
             return []
-        ids = [r[0] for r in self._q("SELECT nextval('facts_id_seq') FROM range(?) ORDER BY range", [len(rows)]).fetchall()]
+        ids = self._next_ids("facts_id_seq", len(rows))
         self._q(
             "INSERT INTO facts (id, channel_id, text, norm_text, subject_set, dedup_key, source_turn_ids, "
             "importance, created_at, valid_from, valid_to) "
@@ -763,23 +769,13 @@ class ProjectionStore:
         keys = sorted({k for i in ids for k in rows[i].subject_keys})
         return tuple(sorted(self._delete_dossiers(keys)))
 
-    def record_supersede_decision(
-        self,
-        *,
-        new_fact_id: int,
-        subject_key: str,
-        shown_prior_ids: Iterable[int],
-        retired_ids: Iterable[int],
-        skipped: Iterable[tuple[int, str]],
-        model: str | None,
-        now: Any = None,
-    ) -> int:
-        """Log one supersession decision (what was shown, what was retired); returns its id."""
-        (decision_id,) = self.record_supersede_decisions(
-            [dict(new_fact_id=new_fact_id, subject_key=subject_key, shown_prior_ids=shown_prior_ids,
-                  retired_ids=retired_ids, skipped=skipped, model=model)],
-            now=now,
-        )
+    def record_supersede_decision(self, *, now: Any = None, **decision: Any) -> int:
+        """Log one supersession decision (what was shown, what was retired); returns its id.
+
+        ``decision``: ``new_fact_id``, ``subject_key``, ``shown_prior_ids``,
+        ``retired_ids``, ``skipped`` ((id, reason) pairs) and ``model`` (see `_decision_row`).
+        """
+        (decision_id,) = self.record_supersede_decisions([decision], now=now)
         return decision_id
 
     def record_supersede_decisions(self, decisions: Iterable[dict[str, Any]], *, now: Any = None) -> list[int]:
@@ -794,8 +790,7 @@ class ProjectionStore:
         if not rows:
             return []
         with self.transaction():
-            ids = [r[0] for r in self._q(
-                "SELECT nextval('supersede_decisions_id_seq') FROM range(?) ORDER BY range", [len(rows)]).fetchall()]
+            ids = self._next_ids("supersede_decisions_id_seq", len(rows))
             columns = list(zip(*rows))
             self._q(
                 "INSERT INTO supersede_decisions SELECT unnest(?::BIGINT[]), unnest(?::BIGINT[]), "
@@ -1117,8 +1112,7 @@ class ProjectionStore:
             return []
         at = now_or(now)
         with self.transaction():
-            ids = [r[0] for r in self._q(
-                "SELECT nextval('reflections_id_seq') FROM range(?) ORDER BY range", [len(checked)]).fetchall()]
+            ids = self._next_ids("reflections_id_seq", len(checked))
             self._q(
                 "INSERT INTO reflections SELECT unnest(?::BIGINT[]), ?, unnest(?::VARCHAR[]), unnest(?::BIGINT[][]), "
                 "unnest(?::BIGINT[][]), ?, ?, ?",
