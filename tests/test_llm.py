@@ -347,6 +347,18 @@ def test_usage_sums_tokens_cost_and_outcomes(fake):
     assert usage.cost_usd > 0
 
 
+def test_an_unpriced_model_is_not_priced_twice(fake, monkeypatch):
+    """litellm stamps each response's cost (None: no price known); the client reads the stamp, not the cost map again."""
+    litellm = import_litellm()
+    asked = []
+    monkeypatch.setattr(litellm, "completion_cost", lambda *a, **k: asked.append(k) or 1.0)
+    fake.script([], default="a reply")
+    usage = LlmUsage()
+    reply = client(slot(model="fake/unpriced"), usage=usage).complete(MESSAGES)
+    assert (reply.text, reply.cost_usd, asked) == ("a reply", 0.0, [])
+    assert reply.prompt_tokens > 0 and usage.as_metadata()["llm_prompt_tokens"] == reply.prompt_tokens
+
+
 # --- concurrency ---------------------------------------------------------------------
 
 

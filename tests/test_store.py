@@ -23,6 +23,7 @@ from familiar_pipeline.storage.store import (
     SchemaVersionError,
     StoreError,
     Subject,
+    Watermark,
     clamp_importance,
     normalize_fact_text,
 )
@@ -362,6 +363,65 @@ def test_supersede_decisions_are_logged(store):
                                         retired_ids=[], skipped=[3], model=None)
 
 
+def test_facts_for_subjects_is_each_subjects_own_read_in_one(store):
+    bo, mia = Subject("discord:2", "Bo"), Subject("discord:3", "Mia")
+    for i, subjects in enumerate([(CASS,), (CASS, bo), (bo,), (mia, CASS), (bo,), (CASS,)]):
+        add(store, f"fact {i}", *subjects)
+    store.supersede([2], 5)
+    for after, upto in ((0, 6), (1, 4), (3, 3)):
+        keys = ["discord:1", "discord:2", "discord:3", "discord:9"]
+        expected = {k: store.facts_by_ids(store.fact_ids_for_subject(k, after_id=after, upto_id=upto)) for k in keys}
+        assert store.facts_for_subjects(reversed(keys), after_id=after, upto_id=upto) == expected
+    assert store.facts_for_subjects([], after_id=0, upto_id=6) == {}
+
+
+def test_reflections_written_together_match_one_at_a_time(tmp_path):
+    rows = [("Cass seems happier.", [1, 2], []), ("Tea again.", [], [3]), ("Both.", [2], [3, 1])]
+    with ProjectionStore(tmp_path / "one.duckdb") as one, ProjectionStore(tmp_path / "all.duckdb") as together:
+        singles = [one.append_reflection(channel_id=5, text=t, cited_turn_ids=ts, cited_fact_ids=fs,
+                                         last_turn_id=9, last_fact_id=3, now=T0) for t, ts, fs in rows]
+        assert together.append_reflections(rows, channel_id=5, last_turn_id=9, last_fact_id=3, now=T0) == singles
+        assert together.table_rows("reflections") == one.table_rows("reflections")
+        with pytest.raises(ValueError, match="cite"):  # an uncited row anywhere: none of them is written
+            together.append_reflections([rows[0], ("Uncited.", [], [])], channel_id=5, last_turn_id=9, last_fact_id=3)
+        assert len(together.all_reflections()) == 3
+
+
+def test_watermarks_read_once_stay_true_through_rollbacks_and_raw_sql(tmp_path):
+    path = tmp_path / "m.duckdb"
+    with ProjectionStore(path) as store:
+        store.set_watermark("rich_note", turn_id=5, now=T0)
+        with pytest.raises(RuntimeError):
+            with store.transaction():
+                store.set_watermark("rich_note", turn_id=9, fact_id=2)
+                store.set_watermark("reflection", turn_id=1)
+                raise RuntimeError("the batch failed")
+        assert store.get_watermark("rich_note") == Watermark("rich_note", 5, 0, 0, T0)
+        assert [m.projector for m in store.watermarks()] == ["rich_note"]
+        store.conn.execute("UPDATE watermarks SET fact_id = 7")
+        assert store.get_watermark("rich_note").fact_id == 7
+        store.set_watermark("rich_note", change_seq=3, now=T0)
+        store.drop_rows(watermarks=["reflection"])
+        store.set_watermark("reflection", fact_id=4, now=T0)
+        kept = store.watermarks()
+    with ProjectionStore(path) as reopened:
+        assert reopened.watermarks() == kept == [Watermark("reflection", 0, 4, 0, T0), Watermark("rich_note", 5, 7, 3, T0)]
+
+
+def test_supersede_decisions_logged_together_match_one_at_a_time(tmp_path):
+    decisions = [dict(new_fact_id=i, subject_key=f"discord:{i % 2}", shown_prior_ids=list(range(1, i)),
+                      retired_ids=[1] if i == 3 else [], skipped=[(2, "fact id=2 already superseded")] if i == 2 else [],
+                      model=None if i == 1 else "fake/model") for i in (1, 2, 3)]
+    with ProjectionStore(tmp_path / "one.duckdb") as one, ProjectionStore(tmp_path / "all.duckdb") as together:
+        ids = [one.record_supersede_decision(**d, now=T0) for d in decisions]
+        assert together.record_supersede_decisions(decisions, now=T0) == ids == [1, 2, 3]
+        assert together.table_rows("supersede_decisions") == one.table_rows("supersede_decisions")
+        with pytest.raises(TypeError, match="pairs"):  # a bad one anywhere: nothing of the batch is written
+            together.record_supersede_decisions([decisions[0], {**decisions[1], "skipped": [5]}])
+        assert len(together.table_rows("supersede_decisions")) == 3
+        assert together.record_supersede_decisions([]) == []
+
+
 # ------------------------------------------------------------------ validity and reads
 
 
@@ -681,6 +741,34 @@ def test_a_held_file_gives_a_clear_locked_error(tmp_path):
         """)
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("locked:") and "another process" in out.stdout, out.stderr
+
+
+def test_writable_stores_share_one_attachment_and_the_last_close_releases_the_file(tmp_path):
+    path, other = tmp_path / "memory.duckdb", tmp_path / "other.duckdb"
+    probe = textwrap.dedent(f"""
+        from familiar_pipeline.storage.store import ProjectionStore, StoreLockedError
+        try:
+            ProjectionStore({str(path)!r}).close()
+            print("opened")
+        except StoreLockedError:
+            print("locked")
+    """)
+
+    def another_process() -> str:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
+
+    first, second, elsewhere = ProjectionStore(path), ProjectionStore(path), ProjectionStore(other)
+    fact, _ = first.append_fact(FactDraft("Cass likes tea.", subjects=[CASS]))
+    elsewhere.set_watermark("rich_note", turn_id=9)
+    first.close()
+    assert second.facts_by_ids([fact.id]) == [fact] and second.get_watermark("rich_note").turn_id == 0
+    assert another_process() == "locked"  # still held: one store of this process has it open
+    second.close()
+    assert another_process() == "opened"
+    assert elsewhere.get_watermark("rich_note").turn_id == 9
+    elsewhere.close()
+    with ProjectionStore(path) as again:  # attached afresh after its detach
+        assert again.facts_by_ids([fact.id]) == [fact]
 
 
 def test_a_v1_file_migrates_on_writer_open_and_never_on_read_only_open(tmp_path):

@@ -671,10 +671,17 @@ class LlmClient:
         )
 
     def _cost(self, response: Any) -> float:
-        """litellm's price for the call, or 0.0 when the model has no known pricing."""
+        """litellm's price for the call, or 0.0 when the model has no known pricing.
+
+        litellm prices every response it returns and stamps the result in its hidden
+        params (None when it knows no price for the model). Asking `completion_cost`
+        again would search its cost map a second time for the same answer (~1.7 ms
+        a call for an unpriced model), so only a response without the stamp is priced here.
+        """
         hidden = getattr(response, "_hidden_params", None) or {}
-        cost = hidden.get("response_cost") if isinstance(hidden, dict) else None
-        if cost is None:
+        stamped = isinstance(hidden, dict) and "response_cost" in hidden
+        cost = hidden.get("response_cost") if stamped else None
+        if not stamped:
             try:
                 cost = import_litellm().completion_cost(completion_response=response, model=self.slot.model)
             except Exception:  # noqa: BLE001 - unknown pricing is normal (local models, fakes)

@@ -114,11 +114,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
         turn_wm, fact_wm = end, horizon
         with rt.store() as store:
             with store.transaction():
-                for text, turns, fact_ids in rows:
-                    store.append_reflection(
-                        channel_id=channel, text=text, cited_turn_ids=turns, cited_fact_ids=fact_ids,
-                        last_turn_id=end, last_fact_id=horizon,
-                    )
+                store.append_reflections(rows, channel_id=channel, last_turn_id=end, last_fact_id=horizon)
                 store.set_watermark(PROJECTOR, turn_id=end, fact_id=horizon)
             rt.publish(store)
         report.rows_written += len(rows)

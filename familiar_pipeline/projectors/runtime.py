@@ -205,7 +205,8 @@ class FamiliarRuntime:
         if not force and time.monotonic() - self._last_publish < PUBLISH_INTERVAL_S:
             self._unpublished = True
             return
-        manifest = publish_snapshot(store.conn, self.paths.serving_dir, store_watermark=store.serving_watermark(),
+        watermark = store.serving_watermark()  # before `conn`, which drops the store's copy of the watermarks
+        manifest = publish_snapshot(store.conn, self.paths.serving_dir, store_watermark=watermark,
                                     turn_context=self.config.memory.retrieval.turn_context)
         self.published_version = manifest.version
         self._last_publish = time.monotonic()

@@ -141,7 +141,7 @@ def run(rt, report, *, rebuild: bool = False) -> None:
             upto = chunk[-1].id if chunk else watermark
             # Every status, then filtered in select_priors: world-time expiry is judged
             # against the new fact's valid_from, never the wall clock, so a rebuild sees the same priors.
-            by_subject = {k: store.facts_by_ids(store.fact_ids_for_subject(k, after_id=0, upto_id=upto)) for k in keys}
+            by_subject = store.facts_for_subjects(keys, after_id=0, upto_id=upto)
         for new in chunk:
             if new.superseded_at is not None:
                 report.drop("new_fact_already_retired")
@@ -222,20 +222,20 @@ def apply(rt, report, decisions: list[Decision], watermark: int) -> None:
     """Retire, log every decision and move the watermark, in one transaction."""
     with rt.store() as store:
         with store.transaction():
+            log = []  # written together after the retirements, in the same order (ids from one sequence)
             for d in decisions:
                 result = store.supersede(d.retire, d.new_fact_id) if d.retire else None
                 done = list(result.superseded) if result else []
                 skipped = list(result.skipped) if result else []
-                store.record_supersede_decision(
-                    new_fact_id=d.new_fact_id, subject_key=d.subject_key, shown_prior_ids=d.shown,
-                    retired_ids=done, skipped=skipped, model=d.model,
-                )
+                log.append(dict(new_fact_id=d.new_fact_id, subject_key=d.subject_key, shown_prior_ids=d.shown,
+                                retired_ids=done, skipped=skipped, model=d.model))
                 report.rows_written += len(done)
                 report.drop("already_retired_skipped", len(skipped))
                 if done:
                     report.preview.append({"new_fact": d.new_fact_id, "subject": d.subject_key, "retired": ", ".join(map(str, done))})
                 if result and result.dropped_dossiers:
                     report.extra.setdefault("dossiers_dropped", []).extend(result.dropped_dossiers)
+            store.record_supersede_decisions(log)
             store.set_watermark(PROJECTOR, fact_id=watermark)
         rt.publish(store)
     report.extra["decisions"] = report.extra.get("decisions", 0) + len(decisions)

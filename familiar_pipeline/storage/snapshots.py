@@ -518,8 +518,11 @@ def _copy_tables(
     # A cursor is a separate DuckDB connection to the same database: its own
     # transaction gives every COPY the same committed state, and a failure here
     # cannot abort a transaction the caller may have open on ``conn``.
+    # Its default database is the caller's (a store's file may be attached under an alias).
+    (database,) = conn.execute("SELECT current_database()").fetchone()
     cursor = conn.cursor()
     try:
+        cursor.execute(f'USE "{database}"')
         cursor.execute("BEGIN TRANSACTION")
         for name, query in tables.items():
             temp = _temp_path(serving_dir, f"{name}.v{version}")

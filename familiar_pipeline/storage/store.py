@@ -35,7 +35,9 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import re
+import threading
 import unicodedata
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -322,6 +324,64 @@ def _checked_vector(model: Any, kind: str, key: int, vector: Iterable[float]) ->
     return values
 
 
+class _AttachedFiles:
+    """The process's writable store files, each ATTACHed to one shared in-memory DuckDB instance.
+
+    Creating a DuckDB instance costs ~16 ms of CPU (its catalog of built-in
+    functions) and attaching a file to a live one ~1 ms; a projection step opens one
+    store per familiar, so each gets a connection (a cursor) of the shared instance
+    with its file as the default database (`USE`). The file is locked exactly as by
+    `duckdb.connect` (one process per file) and released at DETACH, when its last
+    store in this process closes, so two stores on one file share one attachment as
+    two connections to the file shared one instance before. A forked child starts
+    its own instance (a parent's does not survive the fork).
+    """
+
+    _lock = threading.Lock()
+    _pid: int | None = None
+    _host: duckdb.DuckDBPyConnection | None = None
+    _files: dict[str, list] = {}  # resolved path -> [alias, open stores]
+    _count = 0
+
+    @classmethod
+    def open(cls, path: Path) -> tuple[duckdb.DuckDBPyConnection, str]:
+        """A connection whose default database is `path`; with the key to give `release`."""
+        key = str(path.resolve())
+        with cls._lock:
+            if cls._pid != os.getpid():
+                cls._pid, cls._host, cls._files, cls._count = os.getpid(), duckdb.connect(":memory:"), {}, 0
+            entry = cls._files.get(key)
+            if entry is None:
+                cls._count += 1
+                alias = f"familiar_store_{cls._count}"
+                with cls._host.cursor() as cursor:
+                    cursor.execute(f"ATTACH '{key.replace(chr(39), chr(39) * 2)}' AS {alias}")
+                entry = cls._files[key] = [alias, 0]
+            entry[1] += 1
+            conn = cls._host.cursor()
+        try:
+            conn.execute(f"USE {entry[0]}")
+        except BaseException:
+            conn.close()
+            cls.release(key)
+            raise
+        return conn, key
+
+    @classmethod
+    def release(cls, key: str) -> None:
+        """One store of `key` closed (its connection first); the last one detaches the file."""
+        with cls._lock:
+            entry = cls._files.get(key)
+            if entry is None or cls._pid != os.getpid():
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del cls._files[key]
+            with cls._host.cursor() as cursor:
+                cursor.execute(f"DETACH {entry[0]}")
+
+
 class ProjectionStore:
     """One familiar's projection store (``memory.duckdb``); ``path=None`` is in-memory."""
 
@@ -330,6 +390,8 @@ class ProjectionStore:
         self.read_only = read_only
         self._tx_depth = 0
         self._tx_error: duckdb.Error | None = None
+        self._marks: dict[str, Watermark] | None = None  # see _watermark_rows
+        self._attached: str | None = None  # the _AttachedFiles key of a writable file store
         if self.path is None:
             if read_only:
                 raise ValueError("an in-memory store cannot be read-only: there is nothing to read")
@@ -340,17 +402,19 @@ class ProjectionStore:
             self._conn.execute("SET TimeZone = 'UTC'")
             self._open_schema()
         except BaseException:
-            self._conn.close()
+            self.close()
             raise
 
-    @staticmethod
-    def _connect_file(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    def _connect_file(self, path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
         if read_only and not path.exists():
             raise FileNotFoundError(f"no projection store at {path}")
         if not read_only:
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            if read_only:
+                return duckdb.connect(str(path), read_only=True)
+            conn, self._attached = _AttachedFiles.open(path)
+            return conn
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 raise StoreLockedError(
@@ -360,7 +424,7 @@ class ProjectionStore:
             raise
 
     def _open_schema(self) -> None:
-        found = store_schema.current_version(self._conn)
+        found, tables, views_current = store_schema.open_state(self._conn)
         where = self.path or "in-memory store"
         if found > store_schema.SCHEMA_VERSION:
             raise SchemaVersionError(
@@ -374,12 +438,12 @@ class ProjectionStore:
                     "A read-only open never migrates: let a pipeline run (a writer) open it first"
                 )
             return
-        if found == 0 and store_schema.user_table_count(self._conn) > 0:
+        if found == 0 and tables > 0:
             raise SchemaVersionError(
                 f"{where} holds tables but no schema_version: not a familiar projection store"
             )
-        applied = store_schema.migrate(self._conn)
-        if applied or not store_schema.notebook_views_current(self._conn):
+        applied = store_schema.migrate(self._conn) if found < store_schema.SCHEMA_VERSION else []
+        if applied or not views_current:
             store_schema.create_notebook_views(self._conn)
 
     @property
@@ -391,12 +455,18 @@ class ProjectionStore:
         """The raw DuckDB connection (snapshot publishing, checks, notebooks-style SQL)."""
         if self._conn is None:
             raise StoreError("the store is closed")
+        self._marks = None  # SQL written through it may change watermarks behind this store's back
         return self._conn
 
     def close(self) -> None:
         if self._conn is not None:
-            self._conn.close()
-            self._conn = None  # type: ignore[assignment]
+            try:
+                self._conn.close()  # ends (rolls back) a transaction still open on it
+            finally:
+                self._conn = None  # type: ignore[assignment]
+                if self._attached is not None:
+                    key, self._attached = self._attached, None
+                    _AttachedFiles.release(key)
 
     def __enter__(self) -> "ProjectionStore":
         return self
@@ -415,6 +485,12 @@ class ProjectionStore:
             if self._tx_depth and self._tx_error is None:
                 self._tx_error = exc
             raise
+
+    def _next_ids(self, sequence: str, n: int) -> list[int]:
+        """The next `n` values of `sequence` in one statement, in order (rows inserted together get them in order)."""
+        if not _SEQUENCE.fullmatch(sequence):
+            raise ValueError(f"invalid sequence name {sequence!r}")
+        return [r[0] for r in self._q(f"SELECT nextval('{sequence}') FROM range(?) ORDER BY range", [n]).fetchall()]
 
     @contextmanager
     def transaction(self) -> Iterator["ProjectionStore"]:
@@ -439,16 +515,18 @@ class ProjectionStore:
         try:
             yield self
         except BaseException:
-            self._tx_depth = 0
+            self._tx_depth, self._marks = 0, None
             self._q("ROLLBACK")
             raise
         self._tx_depth, failed = 0, self._tx_error
         if failed is not None:
+            self._marks = None
             self._q("ROLLBACK")
             raise StoreError(f"transaction rolled back: a statement inside it failed ({failed})") from failed
         try:
             self._q("COMMIT")
         except BaseException:
+            self._marks = None
             try:
                 self._q("ROLLBACK")
             except duckdb.Error:
@@ -542,7 +620,7 @@ class ProjectionStore:
     def _insert_facts(self, rows: list[_PreparedFact], at: datetime) -> list[int]:
         if not rows:
             return []
-        ids = [r[0] for r in self._q("SELECT nextval('facts_id_seq') FROM range(?) ORDER BY range", [len(rows)]).fetchall()]
+        ids = self._next_ids("facts_id_seq", len(rows))
         self._q(
             "INSERT INTO facts (id, channel_id, text, norm_text, subject_set, dedup_key, source_turn_ids, "
             "importance, created_at, valid_from, valid_to) "
@@ -691,8 +769,39 @@ class ProjectionStore:
         keys = sorted({k for i in ids for k in rows[i].subject_keys})
         return tuple(sorted(self._delete_dossiers(keys)))
 
-    def record_supersede_decision(
-        self,
+    def record_supersede_decision(self, *, now: Any = None, **decision: Any) -> int:
+        """Log one supersession decision (what was shown, what was retired); returns its id.
+
+        ``decision``: ``new_fact_id``, ``subject_key``, ``shown_prior_ids``,
+        ``retired_ids``, ``skipped`` ((id, reason) pairs) and ``model`` (see `_decision_row`).
+        """
+        (decision_id,) = self.record_supersede_decisions([decision], now=now)
+        return decision_id
+
+    def record_supersede_decisions(self, decisions: Iterable[dict[str, Any]], *, now: Any = None) -> list[int]:
+        """Log decisions (each the keyword arguments of `record_supersede_decision`) in order; their ids.
+
+        Every decision is checked before anything is written; then two statements
+        (the ids, in order, then one INSERT) however many there are: a step logs
+        ~16 per familiar, and a statement each was a tenth of its store time.
+        """
+        at = now_or(now)
+        rows = [self._decision_row(**d) for d in decisions]
+        if not rows:
+            return []
+        with self.transaction():
+            ids = self._next_ids("supersede_decisions_id_seq", len(rows))
+            columns = list(zip(*rows))
+            self._q(
+                "INSERT INTO supersede_decisions SELECT unnest(?::BIGINT[]), unnest(?::BIGINT[]), "
+                "unnest(?::VARCHAR[]), unnest(?::BIGINT[][]), unnest(?::BIGINT[][]), unnest(?::VARCHAR[]), "
+                "unnest(?::VARCHAR[]), ?",
+                [ids, *(list(c) for c in columns), at],
+            )
+        return ids
+
+    @staticmethod
+    def _decision_row(
         *,
         new_fact_id: int,
         subject_key: str,
@@ -700,10 +809,7 @@ class ProjectionStore:
         retired_ids: Iterable[int],
         skipped: Iterable[tuple[int, str]],
         model: str | None,
-        now: Any = None,
-    ) -> int:
-        """Log one supersession decision (what was shown, what was retired); returns its id."""
-        at = now_or(now)
+    ) -> tuple:
         fact_id = _int(new_fact_id, "new_fact_id")
         check_key(subject_key, "subject key")
         shown = list(_ids(shown_prior_ids, "shown_prior_ids"))
@@ -717,13 +823,7 @@ class ProjectionStore:
             skipped_list.append([_int(sid, "skipped id"), str(reason)])
         if model is not None and not isinstance(model, str):
             raise TypeError(f"model must be a string or None, got {model!r}")
-        with self.transaction():
-            (decision_id,) = self._q(
-                "INSERT INTO supersede_decisions VALUES "
-                "(nextval('supersede_decisions_id_seq'), ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                [fact_id, subject_key, shown, retired, json.dumps(skipped_list), model, at],
-            ).fetchone()
-        return decision_id
+        return fact_id, subject_key, shown, retired, json.dumps(skipped_list), model
 
     # ----------------------------------------------------------------- facts: reads
 
@@ -734,14 +834,14 @@ class ProjectionStore:
         rows = self._q(sql, params).fetchall()
         if not rows:
             return []
-        # Subjects come from a second query over the same selection rather
-        # than a correlated list() per fact, which DuckDB runs as a join over
-        # all of fact_subjects even for one fact.
+        # Subjects come from a second query for the ids just read rather than a
+        # correlated list() per fact, which DuckDB runs as a join over all of
+        # fact_subjects even for one fact (and rather than running the selection again).
         grouped: dict[int, list[Subject]] = {}
         for fact_id, key, display in self._q(
             "SELECT fact_id, canonical_key, display_at_write FROM fact_subjects "
-            f"WHERE fact_id IN (SELECT id FROM ({sql})) ORDER BY fact_id, position",
-            params,
+            "WHERE fact_id IN (SELECT unnest(?::BIGINT[])) ORDER BY fact_id, position",
+            [[row[0] for row in rows]],
         ).fetchall():
             grouped.setdefault(fact_id, []).append(stored_subject(key, display))
         return [_fact(row, tuple(grouped.get(row[0], ()))) for row in rows]
@@ -839,6 +939,22 @@ class ProjectionStore:
             [key, _int(after_id, "after_id"), _int(upto_id, "upto_id")],
         ).fetchall()
         return [row[0] for row in rows]
+
+    def facts_for_subjects(self, keys: Iterable[str], *, after_id: int, upto_id: int) -> dict[str, list[Fact]]:
+        """Per key, `facts_by_ids(fact_ids_for_subject(key, ...))`: in two statements for all the keys."""
+        wanted = sorted(set(keys))
+        after, upto = _int(after_id, "after_id"), _int(upto_id, "upto_id")
+        out: dict[str, list[Fact]] = {key: [] for key in wanted}
+        if not wanted:
+            return out
+        facts = self._facts(
+            "f.id IN (SELECT fact_id FROM fact_subjects WHERE canonical_key IN (SELECT unnest(?::VARCHAR[])) "
+            "AND fact_id > ? AND fact_id <= ?)", [wanted, after, upto])
+        for fact in facts:  # ascending by id, as each key's own read gave them
+            for key in dict.fromkeys(fact.subject_keys):
+                if key in out:
+                    out[key].append(fact)
+        return out
 
     def facts_retired_between(self, after_id: int, upto_id: int) -> list[Fact]:
         """Facts retired by a replacement with ``after_id < superseded_by <= upto_id``, ascending."""
@@ -962,21 +1078,48 @@ class ProjectionStore:
         now: Any = None,
     ) -> Reflection:
         """Store a reflection. It must cite at least one turn or fact (uncited ones are dropped upstream)."""
-        body = _text(text, "reflection text")
+        (reflection,) = self.append_reflections(
+            [(text, cited_turn_ids, cited_fact_ids)], channel_id=channel_id,
+            last_turn_id=last_turn_id, last_fact_id=last_fact_id, now=now,
+        )
+        return reflection
+
+    def append_reflections(
+        self,
+        rows: Iterable[tuple[str, Iterable[int], Iterable[int]]],
+        *,
+        channel_id: int | None,
+        last_turn_id: int,
+        last_fact_id: int,
+        now: Any = None,
+    ) -> list[Reflection]:
+        """`append_reflection` for one window's ``(text, cited turn ids, cited fact ids)`` rows, in order.
+
+        Every row is checked first; then two statements (the ids, one INSERT) for all of them.
+        """
         channel = _opt_int(channel_id, "channel_id")
-        turns = _ids(cited_turn_ids, "cited_turn_ids")
-        facts = _ids(cited_fact_ids, "cited_fact_ids")
-        if not turns and not facts:
-            raise ValueError("a reflection must cite at least one turn or fact")
         turn_wm = _int(last_turn_id, "last_turn_id", minimum=0)
         fact_wm = _int(last_fact_id, "last_fact_id", minimum=0)
+        checked = []
+        for text, cited_turn_ids, cited_fact_ids in rows:
+            body = _text(text, "reflection text")
+            turns = _ids(cited_turn_ids, "cited_turn_ids")
+            facts = _ids(cited_fact_ids, "cited_fact_ids")
+            if not turns and not facts:
+                raise ValueError("a reflection must cite at least one turn or fact")
+            checked.append((body, turns, facts))
+        if not checked:
+            return []
         at = now_or(now)
         with self.transaction():
-            (reflection_id,) = self._q(
-                "INSERT INTO reflections VALUES (nextval('reflections_id_seq'), ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                [channel, body, list(turns), list(facts), turn_wm, fact_wm, at],
-            ).fetchone()
-        return Reflection(reflection_id, channel, body, turns, facts, turn_wm, fact_wm, at)
+            ids = self._next_ids("reflections_id_seq", len(checked))
+            self._q(
+                "INSERT INTO reflections SELECT unnest(?::BIGINT[]), ?, unnest(?::VARCHAR[]), unnest(?::BIGINT[][]), "
+                "unnest(?::BIGINT[][]), ?, ?, ?",
+                [ids, channel, [c[0] for c in checked], [list(c[1]) for c in checked], [list(c[2]) for c in checked],
+                 turn_wm, fact_wm, at],
+            )
+        return [Reflection(i, channel, body, turns, facts, turn_wm, fact_wm, at) for i, (body, turns, facts) in zip(ids, checked)]
 
     def recent_reflections(self, channel_id: int | None = None, limit: int = 10) -> list[Reflection]:
         """Newest first. With a channel: that channel's rows plus channel-agnostic (NULL) ones."""
@@ -1085,22 +1228,29 @@ class ProjectionStore:
 
     # ----------------------------------------------------------------- watermarks
 
+    def _watermark_rows(self) -> dict[str, Watermark]:
+        """Every watermark row, read once and then kept in step by this store's own writes.
+
+        A step asks for watermarks ~15 times per familiar (each projector its own and
+        those it waits on) and sets ~5; one read instead of a statement each. Only
+        this store writes the table while it is open (one writer per file), and the
+        copy is dropped whenever that could be wrong: a rolled-back transaction,
+        `drop_rows`, or SQL run through the raw `conn`.
+        """
+        if self._marks is None:
+            rows = self._q("SELECT projector, turn_id, fact_id, change_seq, updated_at FROM watermarks").fetchall()
+            self._marks = {r[0]: Watermark(r[0], r[1] or 0, r[2] or 0, r[3] or 0, as_utc(r[4])) for r in rows}
+        return self._marks
+
     def get_watermark(self, projector: str) -> Watermark:
         """How far ``projector`` has read; all zeros (and no time) when it never ran."""
         name = _projector_name(projector)
-        row = self._q(
-            "SELECT turn_id, fact_id, change_seq, updated_at FROM watermarks WHERE projector = ?", [name]
-        ).fetchone()
-        if row is None:
-            return Watermark(name)
-        return Watermark(name, row[0], row[1], row[2], as_utc(row[3]))
+        return self._watermark_rows().get(name) or Watermark(name)
 
     def watermarks(self) -> list[Watermark]:
         """Every projector's watermark, by projector name."""
-        rows = self._q(
-            "SELECT projector, turn_id, fact_id, change_seq, updated_at FROM watermarks ORDER BY projector"
-        ).fetchall()
-        return [Watermark(r[0], r[1] or 0, r[2] or 0, r[3] or 0, as_utc(r[4])) for r in rows]
+        marks = self._watermark_rows()
+        return [marks[name] for name in sorted(marks)]
 
     def serving_watermark(self) -> dict:
         """What a serving snapshot published now is in step with: every projector's
@@ -1131,18 +1281,24 @@ class ProjectionStore:
             raise ValueError("set_watermark needs at least one of turn_id, fact_id, change_seq")
         at = now_or(now)
         with self.transaction():
-            prior = self.get_watermark(name)
+            marks = self._watermark_rows()
+            prior = marks.get(name)
+            base = prior or Watermark(name)
             mark = Watermark(
                 name,
-                given.get("turn_id", prior.turn_id),
-                given.get("fact_id", prior.fact_id),
-                given.get("change_seq", prior.change_seq),
+                given.get("turn_id", base.turn_id),
+                given.get("fact_id", base.fact_id),
+                given.get("change_seq", base.change_seq),
                 at,
             )
-            self._q(
-                "INSERT OR REPLACE INTO watermarks VALUES (?, ?, ?, ?, ?)",
-                [mark.projector, mark.turn_id, mark.fact_id, mark.change_seq, at],
-            )
+            # An in-place UPDATE of a known row costs a third of INSERT OR REPLACE (a delete and an insert).
+            if prior is None:
+                self._q("INSERT INTO watermarks VALUES (?, ?, ?, ?, ?)",
+                        [mark.projector, mark.turn_id, mark.fact_id, mark.change_seq, at])
+            else:
+                self._q("UPDATE watermarks SET turn_id = ?, fact_id = ?, change_seq = ?, updated_at = ? WHERE projector = ?",
+                        [mark.turn_id, mark.fact_id, mark.change_seq, at, mark.projector])
+            marks[name] = mark
         return mark
 
     # ----------------------------------------------------------------- rebuilds and comparison
@@ -1177,6 +1333,7 @@ class ProjectionStore:
             for sequence in sequences:
                 self._q(f"CREATE OR REPLACE SEQUENCE {sequence} START 1")
             self._q("DELETE FROM watermarks WHERE projector IN (SELECT unnest(?))", [watermarks])
+            self._marks = None
 
     def unretire_all(self) -> None:
         """Make every retired fact current again, and delete the dossiers of their subjects.

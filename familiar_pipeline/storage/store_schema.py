@@ -288,6 +288,23 @@ def current_version(conn: duckdb.DuckDBPyConnection) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
+def open_state(conn: duckdb.DuckDBPyConnection) -> tuple[int, int, bool]:
+    """(schema version, user table count, notebook views current) of the open file in two statements.
+
+    What a store checks at every open (`current_version`, `user_table_count`,
+    `notebook_views_current` ask the same one at a time, ~6 statements).
+    """
+    rows = conn.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database()"
+    ).fetchall()
+    names = {table for schema, table in rows if schema == "main"}
+    if "schema_version" not in names:
+        return 0, len(rows), False
+    fingerprint = "(SELECT max(fingerprint) FROM notebook_views_version)" if "notebook_views_version" in names else "NULL"
+    version, views = conn.execute(f"SELECT (SELECT max(version) FROM schema_version), {fingerprint}").fetchone()
+    return int(version or 0), len(rows), views == _views_fingerprint()
+
+
 def migrate(conn: duckdb.DuckDBPyConnection, *, target: int = SCHEMA_VERSION) -> list[int]:
     """Apply every pending version up to ``target``; returns the versions applied.
 
