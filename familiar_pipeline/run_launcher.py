@@ -169,7 +169,7 @@ class PreloadedRunLauncher(DefaultRunLauncher):
         self.preload = tuple(preload) if preload is not None else DEFAULT_PRELOAD
         self.enabled = enabled
         self._server: RunWorkerServer | None = None
-        self._server_key: tuple | None = None
+        self._server_key: CodeLocationKey | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -196,7 +196,7 @@ class PreloadedRunLauncher(DefaultRunLauncher):
         started = time.perf_counter()
         try:
             pid, server_pid = self._fork(run.run_id, self._location_key(context, origin))
-        except RuntimeError as exc:  # the preloaded process cannot start or answer: the stock way, said once
+        except (RuntimeError, OSError, ValueError) as exc:  # it cannot start or answer: the stock way, said once
             self._instance.report_engine_event(f"{exc}; starting the run as a fresh process instead", run,
                                                cls=self.__class__)
             return super().launch_run(context)
@@ -232,7 +232,7 @@ class PreloadedRunLauncher(DefaultRunLauncher):
                 self._server_key = key
             try:
                 return self._server.fork_run(run_id, instance_ref), self._server.pid
-            except RuntimeError:
+            except (RuntimeError, OSError, ValueError):
                 self._server.close()
                 self._server = None
                 raise
