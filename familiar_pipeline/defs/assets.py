@@ -266,8 +266,9 @@ def materialize_projections(
     single-run backfill). Each familiar gets its own writer lock, store connection,
     projector runs and publish, and each asset it went through gets a materialization
     of that familiar's partition with its figures. A run over several familiars takes
-    them in two passes (`passes`): every familiar's facts first, then everything else, so facts reach the bot without waiting for other familiars'
-    followers; what a failure in the first pass holds back stays held in the second. A familiar in the
+    them in two passes (`passes`): every familiar's facts first, then everything else,
+    so facts reach the bot without waiting for other familiars' followers; what a
+    failure in the first pass holds back stays held in the second. A familiar in the
     range that the run's plan leaves out is not opened and gets no materialization:
     Dagster records one per partition of the range when an asset yields its output, so
     the step reports each partition it processed itself (an `AssetMaterialization` per
