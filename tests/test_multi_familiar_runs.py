@@ -283,6 +283,82 @@ def test_a_run_over_many_familiars_publishes_every_familiars_facts_before_any_fo
     assert all(e.passed for e in result.get_asset_check_evaluations())
 
 
+EVERYTHING = ["turns_fts", "rolling_summary", "facts", "fact_supersessions", "people_dossiers", "reflections"]
+FOLLOWERS = ["turns_fts", "rolling_summary", "fact_supersessions", "people_dossiers", "reflections"]
+
+
+def pending(paths: FamiliarPaths) -> tuple[str, ...]:
+    from familiar_pipeline.storage.snapshots import read_manifest
+
+    return read_manifest(paths.serving_dir).pending_assets
+
+
+def test_a_run_leaves_its_second_pass_to_a_later_run_while_another_waits_and_the_sensor_requests_it(env, monkeypatch):
+    """Facts first, then yield: a queued projection run gets the lane, the followers are not lost.
+
+    With a projection run waiting for a lane, a run over several familiars publishes every
+    familiar's facts and stops; each snapshot lists what was left as pending, the next sensor
+    tick requests exactly that, and the run that does it clears the list.
+    """
+    from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
+
+    root, instance = env
+    monkeypatch.setenv("FAMILIAR__PIPELINE__INDEX_QUIET_S", "3600")  # the index waits: only `pending` asks for it
+    fams = familiars(root, instance, [("a1", 10), ("a2", 10)])
+    instance.add_run(dg.DagsterRun(job_name="project_memory", run_id="waiting", status=dg.DagsterRunStatus.NOT_STARTED,
+                                   tags=PROJECTION_QUEUE_TAG))
+    result = run_range(root, instance, EVERYTHING, "a1", "a2")
+    assert result.success
+    assert sorted(by_partition(result, "facts")) == ["a1", "a2"]
+    for asset in FOLLOWERS:
+        assert by_partition(result, asset) == {}, f"{asset}: left to a later run"
+    assert [pending(p) for p in fams.values()] == [tuple(FOLLOWERS)] * 2
+    logs = [e.message for e in instance.all_logs(result.run_id) if e.message]
+    assert any("left to a later run" in m and "a1, a2" in m for m in logs), logs
+
+    instance.delete_run("waiting")  # it started and finished: no run waits any more
+    sensor = build_turn_watermark_sensor([MEMORY])
+    tick = sensor(dg.build_sensor_context(instance=instance, cursor=None))
+    [request] = tick.run_requests
+    assert sorted(k.path[-1] for k in request.asset_selection) == sorted(FOLLOWERS)
+    run = execute_request(request, instance=instance, data_root=root)
+    assert run.success
+    assert sorted(by_partition(run, "fact_supersessions")) == ["a1", "a2"]
+    assert [pending(p) for p in fams.values()] == [(), ()], "done: nothing pending"
+    again = sensor(dg.build_sensor_context(instance=instance, cursor=tick.cursor))
+    assert again.run_requests == [], "nothing left to request"
+
+
+def test_a_rebuild_never_leaves_its_followers_to_an_incremental_run(env):
+    from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
+
+    root, instance = env
+    fams = familiars(root, instance, [("a1", 10), ("a2", 10)])
+    instance.add_run(dg.DagsterRun(job_name="project_memory", run_id="waiting", status=dg.DagsterRunStatus.NOT_STARTED,
+                                   tags=PROJECTION_QUEUE_TAG))
+    result = materialize_in_process(EVERYTHING, instance=instance, data_root=root, rebuild=True,
+                                    tags={RANGE_START: "a1", RANGE_END: "a2"}, raise_on_error=False)
+    assert result.success
+    assert sorted(by_partition(result, "fact_supersessions")) == ["a1", "a2"]
+    assert [pending(p) for p in fams.values()] == [(), ()]
+
+
+def test_a_run_that_dies_between_passes_leaves_its_followers_pending(env, monkeypatch):
+    """The snapshot says what the run had not reached: the turn sensor takes it up after a crash too."""
+    root, instance = env
+    fams = familiars(root, instance, [("a1", 10), ("a2", 10)])
+    real = assets_module.project_familiar
+
+    def dies_in_the_second_pass(specs, familiar_id, **kwargs):
+        if specs[0].asset != "facts":
+            raise KeyboardInterrupt("killed")
+        return real(specs, familiar_id, **kwargs)
+
+    monkeypatch.setattr(assets_module, "project_familiar", dies_in_the_second_pass)
+    assert not run_range(root, instance, EVERYTHING, "a1", "a2").success  # Dagster records the interrupted step
+    assert [pending(p) for p in fams.values()] == [tuple(FOLLOWERS)] * 2
+
+
 def test_a_failed_blocking_check_holds_back_only_that_familiars_followers(env):
     from familiar_pipeline.storage.store import FactDraft
 

@@ -17,6 +17,7 @@ no tokens and yields the same rows.
 """
 
 import dataclasses
+import time
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from pydantic import Field
 from dagster._core.definitions.data_version import DATA_VERSION_TAG, extract_data_version_from_entry
 
 from familiar_pipeline.defs.checks import MemoryCheck, combine_check_results, memory_checks
-from familiar_pipeline.defs.partitions import familiars_partitions
+from familiar_pipeline.defs.partitions import familiars_partitions, projection_run_queued
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.report import ProjectionReport
@@ -173,6 +174,7 @@ def project_familiar(
     embedders: dict | None = None,
     lock_wait_s: float = 0.0,
     blocked: dict[str, str] | None = None,
+    later: tuple[str, ...] = (),
 ) -> FamiliarPass:
     """One familiar through `specs` (dependency order) with one writer lock, one store connection, one publish.
 
@@ -183,6 +185,9 @@ def project_familiar(
     what is built on that asset for this familiar (reported "skipped: blocked ..."), as
     Dagster would between steps. `blocked` (asset -> why) carries that from an earlier
     pass over the familiar and is updated. The snapshot check runs after the publish.
+    Each publish records what is still to run for the familiar (the specs after the one
+    running, then `later`: the assets of the run's later passes) as the snapshot's
+    pending assets, so a run that stops before them leaves them to the turn sensor.
     """
     out = FamiliarPass()
     blocked = {} if blocked is None else blocked  # asset -> why its projector does not run for this familiar
@@ -196,7 +201,8 @@ def project_familiar(
                             embedder=embedder if needs_embedder else None, embedders=embedders)
     try:
         runtime.hold_writer_lock(lock_wait_s)
-        for spec in specs:
+        for i, spec in enumerate(specs):
+            runtime.pending_assets = (*(s.asset for s in specs[i + 1:]), *later)
             if spec.asset in blocked:
                 _skip_blocked(out, spec, blocked)
                 continue
@@ -212,6 +218,7 @@ def project_familiar(
                     out.checks[check.key] = result
                     if check.blocking and not result.passed and result.severity == dg.AssetCheckSeverity.ERROR:
                         _block(blocked, spec, f"blocked: check {check.name} on {spec.asset} failed")
+        runtime.pending_assets = later
         runtime.flush()
         snapshot = None  # the snapshot check is one comparison for all of the familiar's assets
         for check in checks:
@@ -231,6 +238,24 @@ def _block(blocked: dict[str, str], spec: ProjectorSpec, why: str) -> None:
 def _skip_blocked(out: FamiliarPass, spec: ProjectorSpec, blocked: dict[str, str]) -> None:
     report = ProjectionReport(spec.name, status="skipped", reason=blocked[spec.asset])
     out.results[spec.asset] = {"report": report, "metadata": report_metadata(report, None, {})}
+
+
+# How often a run between its passes asks whether another projection run waits in the queue.
+QUEUE_CHECK_S = 1.0
+
+
+class QueueWatch:
+    """Whether another projection run waits for a lane: asked at most every QUEUE_CHECK_S, sticky once seen."""
+
+    def __init__(self, instance: dg.DagsterInstance, *, enabled: bool):
+        self.instance, self.enabled = instance, enabled
+        self.waiting, self._checked = False, float("-inf")
+
+    def run_waiting(self) -> bool:
+        if self.enabled and not self.waiting and time.monotonic() - self._checked >= QUEUE_CHECK_S:
+            self._checked = time.monotonic()
+            self.waiting = projection_run_queued(self.instance)
+        return self.waiting
 
 
 def passes(specs: list[ProjectorSpec]) -> list[list[ProjectorSpec]]:
@@ -276,7 +301,11 @@ def materialize_projections(
     reported on that partition (status "failed: ..." and an error event); its
     watermark stays where its last committed batch left it, so a later run retries it.
     A familiar whose writer lock another process holds is taken up again after the
-    others, waiting up to BUSY_WAIT_S for it, then reported failed (FamiliarBusy). An
+    others, waiting up to BUSY_WAIT_S for it, then reported failed (FamiliarBusy). When
+    another projection run waits in the queue (every lane busy: new facts are due
+    elsewhere), a run that is not a rebuild stops before its second pass and leaves each
+    familiar's rest to a later run: their snapshots list those assets as pending, and
+    the turn sensor requests them (`sensors.due_assets`). An
     asset fails (and with it the step, after the rest is recorded) only when every
     familiar it processed failed, so a run of one familiar fails as it always did.
     """
@@ -295,15 +324,21 @@ def materialize_projections(
     # (familiar, pass, lock wait): a familiar's next pass is queued once this one is done, and a
     # familiar another writer holds comes back at the end of the queue.
     work = deque((f, 0, 0.0) for f in context.partition_keys)
+    queue = QueueWatch(context.instance, enabled=len(steps) > 1 and not config.rebuild)
+    left: list[str] = []  # familiars whose later passes this run leaves to a later one
     while work:
         familiar_id, step, lock_wait_s = work.popleft()
+        if step and queue.run_waiting():
+            left.append(familiar_id)
+            continue
         due = [s for s in steps[step] if config.due(s.asset, familiar_id)]
+        later = tuple(s.asset for p in steps[step + 1:] for s in p if config.due(s.asset, familiar_id))
         outcome = None
         if due:
             try:
                 outcome = project_familiar(due, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data,
                                            llm=llm, embedder=embedder, checks=checks, embedders=embedders,
-                                           lock_wait_s=lock_wait_s, blocked=blocked[familiar_id])
+                                           lock_wait_s=lock_wait_s, blocked=blocked[familiar_id], later=later)
             except Exception as exc:  # the familiar could not be opened at all (config, lock, storage)
                 if isinstance(exc, FamiliarBusy) and not lock_wait_s:
                     context.log.info(f"[{familiar_id}] another writer holds it; back to it at the end of this run")
@@ -335,6 +370,12 @@ def materialize_projections(
             context.log.info(f"[{familiar_id}] " + "; ".join(r.summary_line() for r in worked))
         for key, result in outcome.checks.items():
             check_results[key][familiar_id] = result
+    if left:
+        context.log.info(
+            f"A projection run is waiting in the queue: the rest of {len(left)} familiar(s) "
+            f"({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}) is left to a later run; "
+            "their snapshots list it as pending and the turn sensor requests it"
+        )
     for check in checks:
         if check_results[check.key]:
             yield combine_check_results(check_results[check.key], check=check)

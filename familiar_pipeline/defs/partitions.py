@@ -11,3 +11,12 @@ familiars_partitions = dg.DynamicPartitionsDefinition(name="familiars")
 # familiar. The familiar's writer lock does (projectors.runtime.WriterLock): a run that finds
 # it held leaves that familiar to its end and waits for it there.
 PROJECTION_QUEUE_TAG = {"familiar/queue": "projections"}
+
+# A run in one of these states has not started: it waits for a free lane of the run queue.
+WAITING_STATUSES = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED)
+
+
+def projection_run_queued(instance: dg.DagsterInstance) -> bool:
+    """Whether a run with PROJECTION_QUEUE_TAG waits in the queue, not started (every lane is busy)."""
+    filters = dg.RunsFilter(statuses=list(WAITING_STATUSES), tags=PROJECTION_QUEUE_TAG)
+    return bool(instance.get_run_records(filters=filters, limit=1))

@@ -31,7 +31,7 @@ from typing import Iterable
 import dagster as dg
 
 from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG, op_name
-from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
+from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG, WAITING_STATUSES
 from familiar_pipeline.config import ConfigError, PipelineConfig, load_config, render_config
 from familiar_pipeline.storage.paths import FamiliarPaths, data_root, list_familiars
 from familiar_pipeline.defs.partitions import familiars_partitions
@@ -47,7 +47,7 @@ IN_FLIGHT = [
     dg.DagsterRunStatus.STARTING,
     dg.DagsterRunStatus.STARTED,
 ]
-WAITING = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED}
+WAITING = set(WAITING_STATUSES)
 DISPATCHED_TURN_TAG = "familiar/turn_id"  # a run of one familiar: its newest turn id when requested
 DISPATCHED_TURNS_TAG = "familiar/turn_ids"  # a run the sensor requested: {familiar: newest turn id}, JSON
 RANGE_START_TAG = "dagster/asset_partition_range_start"  # what RunRequest.partition_key_range reads
@@ -79,6 +79,7 @@ class FamiliarState:
     watermarks: dict  # projector -> {"turn_id", "fact_id", "change_seq"}
     closed: tuple[str, ...] = ()  # projectors with a batch closed early (a quiet gap) past their watermark
     log_id: str = ""  # the turn log's own id: a familiar created again under its name is a new log
+    pending: tuple[str, ...] = ()  # assets a run planned and left undone (the snapshot's pending_assets)
 
     def turn_watermark(self, projector: str) -> int:
         return int(self.watermarks.get(projector, {}).get("turn_id", 0))
@@ -114,12 +115,13 @@ def _triggered(trigger: str) -> list:
 
 def read_state(paths: FamiliarPaths, config=None) -> FamiliarState:
     """The familiar's turn log and published watermarks; with its config, also which short batches have closed."""
-    version, marks = 0, {}
+    version, marks, pending = 0, {}, ()
     try:
         manifest = json.loads((paths.serving_dir / "manifest.json").read_text())
         version = int(manifest.get("version", 0))
         marks = (manifest.get("store_watermark") or {}).get("projectors") or {}
-    except (OSError, ValueError):
+        pending = tuple(a for a in manifest.get("pending_assets") or () if isinstance(a, str))
+    except (OSError, ValueError, TypeError, AttributeError):
         pass
     now = datetime.now(timezone.utc)
     with TurnLog(paths.turns_db, readonly=True) as turn_log:
@@ -127,7 +129,7 @@ def read_state(paths: FamiliarPaths, config=None) -> FamiliarState:
         newest = turn_log.turns_by_ids([latest]) if latest else []
         closed = tuple(_closed_early(turn_log, config, latest, marks, now)) if config is not None else ()
     age = (now - newest[0].created_at).total_seconds() if newest else float("inf")
-    return FamiliarState(latest, change, age, version, marks, closed, log_id)
+    return FamiliarState(latest, change, age, version, marks, closed, log_id, pending)
 
 
 def _closed_early(turn_log, config, latest: int, marks: dict, now: datetime):
@@ -160,6 +162,11 @@ def due_assets(config, state: FamiliarState, *, hold: frozenset[str] = frozenset
     if index_behind(state) and (due or state.latest_turn_age_s >= config.pipeline.index_quiet_s):
         # Turn vectors follow the same turns as the full-text index, in the same run.
         due[:0] = [spec.asset for spec in _triggered(TURN_INDEX) if spec.always_on or spec.name in active]
+    if state.pending:
+        # What a run planned and left undone (it stopped between passes for a waiting run, or died).
+        due.extend(spec.asset for spec in registry.specs()
+                   if spec.asset in state.pending and spec.asset not in due and spec.asset not in hold
+                   and (spec.always_on or spec.name in active))
     return due
 
 

@@ -27,7 +27,7 @@ from typing import Iterator
 from familiar_pipeline.config import FamiliarConfig
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.paths import FamiliarPaths
-from familiar_pipeline.storage.snapshots import publish_snapshot
+from familiar_pipeline.storage.snapshots import SnapshotFormatError, publish_snapshot, read_manifest
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -135,6 +135,11 @@ class FamiliarRuntime:
     _store_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _in_model_call: bool = field(default=False, init=False, repr=False)
     published_version: int = field(default=0, init=False)
+    # What the run has planned for this familiar and not run yet (the step sets it as it goes):
+    # each publish records it in the manifest, so a run that stops early leaves the rest to the
+    # turn sensor (`defs.sensors.due_assets`). None: not known (nothing recorded, nothing cleared).
+    pending_assets: tuple[str, ...] | None = field(default=None, init=False)
+    _published_pending: tuple[str, ...] | None = field(default=None, init=False, repr=False)
 
     @property
     def llm(self):
@@ -207,16 +212,32 @@ class FamiliarRuntime:
             return
         watermark = store.serving_watermark()  # before `conn`, which drops the store's copy of the watermarks
         manifest = publish_snapshot(store.conn, self.paths.serving_dir, store_watermark=watermark,
-                                    turn_context=self.config.memory.retrieval.turn_context)
+                                    turn_context=self.config.memory.retrieval.turn_context,
+                                    pending_assets=self.pending_assets or ())
         self.published_version = manifest.version
+        self._published_pending = manifest.pending_assets
         self._last_publish = time.monotonic()
         self._unpublished = False
 
     def flush(self) -> None:
-        """Publish what earlier writes left unpublished."""
-        if self._unpublished:
+        """Publish what earlier writes left unpublished, or a change in what is pending."""
+        if self._unpublished or self._pending_changed():
             with self.store() as store:
                 self.publish(store, force=True)
+
+    def _pending_changed(self) -> bool:
+        if self.pending_assets is None:
+            return False
+        published = self._published_pending
+        if published is None:  # not published by this runtime: the manifest on disk
+            try:
+                manifest = read_manifest(self.paths.serving_dir)
+            except SnapshotFormatError:
+                return False  # a broken manifest is the snapshot check's to report; a write replaces it
+            if manifest is None:
+                return False  # nothing published yet: nothing to clear, and nothing was written
+            published = manifest.pending_assets
+        return tuple(published) != tuple(self.pending_assets)
 
     def fts_turns(self) -> FtsIndex:
         return self._index("turns")

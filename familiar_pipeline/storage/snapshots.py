@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import duckdb
 import numpy as np
@@ -286,6 +286,9 @@ class Manifest:
     format: int = MANIFEST_FORMAT
     # Derived at publish from the tables (readers written before them ignore the key).
     matrices: tuple[MatrixFile, ...] = ()
+    # Assets a run planned for this familiar and had not run when it published (it left them to
+    # a later run, or has yet to reach them): the turn sensor requests them (readers ignore it).
+    pending_assets: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -298,6 +301,7 @@ class Manifest:
                 for name, t in self.tables.items()
             },
             "matrices": [m.to_json() for m in self.matrices],
+            "pending_assets": list(self.pending_assets),
         }
 
     @classmethod
@@ -337,8 +341,11 @@ class Manifest:
         if not isinstance(raw_matrices, list):
             raise SnapshotFormatError("manifest matrices must be a list")
         matrices = tuple(_matrix_entry(entry) for entry in raw_matrices)
+        pending = data.get("pending_assets", [])
+        if not isinstance(pending, list) or not all(isinstance(a, str) for a in pending):
+            raise SnapshotFormatError("manifest pending_assets must be a list of asset names")
         return cls(version=version, published_at=published_at, store_watermark=watermark, tables=tables,
-                   matrices=matrices)
+                   matrices=matrices, pending_assets=tuple(pending))
 
 
 def _matrix_entry(entry: Any) -> MatrixFile:
@@ -394,6 +401,7 @@ def publish_snapshot(
     tables: Mapping[str, str] = SERVING_TABLES,
     durable: bool = True,
     turn_context: float | None = TURN_CONTEXT_SHARE,
+    pending_assets: Sequence[str] = (),
 ) -> Manifest:
     """Publish ``tables`` (name -> SELECT) from ``conn`` as the next snapshot.
 
@@ -409,6 +417,8 @@ def publish_snapshot(
     precombined turn matrix (window share ``turn_context``; None for none) is
     written beside them as ``.npy`` files the bot memory-maps: combining 100k
     turns took the bot's first reply after each publish several seconds.
+    ``pending_assets``: what the publishing run has not run yet for this familiar
+    (recorded in the manifest for the turn sensor).
     """
     serving_dir = Path(serving_dir)
     watermark = _jsonable_watermark(store_watermark)
@@ -433,6 +443,7 @@ def publish_snapshot(
                 store_watermark=watermark,
                 tables=entries,
                 matrices=matrices,
+                pending_assets=tuple(pending_assets),
             )
             _write_manifest(serving_dir, manifest, written, durable)
         except BaseException as exc:
