@@ -180,6 +180,25 @@ def test_due_assets_reads_published_watermarks(tmp_path):
     assert due_assets(load_config("alpha", root=tmp_path), state) == ["rolling_summary"]
 
 
+def test_due_assets_adds_what_a_run_left_pending_if_active_and_not_held(tmp_path, monkeypatch):
+    from familiar_pipeline.config import load_config
+
+    paths = make_familiar(tmp_path, "alpha")
+    append_chat(paths, 30)
+    paths.serving_dir.mkdir(parents=True)
+    marks = {"rich_note": {"turn_id": 30}, "turns_fts": {"turn_id": 30, "change_seq": 0}, "rolling_summary": {"turn_id": 30}}
+    (paths.serving_dir / "manifest.json").write_text(json.dumps({
+        "version": 4, "store_watermark": {"projectors": marks},
+        "pending_assets": ["fact_supersessions", "reflections", "no_such_asset"],
+    }))
+    state = read_state(paths)
+    assert state.pending == ("fact_supersessions", "reflections", "no_such_asset")
+    assert due_assets(load_config("alpha", root=tmp_path), state) == ["fact_supersessions", "reflections"]
+    assert due_assets(load_config("alpha", root=tmp_path), state, hold=frozenset({"reflections"})) == ["fact_supersessions"]
+    monkeypatch.setenv("FAMILIAR__PROVIDERS__MEMORY__PROJECTORS", '["rich_note", "fact_supersede"]')
+    assert due_assets(load_config("alpha", root=tmp_path), state) == ["fact_supersessions"], "reflection is off"
+
+
 def test_index_alone_waits_for_a_quiet_conversation(env, monkeypatch):
     from datetime import datetime, timezone
 

@@ -15,6 +15,9 @@ partition order (`blocks`). The cursor only records what was dispatched; what ea
 projection has processed is its own watermark in memory.duckdb (read here,
 lock-free, from the serving manifest). Resetting the cursor therefore loses
 nothing: the next tick re-dispatches and each asset processes only what is new.
+The manifest also lists what a run planned for the familiar and did not run
+(`pending_assets`: it yielded its second pass to a waiting run, or died): those
+assets are due too.
 """
 
 from __future__ import annotations
