@@ -18,6 +18,8 @@ appends `--rate` messages per second in total, spread round-robin over them, for
   from /proc every `SAMPLE_S` (a process's last fraction of a sample is missed);
   it includes the idle cost of the webserver and daemon;
 * peak RSS of that group;
+* familiars whose snapshot still lists pending assets at the end (a run that yielded its
+  second pass to a waiting run leaves them to the turn sensor): 0 once every follower ran;
 * familiars per run (the turn sensor's runs cover every due familiar) and the
   per-run time breakdown from the event log (medians): queued (requested -> launched),
   start (launched -> the worker's RUN_START: process spawn, imports, code location load),
@@ -56,7 +58,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from familiar_bot.supervisor import child_sessions, free_port, processes_in_sessions, rss_bytes  # noqa: E402
 from familiar_pipeline.config import load_config  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
-from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
+from familiar_pipeline.storage.snapshots import SnapshotReader, read_manifest  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 from freshness import percentile, start_up, stop_up, wait_ready  # noqa: E402
 
@@ -266,6 +268,7 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
             cpu_before = sampler.cpu_seconds()
             appended, visible = drive(paths, rate, duration, drain, order)
             settled = wait_for_runs(tmp / "dagster_home", settle)
+            pending = left_pending(paths, tmp / "dagster_home", settle)
             sampler.stopped.set()
             sampler.join()
             sampler.sample()
@@ -285,6 +288,9 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
             "batches": len(lags),
             **lag_figures(lags, shipped, quiet_s),
             "settle_s": round(settled, 1),  # after the drain, until no run was queued or running
+            # Familiars whose snapshot still lists assets a run left for later (a run that yielded
+            # its second pass): 0 once the followers caught up.
+            "familiars_with_pending_assets": pending,
             "busy_cpu_s": round(cpu, 1),
             "busy_cpu_s_per_1000_turns": round(cpu / max(1, len(appended)) * 1000),
             "peak_rss_mib": round(sampler.peak_rss / 2**20),
@@ -293,6 +299,21 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
         }
         result.update(run_breakdown(tmp / "dagster_home"))
         return result
+
+
+def left_pending(paths: list[FamiliarPaths], dagster_home: Path, timeout: float, ticks: int = 3) -> int:
+    """How many familiars' manifests still list pending assets (planned by a run, not run yet).
+
+    A run that yielded its second pass leaves them to the turn sensor's next tick: looked at
+    again after a few sensor intervals and the runs they bring, until none is left.
+    """
+    for _ in range(ticks):
+        left = sum(1 for p in paths if (m := read_manifest(p.serving_dir)) is not None and m.pending_assets)
+        if not left:
+            break
+        time.sleep(6)  # one sensor interval and the dequeue
+        wait_for_runs(dagster_home, timeout)
+    return left
 
 
 def sweep_rate(familiars: int) -> float:

@@ -34,10 +34,9 @@ from typing import Iterable
 import dagster as dg
 
 from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG, op_name
-from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG, WAITING_STATUSES
+from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG, WAITING_STATUSES, familiars_partitions
 from familiar_pipeline.config import ConfigError, PipelineConfig, load_config, render_config
 from familiar_pipeline.storage.paths import FamiliarPaths, data_root, list_familiars
-from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.spec import FACTS, TURN_INDEX, TURNS
 from familiar_pipeline.storage.turns import TurnLog
