@@ -155,8 +155,27 @@ def test_change_a_threshold_and_the_sensor_cadence(built, monkeypatch):
     assert "Every 30s" in build_turn_watermark_sensor([MEMORY]).description
 
 
+def test_which_familiars_have_assets_pending(built):
+    [block] = [b for b in blocks("python") if "pending_assets" in b]
+    code = block.replace("data/familiars/", f"{built.root}/")
+
+    def pending() -> list:
+        scope: dict = {}
+        exec(code, scope)
+        return scope["pending"]
+
+    assert pending() == [], "every run finished what it planned"
+    manifest_path = built.serving_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["pending_assets"] = ["reflections"]  # as a run that yielded its second pass leaves it
+    manifest_path.write_text(json.dumps(manifest))
+    assert pending() == [(str(manifest_path), ["reflections"])]
+    requests, *_ = evaluate_tick({}, ["demo"], {"demo"}, root=built.root, in_flight={}, max_requests=5)
+    assert [[k.path[-1] for k in r.asset_selection] for r in requests] == [["reflections"]], "the next tick asks for it"
+
+
 def test_query_facts_from_a_notebook(built):
-    duck_block, snapshot_block = [b for b in blocks("python")]
+    duck_block, snapshot_block = [b for b in blocks("python") if "pending_assets" not in b]
     scope: dict = {}
     exec(duck_block.replace("data/familiars/demo", str(built.dir)), scope)
     assert scope["current"] and all(isinstance(row[1], str) for row in scope["current"])
