@@ -307,13 +307,15 @@ def left_pending(paths: list[FamiliarPaths], dagster_home: Path, timeout: float,
     A run that yielded its second pass leaves them to the turn sensor's next tick: looked at
     again after a few sensor intervals and the runs they bring, until none is left.
     """
+    def count() -> int:
+        return sum(1 for p in paths if (m := read_manifest(p.serving_dir)) is not None and m.pending_assets)
+
     for _ in range(ticks):
-        left = sum(1 for p in paths if (m := read_manifest(p.serving_dir)) is not None and m.pending_assets)
-        if not left:
+        if not count():
             break
-        time.sleep(6)  # one sensor interval and the dequeue
+        time.sleep(8)  # a sensor interval, its tick over every familiar, the dequeue
         wait_for_runs(dagster_home, timeout)
-    return left
+    return count()
 
 
 def sweep_rate(familiars: int) -> float:

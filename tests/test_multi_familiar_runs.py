@@ -329,6 +329,30 @@ def test_a_run_leaves_its_second_pass_to_a_later_run_while_another_waits_and_the
     assert again.run_requests == [], "nothing left to request"
 
 
+def test_only_a_familiar_published_in_the_first_pass_is_left_so_the_sensor_sees_it_changed(env, monkeypatch):
+    """A familiar with nothing in the run's first pass gets its rest done even while a run waits.
+
+    Its manifest would not change in this run, so the sensor (whose cursor already holds that
+    manifest's version) would not ask for it again: leaving it would lose its followers until
+    its next turn.
+    """
+    from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
+
+    root, instance = env
+    fams = familiars(root, instance, [("a1", 10), ("a2", 10)])
+    instance.add_run(dg.DagsterRun(job_name="project_memory", run_id="waiting", status=dg.DagsterRunStatus.NOT_STARTED,
+                                   tags=PROJECTION_QUEUE_TAG))
+    assert run_range(root, instance, EVERYTHING, "a1", "a2").success
+    assert [pending(p) for p in fams.values()] == [tuple(FOLLOWERS)] * 2
+    append_chat(fams["a2"], 10, start=10)  # a2 has new facts due; a1 only its pending followers
+    plan = {asset: ["a1", "a2"] for asset in FOLLOWERS} | {"facts": ["a2"]}
+    result = run_range(root, instance, EVERYTHING, "a1", "a2", plan=plan)
+    assert result.success
+    assert sorted(by_partition(result, "facts")) == ["a2"]
+    assert sorted(by_partition(result, "fact_supersessions")) == ["a1"], "a1 done, a2 left"
+    assert pending(fams["a1"]) == () and pending(fams["a2"]) == tuple(FOLLOWERS)
+
+
 def test_a_rebuild_never_leaves_its_followers_to_an_incremental_run(env):
     from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 

@@ -134,6 +134,7 @@ class FamiliarPass:
     results: dict[str, dict] = field(default_factory=dict)  # asset -> {"report", "metadata"}
     failed: dict[str, Exception] = field(default_factory=dict)  # asset -> what its projector raised
     checks: dict[dg.AssetCheckKey, dg.AssetCheckResult] = field(default_factory=dict)
+    published: bool = False  # a snapshot was published for the familiar (its manifest changed)
 
 
 def run_projector(spec: ProjectorSpec, runtime, cfg, *, rebuild: bool) -> dict:
@@ -227,6 +228,7 @@ def project_familiar(
                 out.checks[check.key] = snapshot
     finally:
         runtime.close()
+    out.published = bool(runtime.published_version)
     return out
 
 
@@ -303,9 +305,9 @@ def materialize_projections(
     A familiar whose writer lock another process holds is taken up again after the
     others, waiting up to BUSY_WAIT_S for it, then reported failed (FamiliarBusy). When
     another projection run waits in the queue (every lane busy: new facts are due
-    elsewhere), a run that is not a rebuild stops before its second pass and leaves each
-    familiar's rest to a later run: their snapshots list those assets as pending, and
-    the turn sensor requests them (`sensors.due_assets`). An
+    elsewhere), a run that is not a rebuild leaves the second pass of each familiar it
+    published in the first to a later run: their snapshots list those assets as pending,
+    and the turn sensor requests them (`sensors.due_assets`). An
     asset fails (and with it the step, after the rest is recorded) only when every
     familiar it processed failed, so a run of one familiar fails as it always did.
     """
@@ -325,10 +327,15 @@ def materialize_projections(
     # familiar another writer holds comes back at the end of the queue.
     work = deque((f, 0, 0.0) for f in context.partition_keys)
     queue = QueueWatch(context.instance, enabled=len(steps) > 1 and not config.rebuild)
+    # Familiars this run published a snapshot for in an earlier pass: only their rest can be left
+    # to a later run. Their manifest changed since the sensor asked for this run and lists what is
+    # left, so its next tick requests it; a familiar not published here (its first pass had nothing,
+    # or wrote nothing) would look unchanged to the sensor and wait for its next turn.
+    published: set[str] = set()
     left: list[str] = []  # familiars whose later passes this run leaves to a later one
     while work:
         familiar_id, step, lock_wait_s = work.popleft()
-        if step and queue.run_waiting():
+        if step and familiar_id in published and queue.run_waiting():
             left.append(familiar_id)
             continue
         due = [s for s in steps[step] if config.due(s.asset, familiar_id)]
@@ -352,6 +359,8 @@ def materialize_projections(
             work.append((familiar_id, step + 1, 0.0))
         if outcome is None:
             continue
+        if outcome.published:
+            published.add(familiar_id)
         for asset, exc in outcome.failed.items():
             failed[asset][familiar_id] = exc
             context.log.error(f"[{familiar_id}] {asset} failed: {type(exc).__name__}: {exc}", exc_info=exc)
