@@ -352,9 +352,8 @@ def materialize_projections(
                     work.append((familiar_id, step, BUSY_WAIT_S))
                     continue
                 outcome = FamiliarPass(failed={s.asset: exc for s in due})
-                for later in steps[step + 1:]:  # its later passes would not open it either
-                    for spec in later:
-                        blocked[familiar_id].setdefault(spec.asset, f"blocked: familiar not opened ({type(exc).__name__})")
+                for asset in later:  # its later passes would not open it either
+                    blocked[familiar_id].setdefault(asset, f"blocked: familiar not opened ({type(exc).__name__})")
         if step + 1 < len(steps):
             work.append((familiar_id, step + 1, 0.0))
         if outcome is None:

@@ -237,7 +237,7 @@ class FamiliarRuntime:
             if manifest is None:
                 return False  # nothing published yet: nothing to clear, and nothing was written
             published = manifest.pending_assets
-        return tuple(published) != tuple(self.pending_assets)
+        return published != self.pending_assets
 
     def fts_turns(self) -> FtsIndex:
         return self._index("turns")
