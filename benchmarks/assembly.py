@@ -45,10 +45,15 @@ from familiar_pipeline.models.embedders import FastEmbedEmbedder  # noqa: E402
 from familiar_pipeline.storage.fts import FtsIndex  # noqa: E402
 from familiar_pipeline.models.minilm import MINILM_MODEL_NAME, ensure_local_minilm  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
-from familiar_pipeline.projectors.turns_index import search_text  # noqa: E402
+from familiar_pipeline.projectors.turns_index.run import search_text  # noqa: E402
 from familiar_pipeline.storage.snapshots import publish_snapshot  # noqa: E402
-from familiar_pipeline.storage.store import ProjectionStore, normalize_fact_text, subject_set_key  # noqa: E402
+from familiar_pipeline.storage.store import ProjectionStore  # noqa: E402
+from familiar_pipeline.projectors.facts.store import normalize_fact_text, subject_set_key  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
+from familiar_pipeline.projectors.dossiers import tables as dossier_db
+from familiar_pipeline.projectors.reflections import tables as reflection_db
+from familiar_pipeline.projectors.summary import tables as summary_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 from familiar_bot.prompt.assembly import Assembler, AssemblyContext, MemoryView  # noqa: E402
 from familiar_bot.prompt.layers.stack import default_layers  # noqa: E402
@@ -195,16 +200,16 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
         conn.register("b_window_vectors", window_vectors)
         conn.execute("INSERT INTO turn_window_embeddings SELECT * FROM b_window_vectors")
         conn.execute(f"SELECT max(nextval('facts_id_seq')) FROM range({n_facts})")
-        store.supersede(retired, None)
+        supersede_db.supersede(store, retired, None)
         print(f"  facts: {n_facts} in {time.perf_counter() - t0:.1f}s ({len(retired)} retired)")
         texts = list(zip(ids, texts))
-        store.put_summary("The group has been planning a hike in June, Cass started at the bakery, "
+        summary_db.put_summary(store, "The group has been planning a hike in June, Cass started at the bakery, "
                           "and everyone is arguing about the new album. " * 8, n_turns)
-        store.put_dossier(f"ego:{FAMILIAR}", "I am Bench, the familiar of this server. " * 20, n_facts)
+        dossier_db.put_dossier(store, f"ego:{FAMILIAR}", "I am Bench, the familiar of this server. " * 20, n_facts)
         for key, name in PEOPLE:
-            store.put_dossier(key, f"{name} is a regular here. " + "They mentioned many things. " * 25, n_facts)
+            dossier_db.put_dossier(store, key, f"{name} is a regular here. " + "They mentioned many things. " * 25, n_facts)
         for r in range(40):
-            store.append_reflection(channel_id=rng.choice(CHANNELS + [None]), text=f"Reflection {r}: " + chat_line(rng),
+            reflection_db.append_reflection(store, channel_id=rng.choice(CHANNELS + [None]), text=f"Reflection {r}: " + chat_line(rng),
                                     cited_turn_ids=[rng.randint(1, n_turns)], cited_fact_ids=[rng.choice(texts)[0]],
                                     last_turn_id=n_turns, last_fact_id=n_facts)
         t0 = time.perf_counter()

@@ -38,6 +38,7 @@ from familiar_bot.supervisor import child_sessions, free_port, group_alive, tree
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
+from familiar_pipeline.projectors.facts import reads as fact_reads
 
 
 def start_up(tmp: Path, port: int, sensor_interval: int | None) -> tuple[subprocess.Popen, Path]:
@@ -110,7 +111,7 @@ def measure_freshness(paths: FamiliarPaths, messages: int, gap: float, timeout: 
                 if len(appended) == messages:
                     deadline = time.monotonic() + timeout
             reader.refresh()
-            cited = {t for f in reader.current().current_facts() for t in f.source_turn_ids}
+            cited = {t for f in fact_reads.current_facts(reader.current()) for t in f.source_turn_ids}
             for turn_id in appended:
                 if turn_id not in visible and turn_id in cited:
                     visible[turn_id] = time.monotonic()

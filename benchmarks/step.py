@@ -54,10 +54,10 @@ EVENT_LOG = {"module": "familiar_pipeline.event_log", "class": "FamiliarSqliteEv
 BREAKDOWN = [
     ("store open", lambda f, fn: f.endswith("storage/store.py") and fn == "__init__"),
     ("store close", lambda f, fn: f.endswith("storage/store.py") and fn == "close"),
-    ("snapshot publish", lambda f, fn: f.endswith("storage/snapshots.py") and fn == "publish_snapshot"),
+    ("snapshot publish", lambda f, fn: f.endswith("storage/snapshots/publish.py") and fn == "publish_snapshot"),
     ("model calls (LlmClient.complete)", lambda f, fn: f.endswith("models/llm.py") and fn == "complete"),
     ("litellm.completion", lambda f, fn: "litellm" in f and fn == "wrapper" and "utils.py" in f),
-    ("store statements (ProjectionStore._q)", lambda f, fn: f.endswith("storage/store.py") and fn == "_q"),
+    ("store statements (ProjectionStore.sql)", lambda f, fn: f.endswith("storage/store.py") and fn == "sql"),
     ("tantivy commit", lambda f, fn: "tantivy" in fn.lower() and "commit" in fn),
     ("turn log reads", lambda f, fn: f.endswith("storage/turns.py") and fn in ("turns_after", "turns_between", "turns")),
     ("Dagster event log (store_event)", lambda f, fn: "event_log" in f and fn == "store_event"),

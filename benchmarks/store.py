@@ -23,7 +23,11 @@ import numpy as np  # noqa: E402
 
 from familiar_pipeline.storage.fts import FtsIndex  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot  # noqa: E402
-from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject  # noqa: E402
+from familiar_pipeline.projectors.facts.store import FactDraft  # noqa: E402
+from familiar_pipeline.storage.store import ProjectionStore  # noqa: E402
+from familiar_pipeline.projectors.facts.tables import Subject  # noqa: E402
+from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
+from familiar_pipeline.projectors.facts import store as facts_db
 
 WORDS = (
     "tea coffee hiking berlin lisbon cello bakery cat dog plants album concert job moved sister brother "
@@ -62,7 +66,7 @@ def bench_appends(store: ProjectionStore, n_facts: int, rng: random.Random) -> d
             drafts.append(FactDraft(text=text, source_turn_ids=(turn_id,), subjects=(Subject(key, name),), importance=rng.randint(1, 10)))
         started = time.perf_counter()
         with store.transaction():
-            results = store.append_facts(drafts)
+            results = facts_db.append_facts(store, drafts)
             store.set_watermark("rich_note", turn_id=turn_id)
         per_batch.append(time.perf_counter() - started)
         written += sum(1 for _, new in results if new)
@@ -81,7 +85,7 @@ def bench_snapshots(store: ProjectionStore, serving: Path, rng: random.Random, r
     ids = [r[0] for r in store.conn.execute("SELECT id FROM facts WHERE id % 2 = 0").fetchall()]
     with store.transaction():
         for fact_id in ids:
-            store.set_fact_embedding(fact_id, "bench-384", np.asarray([rng.random() for _ in range(384)], dtype=np.float32))
+            fact_vectors.set_fact_embedding(store, fact_id, "bench-384", np.asarray([rng.random() for _ in range(384)], dtype=np.float32))
     publish, reload_, noop = [], [], []
     reader = SnapshotReader(serving)
     for _ in range(runs):

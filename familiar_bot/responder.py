@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from familiar_pipeline.config import FamiliarConfig
 from familiar_pipeline.models.embedders import create_embedder
 from familiar_pipeline.models.llm import LlmError, LlmNotConfigured, client_for
+from familiar_pipeline.projectors.facts.reads import facts_by_ids
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.turns import TurnLog, TurnLogError
@@ -523,7 +524,7 @@ def retired_facts_report(snapshot, limit: int = 5) -> str:
     retired = facts.filter(pc.is_valid(facts["superseded_at"]))
     lines = [f"=== memory: {facts.num_rows - retired.num_rows} current facts, {retired.num_rows} retired ==="]
     rows = retired.to_pylist()[-limit:]
-    by_id = {f.id: f for f in snapshot.facts_by_ids([r["superseded_by"] for r in rows if r["superseded_by"]])}
+    by_id = {f.id: f for f in facts_by_ids(snapshot, [r["superseded_by"] for r in rows if r["superseded_by"]])}
     for row in reversed(rows):
         newer = by_id.get(row["superseded_by"])
         lines.append(f"retired #{row['id']} {row['text']!r}"

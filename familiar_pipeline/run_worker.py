@@ -42,8 +42,9 @@ def preload_projection_run() -> None:
     import pyarrow.parquet  # noqa: F401
     import tantivy  # noqa: F401
 
+    # lazy: the preload is the point: imported once here, before the worker forks a run per request
     import familiar_pipeline.definitions  # noqa: F401
-    from familiar_pipeline.models.litellm_import import import_litellm
+    from familiar_pipeline.models.litellm_import import import_litellm  # lazy: as above
 
     import_litellm()
 

@@ -10,7 +10,10 @@ from familiar_pipeline.defs.jobs import materializations, materialize_in_process
 from familiar_pipeline.models.llm import LlmUsage
 from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
-from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+from familiar_pipeline.projectors.facts.store import FactDraft
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.projectors.facts.tables import Subject
+from familiar_pipeline.projectors.facts import store as facts_db
 
 from .helpers import make_familiar
 
@@ -59,7 +62,7 @@ def run_projector(module, root, familiar_id: str = "fam", *, rebuild: bool = Fal
 def add_facts(paths, drafts, *, rich_note_turn: int | None = None) -> list:
     """Insert facts as the extractor would; optionally set its turn watermark."""
     with ProjectionStore(paths.memory_db) as store:
-        written = [store.append_fact(d)[0] for d in drafts]
+        written = [facts_db.append_fact(store, d)[0] for d in drafts]
         if rich_note_turn is not None:
             store.set_watermark("rich_note", turn_id=rich_note_turn)
     return written

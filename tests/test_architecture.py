@@ -5,7 +5,17 @@ Rules:
 * nothing in `familiar_pipeline` imports `familiar_bot` (the pipeline runs without the bot);
 * the bot's runtime modules (everything but `familiar_bot.cli` and `familiar_bot.eval`, which drive
   the pipeline on purpose) import from `familiar_pipeline` only its `storage`, `config` and `models`
-  packages: what the bot reads, not how it is produced;
+  packages and the projectors' table declarations and reads (`projectors.<name>.tables`/`.reads`):
+  what the bot reads, not how it is produced;
+* the pipeline's packages are layered, each importing only those below it: `storage` (the kernel),
+  `config`, `models`, `projectors`, then `testing` and `defs`, then the code location and what runs it;
+  so config sits at the bottom of everything with settings (it imports no projector: they register
+  with it), and there is no loop between packages;
+* production code never imports `familiar_pipeline.testing` (the scripted models are plugged in from
+  outside: test fixtures, an entry point, `familiar up --demo`), except the CLI's demo flag;
+* an import inside a function that reaches a project module is either under `if TYPE_CHECKING:` or
+  says why it is lazy (a `# lazy:` comment: an import the caller may never need, or a preload), so
+  none hides a loop; the CLI's commands import what they run lazily by design (`familiar --help`);
 * no import cycles between modules.
 
 Every import counts, at module level or inside a function (a lazy import still makes a cycle, it
@@ -17,11 +27,14 @@ first hold no imports that could close a cycle).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("familiar_pipeline", "familiar_bot")
 BOT_MAY_IMPORT = ("familiar_pipeline.storage", "familiar_pipeline.config", "familiar_pipeline.models")
+# What the bot reads of a projector: its table declarations and their reads (not its run logic).
+BOT_MAY_READ = re.compile(r"^familiar_pipeline\.projectors(\.vectors|\.[a-z_]+\.(tables|reads))$")
 BOT_DRIVERS = ("familiar_bot.cli", "familiar_bot.eval")
 
 
@@ -131,8 +144,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_walk_sees_every_kind_of_import():
     # Guards the checker itself: a relative import, an in-function import and a TYPE_CHECKING import.
-    assert "familiar_pipeline.projectors.horizon" in GRAPH["familiar_pipeline.projectors.dossiers"]
-    assert "familiar_pipeline.testing.fake_llm" in GRAPH["familiar_pipeline.models.llm"]
+    assert "familiar_pipeline.projectors.dossiers.prompt" in GRAPH["familiar_pipeline.projectors.dossiers.run"]
+    assert "familiar_pipeline.models.bert_onnx" in GRAPH["familiar_pipeline.models.minilm"]
     assert "familiar_pipeline.config" not in GRAPH["familiar_pipeline.models.embedders"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -149,7 +162,8 @@ def test_the_bot_reads_only_storage_config_and_models():
         if not module.startswith("familiar_bot") or module.startswith(BOT_DRIVERS):
             continue
         bad = sorted(t for t in targets if t.startswith("familiar_pipeline")
-                     and not t.startswith(tuple(p + "." for p in BOT_MAY_IMPORT)) and t not in BOT_MAY_IMPORT)
+                     and not t.startswith(tuple(p + "." for p in BOT_MAY_IMPORT)) and t not in BOT_MAY_IMPORT
+                     and not BOT_MAY_READ.match(t) and t not in ("familiar_pipeline", "familiar_pipeline.projectors"))
         if bad:
             offenders[module] = bad
     assert offenders == {}
@@ -157,3 +171,86 @@ def test_the_bot_reads_only_storage_config_and_models():
 
 def test_no_import_cycles_between_modules():
     assert cycles(GRAPH) == []
+
+
+# The pipeline's layers, bottom first; a package may import only its own layer's or lower ones.
+LAYERS = (
+    ("familiar_pipeline.storage",),
+    ("familiar_pipeline.config",),
+    ("familiar_pipeline.models",),
+    ("familiar_pipeline.projectors",),
+    ("familiar_pipeline.testing", "familiar_pipeline.defs", "familiar_pipeline.event_log"),
+    ("familiar_pipeline.definitions",),
+    ("familiar_pipeline.run_worker", "familiar_pipeline.run_launcher", "familiar_pipeline.backfill"),
+)
+
+
+def _layer(module: str) -> int | None:
+    for rank, packages in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in packages):
+            return rank
+    return None
+
+
+def test_the_pipeline_packages_import_only_downwards():
+    upward = {}
+    for module, targets in GRAPH.items():
+        rank = _layer(module)
+        if rank is None:
+            continue
+        up = sorted(t for t in targets if (r := _layer(t)) is not None and r > rank)
+        if up:
+            upward[module] = up
+    assert upward == {}
+    assert all(_layer(m) is not None for m in MODULES if m.startswith("familiar_pipeline.")), \
+        [m for m in MODULES if m.startswith("familiar_pipeline.") and _layer(m) is None]
+
+
+def test_config_imports_no_projector_and_no_model():
+    config = {m: sorted(t for t in targets if not t.startswith(("familiar_pipeline.config", "familiar_pipeline.storage")))
+              for m, targets in GRAPH.items() if m.startswith("familiar_pipeline.config")}
+    assert {m: t for m, t in config.items() if t} == {}
+
+
+# The CLI's demo flag plugs the scripted models in (familiar up --demo, familiar chat): it may import them.
+DEMO_FLAG = ("familiar_bot.cli",)
+
+
+def test_production_code_never_imports_the_scripted_models():
+    offenders = {m: sorted(t for t in targets if t.startswith("familiar_pipeline.testing"))
+                 for m, targets in GRAPH.items()
+                 if not m.startswith(("familiar_pipeline.testing", *DEMO_FLAG))}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def lazy_imports(module: str) -> list[tuple[int, str, bool]]:
+    """(line, target, says why) of every import of a project module inside a function of ``module``."""
+    path, _ = MODULES[module]
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                names = [child.module or ""] if isinstance(child, ast.ImportFrom) else [a.name for a in child.names]
+                if child_is_project(child, names):
+                    said = "# lazy:" in lines[child.lineno - 1] or "# lazy:" in lines[child.lineno - 2]
+                    found.append((child.lineno, names[0], said))
+            visit(child, inside)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def child_is_project(node: ast.AST, names: list[str]) -> bool:
+    return (isinstance(node, ast.ImportFrom) and bool(node.level)) or any(n.startswith(PACKAGES) for n in names)
+
+
+def test_every_lazy_project_import_says_why():
+    unexplained = {m: [(line, target) for line, target, said in lazy_imports(m) if not said]
+                   for m in MODULES if not m.startswith("familiar_bot.cli")}
+    assert {m: v for m, v in unexplained.items() if v} == {}

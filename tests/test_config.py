@@ -10,6 +10,7 @@ import pytest
 
 from familiar_pipeline.storage import paths
 
+from familiar_pipeline.config import DEFAULT_PROJECTORS
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.config import validation
 from familiar_pipeline.config import (
@@ -65,7 +66,7 @@ def test_defaults_are_the_documented_values(tmp_path):
         "sensor_interval_s": 5, "max_familiars_per_tick": 100, "max_batches_per_run": 20, "index_quiet_s": 30}
     mem = cfg.memory
     assert mem.projectors == ("rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection")
-    assert mem.projectors == registry.DEFAULT_PROJECTORS
+    assert mem.projectors == DEFAULT_PROJECTORS
     assert (mem.rolling_summary.turns_threshold, mem.rolling_summary.backfill_cap) == (20, 200)
     assert (mem.rich_note.batch_size, mem.rich_note.participants_max) == (20, 30)
     assert mem.people_dossier.max_facts_per_prompt == 50
@@ -496,7 +497,7 @@ def test_third_party_projector_becomes_valid_with_its_own_knobs(tmp_path):
         assert cfg.memory.knobs("rich_note") == cfg.memory.rich_note
         assert "[providers.memory.moods]\nwindow = 7" in render_config(cfg)
     finally:
-        registry._PROJECTORS.pop("moods", None)
+        registry.unregister_projector("moods")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -530,7 +531,7 @@ def test_a_projector_knob_class_gets_the_same_rules_and_messages(tmp_path, monke
         message = error_of(tmp_path, f'[providers.memory]\nprojectors = ["moods"]\n[providers.memory.moods]\n{toml}\n')
         assert message.startswith(f"{tmp_path / FID / 'character.toml'}: ") and expected in message, message
     finally:
-        registry._PROJECTORS.pop("moods", None)
+        registry.unregister_projector("moods")
 
 
 def test_a_projector_knob_class_fills_in_defaults_and_renders(tmp_path, monkeypatch):
@@ -548,7 +549,7 @@ def test_a_projector_knob_class_fills_in_defaults_and_renders(tmp_path, monkeypa
         write(tmp_path, text, familiar_id="copy")
         assert load(tmp_path, familiar_id="copy").memory == cfg.memory
     finally:
-        registry._PROJECTORS.pop("moods", None)
+        registry.unregister_projector("moods")
 
 
 # --------------------------------------------------------------------------- rendering

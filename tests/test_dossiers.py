@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 
-from familiar_pipeline.projectors import dossiers, supersede
-from familiar_pipeline.prompts import dossier as dossier_prompt
-from familiar_pipeline.storage.store import ProjectionStore, Subject
+from familiar_pipeline.projectors.dossiers import run as dossiers
+from familiar_pipeline.projectors.supersede import run as supersede
+from familiar_pipeline.projectors.dossiers import prompt as dossier_prompt
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.projectors.facts.tables import Subject
+from familiar_pipeline.projectors.dossiers import tables as dossier_db
+from familiar_pipeline.projectors.facts import store as facts_db
 
 from .fact_helpers import BO, CASS, add_facts, fact, familiar, run_projector
 from .helpers import FAKE_MODEL_TOML, append_chat
@@ -25,13 +29,13 @@ def setup(tmp_path, drafts, turns=None):
     append_chat(paths, turns or max(max(d.source_turn_ids) for d in drafts))
     add_facts(paths, drafts, rich_note_turn=turns or max(max(d.source_turn_ids) for d in drafts))
     with ProjectionStore(paths.memory_db) as store:  # supersession has judged them
-        store.set_watermark(supersede.PROJECTOR, fact_id=store.latest_fact_id())
+        store.set_watermark(supersede.PROJECTOR, fact_id=facts_db.latest_fact_id(store))
     return paths
 
 
 def dossier(paths, key):
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        return store.get_dossier(key)
+        return dossier_db.get_dossier(store, key)
 
 
 def test_new_subject_then_nothing_new_then_incremental(tmp_path, fake_llm):
@@ -62,7 +66,7 @@ def test_two_subjects_get_their_own_dossiers(tmp_path, fake_llm):
 def test_blank_reply_never_overwrites(tmp_path, fake_llm):
     paths = setup(tmp_path, [fact("Cass lives in Berlin.", CASS, turn=1), fact("Cass keeps bees.", CASS, turn=2)])
     with ProjectionStore(paths.memory_db) as store:
-        store.put_dossier("discord:111", "keep me", 1)
+        dossier_db.put_dossier(store, "discord:111", "keep me", 1)
         store.set_watermark(dossiers.PROJECTOR, turn_id=1, fact_id=1)
     fake_llm.script(lambda messages: "   ")
     report = run_projector(dossiers, tmp_path)

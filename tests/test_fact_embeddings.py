@@ -7,8 +7,10 @@ import pytest
 
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.models.embedders import HashEmbedder
-from familiar_pipeline.projectors import embeddings
+from familiar_pipeline.projectors.fact_embeddings import run as embeddings
 from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 from .fact_helpers import CASS, add_facts, fact, run_projector
 from .helpers import CountingEmbedder, make_familiar
@@ -33,7 +35,7 @@ def test_embeds_in_batches_then_nothing(tmp_path):
     assert [len(c) for c in emb.calls] == [2, 2, 1] and report.rows_written == 5
     assert report.watermark_after == {"fact_id": 5}
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        vectors = store.embeddings_for(emb.name, [1, 2, 3, 4, 5])
+        vectors = fact_vectors.embeddings_for(store, emb.name, [1, 2, 3, 4, 5])
     assert len(vectors) == 5 and all(len(v) == 64 for v in vectors.values())
     assert np.allclose(vectors[1], HashEmbedder(64).embed(["Cass fact number 1."])[0], atol=1e-6)
     emb2 = CountingEmbedder(HashEmbedder(64))
@@ -49,7 +51,7 @@ def test_model_swap_accumulates_beside_the_old(tmp_path):
     with ProjectionStore(paths.memory_db, read_only=True) as store:
         models = store.conn.execute("SELECT model, count(*) FROM fact_embeddings GROUP BY model ORDER BY model").fetchall()
         assert models == [("hash-v1-d32", 3), ("hash-v1-d64", 3)]
-        assert {len(v) for v in store.embeddings_for("hash-v1-d32", [1, 2, 3]).values()} == {32}
+        assert {len(v) for v in fact_vectors.embeddings_for(store, "hash-v1-d32", [1, 2, 3]).values()} == {32}
 
 
 def test_length_mismatch_writes_nothing(tmp_path):
@@ -64,7 +66,7 @@ def test_retired_facts_are_not_embedded(tmp_path):
     seed(tmp_path, 3)
     paths = make_familiar(tmp_path, "fam", TOML)
     with ProjectionStore(paths.memory_db) as store:
-        store.supersede([1], 2)
+        supersede_db.supersede(store, [1], 2)
     emb = CountingEmbedder(HashEmbedder(64))
     run(tmp_path, emb)
     assert emb.calls == [["Cass fact number 2.", "Cass fact number 3."]]

@@ -6,7 +6,10 @@ import pytest
 
 from familiar_bot.cli.main import main
 from familiar_pipeline.storage.snapshots import publish_snapshot
-from familiar_pipeline.storage.store import FactDraft, ProjectionStore
+from familiar_pipeline.projectors.facts.store import FactDraft
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 from .fact_helpers import BO, CASS
 from .helpers import make_familiar
@@ -17,10 +20,10 @@ def published(tmp_path, monkeypatch):
     monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
     paths = make_familiar(tmp_path)
     with ProjectionStore(paths.memory_db) as store:
-        store.append_fact(FactDraft("Cass lives in Berlin.", (1,), (CASS,), valid_from="2026-01-01", importance=6))
-        store.append_fact(FactDraft("Cass moved to Lisbon.", (5,), (CASS,), valid_from="2026-03-01"))
-        store.append_fact(FactDraft("Bo keeps bees.", (7,), (BO,), valid_from="2026-02-01"))
-        store.supersede([1], 2)
+        facts_db.append_fact(store, FactDraft("Cass lives in Berlin.", (1,), (CASS,), valid_from="2026-01-01", importance=6))
+        facts_db.append_fact(store, FactDraft("Cass moved to Lisbon.", (5,), (CASS,), valid_from="2026-03-01"))
+        facts_db.append_fact(store, FactDraft("Bo keeps bees.", (7,), (BO,), valid_from="2026-02-01"))
+        supersede_db.supersede(store, [1], 2)
         publish_snapshot(store.conn, paths.serving_dir, store_watermark=store.serving_watermark())
     return paths
 

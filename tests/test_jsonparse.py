@@ -222,7 +222,7 @@ def test_truncation_repair_counts_what_it_discarded():
 
 
 def test_a_fact_cut_off_by_the_token_limit_is_counted_as_malformed():
-    from familiar_pipeline.prompts.facts import parse_reply
+    from familiar_pipeline.projectors.facts.prompt import parse_reply
 
     facts, malformed = parse_reply('[{"text": "Ana moved to Lisbon", "source_turn_ids": [1]}, {"text": "Ana is allerg')
     assert [f.text for f in facts] == ["Ana moved to Lisbon"] and malformed == 1

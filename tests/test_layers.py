@@ -7,6 +7,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR
+from familiar_pipeline.projectors.dossiers import tables as dossier_db
+from familiar_pipeline.projectors.reflections import tables as reflection_db
+from familiar_pipeline.projectors.summary import tables as summary_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 from familiar_bot.prompt.assembly import Message
 from familiar_bot.prompt.layers.character_card import CharacterCardLayer
@@ -73,13 +77,13 @@ def test_operating_mode_per_tier(world):
 def test_summary_renders_truncates_and_keys_on_its_watermark(world):
     layer = ConversationSummaryLayer()
     assert layer.build(ctx(), view(world)) == "" and layer.invalidation_key(ctx(), view(world)) == "none"
-    world.store.put_summary("They planned a hike.", 5)
+    summary_db.put_summary(world.store, "They planned a hike.", 5)
     world.publish()
     memory = view(world)
     assert layer.build(ctx(), memory) == "## Conversation so far\n\nThey planned a hike."
     assert layer.build(ctx(channel=999), memory) == layer.build(ctx(), memory)  # familiar-wide
     key = layer.invalidation_key(ctx(), memory)
-    world.store.put_summary("word " * 5000, 9)
+    summary_db.put_summary(world.store, "word " * 5000, 9)
     world.publish()
     memory = view(world)
     assert layer.invalidation_key(ctx(), memory) != key
@@ -94,18 +98,18 @@ def test_reflection_breadcrumbs_and_stale_flag_with_key_change(world):
     t = world.say("we lost the match")
     f1 = world.fact("The team lost on Friday", subjects=[CASS], sources=[t.id])
     f2 = world.fact("Cass is captain", subjects=[CASS], sources=[t.id])
-    world.store.append_reflection(channel_id=10, text="Crew morale dipped after Friday.",
+    reflection_db.append_reflection(world.store, channel_id=10, text="Crew morale dipped after Friday.",
                                   cited_turn_ids=[t.id], cited_fact_ids=[f1.id], last_turn_id=t.id, last_fact_id=f1.id)
-    world.store.append_reflection(channel_id=None, text="Cass leads\nquietly.",
+    reflection_db.append_reflection(world.store, channel_id=None, text="Cass leads\nquietly.",
                                   cited_turn_ids=[], cited_fact_ids=[f2.id], last_turn_id=t.id, last_fact_id=f2.id)
-    world.store.append_reflection(channel_id=77, text="Elsewhere.", cited_turn_ids=[t.id],
+    reflection_db.append_reflection(world.store, channel_id=77, text="Elsewhere.", cited_turn_ids=[t.id],
                                   cited_fact_ids=[], last_turn_id=t.id, last_fact_id=0)
     world.publish()
     layer, memory = ReflectionLayer(), view(world)
     assert layer.build(ctx(), memory) == (
         "## Recent reflections\n\n- Cass leads quietly. [F#2]\n- Crew morale dipped after Friday. [T#1, F#1]")
     key = layer.invalidation_key(ctx(), memory)
-    world.store.supersede([f1.id], None)  # retire the cited fact; no new reflection is written
+    supersede_db.supersede(world.store, [f1.id], None)  # retire the cited fact; no new reflection is written
     world.publish()
     memory = view(world)
     assert layer.invalidation_key(ctx(), memory) != key  # a retired citation changes the key by itself
@@ -116,7 +120,7 @@ def test_reflection_breadcrumbs_and_stale_flag_with_key_change(world):
 def test_reflection_caps(world):
     t = world.say("x")
     for i in range(15):
-        world.store.append_reflection(channel_id=10, text=f"Thought {i} " + "blah " * 60,
+        reflection_db.append_reflection(world.store, channel_id=10, text=f"Thought {i} " + "blah " * 60,
                                       cited_turn_ids=[t.id], cited_fact_ids=[], last_turn_id=1, last_fact_id=0)
     world.publish()
     text = ReflectionLayer().build(ctx(tier="voice"), view(world))  # max 6, 600 tokens
@@ -137,7 +141,7 @@ def test_people_dossier_order_ego_authors_mentions(world):
     world.log.upsert_participant("discord:555", username="dee", global_name="Dee", pronouns="she/her", bio="Jazz " * 100)
     for key, text in [("ego:fam", "I am Fam."), (CASS[0], "Cass captains."), (BO[0], "Bo bakes."),
                       (MIA[0], "Mia paints."), ("discord:555", "Dee sings\n# not a header")]:
-        world.store.put_dossier(key, text, 1)
+        dossier_db.put_dossier(world.store, key, text, 1)
     world.publish()
     text = PeopleDossierLayer().build(ctx(), view(world))
     heads = [line for line in text.splitlines() if line.startswith("### ")]
@@ -152,7 +156,7 @@ def test_people_dossier_order_ego_authors_mentions(world):
 def test_people_dossier_caps_and_key(world):
     for key, name in [CASS, BO, MIA]:
         world.say(f"hi from {name}", (key, name))
-        world.store.put_dossier(key, f"{name} " + "detail " * 150, 1)
+        dossier_db.put_dossier(world.store, key, f"{name} " + "detail " * 150, 1)
     world.publish()
     capped = PeopleDossierLayer().build(ctx(), view(world, {"FAMILIAR__BUDGET__TEXT__MAX_DOSSIER_PEOPLE": "2"}))
     assert "### Mia" in capped and "### Bo" in capped and "### Cass" not in capped

@@ -35,6 +35,7 @@ from familiar_pipeline.models.llm import client_for
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
+from familiar_pipeline.projectors.facts import store as facts_db
 
 from .fact_helpers import ALL_ASSETS, materialize, metadata
 from .helpers import make_familiar
@@ -206,4 +207,4 @@ def test_every_projection_and_replies_through_smollm2(server, tmp_path, monkeypa
 
 def marks_latest(paths: FamiliarPaths) -> int:
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        return store.latest_fact_id()
+        return facts_db.latest_fact_id(store)

@@ -24,6 +24,7 @@ from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.testing.fake_llm import fake_llm
 from familiar_pipeline.testing.scripted import careful_model
+from familiar_pipeline.projectors.facts import store as facts_db
 
 from .helpers import append_chat, make_familiar
 
@@ -58,7 +59,7 @@ def by_partition(result, asset: str) -> dict[str, dict]:
 
 def facts_and_mark(paths: FamiliarPaths) -> tuple[int, int]:
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        return len(store.all_fact_ids()), store.get_watermark("rich_note").turn_id
+        return len(facts_db.all_fact_ids(store)), store.get_watermark("rich_note").turn_id
 
 
 def familiars(root, instance, names_and_turns) -> dict[str, FamiliarPaths]:
@@ -128,7 +129,7 @@ def test_one_familiar_failing_leaves_the_others_committed_and_is_retried(env):
 
 
 def test_a_raising_projector_fails_the_step_only_when_every_familiar_failed(env, monkeypatch):
-    import familiar_pipeline.projectors.facts as facts_module
+    import familiar_pipeline.projectors.facts.run as facts_module
 
     root, instance = env
     familiars(root, instance, [("a1", 10), ("a2", 10)])
@@ -384,13 +385,13 @@ def test_a_run_that_dies_between_passes_leaves_its_followers_pending(env, monkey
 
 
 def test_a_failed_blocking_check_holds_back_only_that_familiars_followers(env):
-    from familiar_pipeline.storage.store import FactDraft
+    from familiar_pipeline.projectors.facts.store import FactDraft
 
     root, instance = env
     fams = familiars(root, instance, [("a1", 10), ("a2", 10)])
     assert run_range(root, instance, ["facts"], "a1", "a2").success
     with ProjectionStore(fams["a1"].memory_db) as store:  # a fact citing a turn the log does not have
-        store.append_fact(FactDraft(text="Ghost fact", source_turn_ids=(4242,)))
+        facts_db.append_fact(store, FactDraft(text="Ghost fact", source_turn_ids=(4242,)))
     for paths in fams.values():
         append_chat(paths, 10, start=10)
     result = run_range(root, instance, ["facts", "fact_supersessions"], "a1", "a2")

@@ -15,6 +15,11 @@ from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
+from familiar_pipeline.projectors.dossiers import tables as dossier_db
+from familiar_pipeline.projectors.facts import reads as fact_reads
+from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.reflections import tables as reflection_db
+from familiar_pipeline.projectors.summary import tables as summary_db
 
 from .helpers import append_chat, make_familiar
 
@@ -64,12 +69,12 @@ def test_facts_batches_and_watermark(tmp_path, instance, fake_llm):
     assert meta["rows_written"] > 0 and meta["llm_calls"] == 2
     assert "preview" in meta
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        current = store.current_facts()
+        current = facts_db.current_facts(store)
         assert current and all(f.source_turn_ids and max(f.source_turn_ids) <= 20 for f in current)
         assert all(s.canonical_key.startswith("discord:") for f in current for s in f.subjects)
     reader = SnapshotReader(paths.serving_dir)
     reader.refresh()
-    assert len(reader.current_facts()) == len(current)
+    assert len(fact_reads.current_facts(reader)) == len(current)
     hits = FtsIndex(paths.fts_facts).search("allergic peanuts", 5)
     assert hits, "new facts are searchable in fts/facts"
 
@@ -121,7 +126,7 @@ def test_hallucinated_ids_and_keys_are_dropped(tmp_path, instance, fake_llm):
     reasons = meta["dropped_reasons"]
     assert reasons["unknown_subject_keys"] == 1 and reasons["self_capability"] == 1 and reasons["empty_text"] == 1
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        by_text = {f.text: f for f in store.current_facts()}
+        by_text = {f.text: f for f in facts_db.current_facts(store)}
     assert by_text["Cass moved to Berlin."].source_turn_ids == (1,)
     assert [s.canonical_key for s in by_text["Cass moved to Berlin."].subjects] == ["discord:111"]
     assert by_text["Someone likes tea."].source_turn_ids == tuple(range(1, 11))  # fallback: the batch
@@ -137,7 +142,7 @@ def test_a_world_end_before_its_start_keeps_the_fact_open_ended(tmp_path, instan
     meta = metadata_of(run_assets(tmp_path, "fam", instance, [facts]), "facts")
     assert meta["rows_written"] == 1 and meta["dropped_reasons"]["valid_to_not_after_valid_from"] == 1
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        (fact,) = store.current_facts()
+        (fact,) = facts_db.current_facts(store)
     assert fact.valid_to is None and fact.valid_from.date().isoformat() == "2020-05-01"
 
 
@@ -174,7 +179,7 @@ def test_rolling_summary_compounds_and_empty_reply_keeps_watermark(tmp_path, ins
     assert meta["watermark_after"] == {"turn_id": 20}
     assert meta["dropped_reasons"] == {"empty_reply": 1}
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        assert store.get_summary().last_turn_id == 20
+        assert summary_db.get_summary(store).last_turn_id == 20
 
 
 def test_turns_fts_follows_edits_and_deletions(tmp_path, instance, fake_llm):
@@ -233,7 +238,7 @@ def test_incremental_build_equals_rebuild(tmp_path, instance, fake_llm):
 
 
 def test_checks_pass_and_catch_a_fact_citing_a_missing_turn(tmp_path, instance, fake_llm):
-    from familiar_pipeline.storage.store import FactDraft
+    from familiar_pipeline.projectors.facts.store import FactDraft
 
     paths = make_familiar(tmp_path)
     append_chat(paths, 10)
@@ -241,7 +246,7 @@ def test_checks_pass_and_catch_a_fact_citing_a_missing_turn(tmp_path, instance, 
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evaluations and all(evaluations.values()), evaluations
     with ProjectionStore(paths.memory_db) as store:
-        store.append_fact(FactDraft(text="Ghost fact", source_turn_ids=(4242,)))
+        facts_db.append_fact(store, FactDraft(text="Ghost fact", source_turn_ids=(4242,)))
     append_chat(paths, 10, start=10)
     result = run_assets(tmp_path, "fam", instance, [facts], raise_on_error=False)
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
@@ -283,14 +288,10 @@ def append_story(paths, n, start):
 
 def all_tables(path):
     """Every table of memory.duckdb minus wall-clock columns; superseded_at kept as a flag."""
-    from familiar_pipeline.storage.store_schema import TABLE_KEYS
-
     wall_clock = {"created_at", "updated_at", "decided_at", "applied_at"}
     with ProjectionStore(path, read_only=True) as store:
         tables = {}
-        for table in TABLE_KEYS:
-            if table == "schema_version":
-                continue
+        for table in [*store.tables, "watermarks"]:
             cols = [c[0] for c in store.conn.execute(f"DESCRIBE {table}").fetchall() if c[0] not in wall_clock]
             select = ", ".join("superseded_at IS NULL" if c == "superseded_at" else c for c in cols)
             tables[table] = store.conn.execute(f"SELECT {select} FROM {table} ORDER BY ALL").fetchall()
@@ -318,7 +319,7 @@ def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_l
     with ProjectionStore(paths.memory_db, read_only=True) as store:
         retired = store.conn.execute("SELECT count(*) FROM facts WHERE superseded_at IS NOT NULL").fetchone()[0]
         assert retired >= 3, "the story has moves, a job change and a flipped preference"
-        assert len(store.dossiers()) == (3 if per_fold == 1 else 2) and store.recent_reflections(limit=50)
+        assert len(dossier_db.dossiers(store)) == (3 if per_fold == 1 else 2) and reflection_db.recent_reflections(store, limit=50)
         assert store.conn.execute("SELECT count(*) FROM fact_embeddings").fetchone()[0] > 0
     calls = len(fake_llm.calls)
     result = run_all(True)

@@ -40,7 +40,7 @@ def word_counts_asset():
 def registered():
     registry.register_projector("word_counts", word_counts_asset, description="words per speaker", needs_llm=False)
     yield
-    registry._PROJECTORS.pop("word_counts", None)
+    registry.unregister_projector("word_counts")
 
 
 def test_plugin_asset_joins_the_definitions_and_runs(tmp_path, registered):
@@ -77,7 +77,7 @@ def speaker_words_plugin(monkeypatch):
     """The example plugin module, imported through FAMILIAR_PLUGINS as the code location does."""
     monkeypatch.setenv("FAMILIAR_PLUGINS", "tests.speaker_words_plugin")
     yield
-    registry._PROJECTORS.pop("speaker_words", None)
+    registry.unregister_projector("speaker_words")
     sys.modules.pop("tests.speaker_words_plugin", None)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from familiar_pipeline.defs.assets import FACT_DRIVEN, MEMORY
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
-from familiar_pipeline.projectors.facts import CLOCK_SLACK_S, close_batch
+from familiar_pipeline.projectors.facts.batches import CLOCK_SLACK_S, close_batch
 from familiar_pipeline.storage.turns import TurnLog
 
 from .helpers import FAKE_MODEL_TOML, LINES, PEOPLE, make_familiar

@@ -15,8 +15,15 @@ from datetime import timedelta
 
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.snapshots import publish_snapshot
-from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+from familiar_pipeline.projectors.facts.store import FactDraft
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.projectors.facts.tables import Subject
 from familiar_pipeline.storage.turns import TurnLog
+from familiar_pipeline.projectors.dossiers import tables as dossier_db
+from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.reflections import tables as reflection_db
+from familiar_pipeline.projectors.summary import tables as summary_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 from tests.test_assembly import BO, CASS, T0, World, ctx
 
@@ -32,14 +39,14 @@ def store_writer(paths, stop: threading.Event, stats: dict) -> None:
             i = 0
             while not stop.is_set():
                 word, who = WORDS[i % len(WORDS)], (CASS, BO)[i % 2]
-                fact, _ = store.append_fact(FactDraft(f"{who[1]} said something about {word} ({i})",
+                fact, _ = facts_db.append_fact(store, FactDraft(f"{who[1]} said something about {word} ({i})",
                                                       source_turn_ids=(1 + i % 40,), importance=1 + i % 10,
                                                       subjects=(Subject(*who),)))
                 if i % 3 == 0 and fact.id > 2:
-                    store.supersede([fact.id - 2], None)
-                store.put_summary(f"Summary revision {i}: lots about {word}.", 40)
-                store.put_dossier(who[0], f"{who[1]} talks about {word} (rev {i}).", fact.id)
-                store.append_reflection(channel_id=10, text=f"Reflection {i} on {word}",
+                    supersede_db.supersede(store, [fact.id - 2], None)
+                summary_db.put_summary(store, f"Summary revision {i}: lots about {word}.", 40)
+                dossier_db.put_dossier(store, who[0], f"{who[1]} talks about {word} (rev {i}).", fact.id)
+                reflection_db.append_reflection(store, channel_id=10, text=f"Reflection {i} on {word}",
                                         cited_turn_ids=[1 + i % 40], cited_fact_ids=[fact.id],
                                         last_turn_id=40, last_fact_id=fact.id)
                 publish_snapshot(store.conn, paths.serving_dir, store_watermark={"i": i}, durable=False)

@@ -15,10 +15,15 @@ from datetime import date, datetime, timedelta, timezone
 import pytest
 
 from familiar_pipeline.storage.identity import check_key
-from familiar_pipeline.storage.records import Fact, FactView
+from familiar_pipeline.projectors.facts.tables import Fact, FactView
 from familiar_pipeline.storage.snapshots import Snapshot, SnapshotReader, publish_snapshot
-from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+from familiar_pipeline.projectors.facts.store import FactDraft
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.projectors.facts.tables import Subject
 from familiar_pipeline.storage.times import as_utc, parse_instant, utc_text
+from familiar_pipeline.projectors.facts import reads as fact_reads
+from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 UTC = timezone.utc
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -36,15 +41,15 @@ def random_rows(store: ProjectionStore, rng: random.Random, count: int) -> None:
         start = rng.randint(0, 30)
         end = rng.choice([None, None, start + rng.randint(1, 12)])
         subjects = tuple(Subject(k, k.upper()) for k in rng.sample(KEYS, rng.randint(0, 2)))
-        store.append_fact(
+        facts_db.append_fact(store, 
             FactDraft(f"fact {n}", (n + 1,), subjects, valid_from=hour(start),
                       valid_to=None if end is None else hour(end)),
             now=hour(rng.randint(0, 20)),
             dedup=False,
         )
-    ids = sorted(store.all_fact_ids())
+    ids = sorted(facts_db.all_fact_ids(store))
     for fact_id in rng.sample(ids, len(ids) // 3):
-        store.supersede([fact_id], None, now=hour(rng.randint(0, 40)))
+        supersede_db.supersede(store, [fact_id], None, now=hour(rng.randint(0, 40)))
     # Rows written before valid_from was always set have an open start.
     open_start = rng.sample(ids, len(ids) // 5)
     store.conn.execute("UPDATE facts SET valid_from = NULL WHERE id IN (SELECT unnest(?))", [open_start])
@@ -68,31 +73,31 @@ def test_sql_and_arrow_agree_with_the_definition_on_random_rows(tmp_path, seed):
         random_rows(store, rng, 40)
         publish_snapshot(store.conn, tmp_path, store_watermark={}, durable=False)
         snapshot = SnapshotReader(tmp_path).current()
-        every = store.facts_by_ids(store.all_fact_ids())
-        assert snapshot.facts_by_ids(store.all_fact_ids()) == every  # same records both ways
+        every = facts_db.facts_by_ids(store, facts_db.all_fact_ids(store))
+        assert fact_reads.facts_by_ids(snapshot, facts_db.all_fact_ids(store)) == every  # same records both ways
         assert any(f.valid_from is None for f in every) and any(not f.current for f in every)
 
         for _ in range(40):
             args = random_view_args(rng)
             view = FactView.of(**args)
             expected = [f for f in every if view.admits(f)]
-            sql = store.recent_facts(10**6, **args)[::-1]
-            arrow = snapshot.recent_facts(10**6, args.get("as_of"), include_superseded=args["include_superseded"],
+            sql = facts_db.recent_facts(store, 10**6, **args)[::-1]
+            arrow = fact_reads.recent_facts(snapshot, 10**6, args.get("as_of"), include_superseded=args["include_superseded"],
                                           now=args.get("now"))[::-1]
             assert sql == arrow == expected, args
 
             key = rng.choice(KEYS)
             about = [f for f in expected if key in f.subject_keys]
-            assert store.facts_for_subject(key, **args) == about, (key, args)
-            assert snapshot.facts_for_subject(key, args.get("as_of"), include_superseded=args["include_superseded"],
+            assert facts_db.facts_for_subject(store, key, **args) == about, (key, args)
+            assert fact_reads.facts_for_subject(snapshot, key, args.get("as_of"), include_superseded=args["include_superseded"],
                                               now=args.get("now")) == about, (key, args)
 
             if "now" in args and not args["include_superseded"]:
-                assert store.current_facts(now=args["now"]) == snapshot.current_facts(args["now"]) == expected
+                assert facts_db.current_facts(store, now=args["now"]) == fact_reads.current_facts(snapshot, args["now"]) == expected
                 some = rng.sample([f.id for f in every], 10)
                 among = [f for f in expected if f.id in some]
-                assert store.current_facts(now=args["now"], ids=some) == among
-                assert snapshot.current_facts(args["now"], ids=some) == among
+                assert facts_db.current_facts(store, now=args["now"], ids=some) == among
+                assert fact_reads.current_facts(snapshot, args["now"], ids=some) == among
     finally:
         store.close()
 
@@ -132,9 +137,9 @@ def test_one_canonical_key_check(bad):
     assert check_key("discord:1234") == "discord:1234" and check_key("ego:fam") == "ego:fam"
 
 
-def test_the_reader_answers_with_the_snapshots_own_queries(tmp_path):
+def test_reads_take_a_reader_or_one_of_its_snapshots(tmp_path):
+    """Each table's reads accept the reader (its snapshot current at the call) or a pinned snapshot."""
     reader = SnapshotReader(tmp_path / "nothing-yet")
-    for name in SnapshotReader.QUERIES:
-        assert getattr(reader, name).__func__ is getattr(Snapshot, name), name
-    with pytest.raises(AttributeError, match="no attribute 'publish'"):
-        reader.publish
+    assert reader.current().current() is reader.current()
+    assert fact_reads.current_facts(reader) == fact_reads.current_facts(reader.current()) == []
+    assert reader.table("facts").num_rows == 0 and reader.watermark("rich_note").turn_id == 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from familiar_pipeline.testing.fake_llm import FakeLLM
-from familiar_pipeline.projectors import reflections
+from familiar_pipeline.projectors.reflections import run as reflections
 from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.projectors.reflections import tables as reflection_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 from .fact_helpers import CASS, add_facts, fact, familiar, run_projector
 from .helpers import FAKE_MODEL_TOML, append_chat
@@ -21,7 +23,7 @@ def calls(fake):
 
 def rows(paths):
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        return store.recent_reflections(limit=100)[::-1], store.get_watermark(reflections.PROJECTOR)
+        return reflection_db.recent_reflections(store, limit=100)[::-1], store.get_watermark(reflections.PROJECTOR)
 
 
 def setup(tmp_path, turns=25, toml=TOML, facts=4):
@@ -114,8 +116,8 @@ def test_waits_for_facts_then_shows_facts_current_at_the_window(tmp_path, fake_l
     add_facts(paths, [fact("Cass lives in Berlin.", CASS, turn=3), fact("Cass moved to Lisbon.", CASS, turn=12),
                       fact("Cass moved to Oslo.", CASS, turn=22)], rich_note_turn=20)
     with ProjectionStore(paths.memory_db) as store:
-        store.supersede([1], 2)
-        store.supersede([2], 3)  # retired by a fact from after the window: still current at its end
+        supersede_db.supersede(store, [1], 2)
+        supersede_db.supersede(store, [2], 3)  # retired by a fact from after the window: still current at its end
         store.set_watermark("fact_supersede", fact_id=3)
     run_projector(reflections, tmp_path)
     facts_shown = calls(fake_llm)[0]["messages"][1]["content"].split("Recent facts (id, text):")[1]

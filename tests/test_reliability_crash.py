@@ -97,7 +97,7 @@ def child_pipeline(root: str) -> None:
     if point == "before_publish":
         _die_before(runtime, "publish_snapshot")
     elif point == "mid_publish":
-        _die_before(snapshots, "_write_manifest")
+        _die_before(snapshots.publish, "_write_manifest")
     elif point == "fts_commit":
         original = fts.FtsIndex._commit_once
 

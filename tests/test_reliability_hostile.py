@@ -27,8 +27,10 @@ from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import fake_llm
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.store import ProjectionStore
-from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML, careful_model, parse_prompt_participants
+from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML, careful_model
+from familiar_pipeline.projectors.prompting import parse_prompt_participants
 from familiar_pipeline.storage.turns import TurnLog
+from familiar_pipeline.projectors.facts import store as facts_db
 
 from .hostile import IMPERSONATED_NAME, hostile_messages
 from .test_pipeline import run_assets
@@ -153,7 +155,7 @@ def test_220_hostile_messages_through_responder_and_pipeline(tmp_path, instance,
         assert huge, "100 KB messages were stored whole"
 
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        current = store.current_facts()
+        current = facts_db.current_facts(store)
         assert current
         for fact in current:
             sources = {author_of.get(i) for i in fact.source_turn_ids}
@@ -183,7 +185,7 @@ def test_a_display_name_twin_is_shown_to_the_model_as_someone_else(tmp_path, ins
     labels = parse_prompt_participants(prompt)
     assert len(labels) == 3, f"each account (and the familiar) has its own label: {labels}"
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        for fact in store.current_facts():
+        for fact in facts_db.current_facts(store):
             mars = "Mars" in fact.text
             assert [s.canonical_key for s in fact.subjects] == [FAKE_COR.key if mars else COR.key]
 
@@ -219,6 +221,6 @@ def test_a_model_that_follows_injections_is_held_to_the_contract(tmp_path, insta
     for reason in ("unknown_subject_keys", "unknown_source_ids", "empty_text", "malformed_items"):
         assert reason in str(dropped), (reason, dropped)
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        for fact in store.current_facts():
+        for fact in facts_db.current_facts(store):
             assert {s.canonical_key for s in fact.subjects} <= {MALLORY.key}, "no invented or unlisted identity"
             assert set(fact.source_turn_ids) <= set(range(1, 11))

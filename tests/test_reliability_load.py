@@ -32,7 +32,7 @@ def test_a_burst_is_logged_whole_and_projected_batch_by_batch(tmp_path):
     print("\n".join(result.lines()))
     assert result.lost == 0 and result.duplicates == 0 and result.out_of_order_channels == 0
     assert result.pipeline_errors == [] and result.assembly_errors == 0
-    from familiar_pipeline.projectors.facts import RichNoteConfig
+    from familiar_pipeline.projectors.facts.spec import RichNoteConfig
 
     assert result.pipeline_batches == messages // RichNoteConfig().batch_size, "each batch projected once"
     assert result.pipeline_runs > 1, "the backlog took several runs, batch by batch"

@@ -32,6 +32,7 @@ from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.defs.jobs import materialize_in_process
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML, careful_model
+from familiar_pipeline.projectors.facts import store as facts_db
 
 from .helpers import append_chat, make_familiar
 
@@ -88,7 +89,7 @@ def newest_parquet(paths, table="facts"):
 
 def facts_in_store(paths) -> int:
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        return len(store.current_facts())
+        return len(facts_db.current_facts(store))
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "delete"])
@@ -163,12 +164,12 @@ def test_a_writer_killed_while_holding_the_lock_does_not_block_the_next_run(worl
 def test_disk_full_during_publish_keeps_the_old_snapshot_and_the_next_run_republishes(world, monkeypatch):
     paths, fake, instance = world
     before = snapshots.read_manifest(paths.serving_dir).version
-    real_write = snapshots._write_manifest
+    real_write = snapshots.publish._write_manifest
 
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(snapshots, "_write_manifest", disk_full)
+    monkeypatch.setattr(snapshots.publish, "_write_manifest", disk_full)
     append_chat(paths, 10, start=20)
     result = materialize(paths.root, instance)
     assert not result.success, "the fault is reported as a failed step in the UI"
@@ -178,7 +179,7 @@ def test_disk_full_during_publish_keeps_the_old_snapshot_and_the_next_run_republ
     assert ask(paths, fake)[0] == ["Still here!"], "the bot answers from the last good snapshot"
     assert not [p for p in paths.serving_dir.iterdir() if p.suffix == ".tmp"], "no half-written files left"
 
-    monkeypatch.setattr(snapshots, "_write_manifest", real_write)
+    monkeypatch.setattr(snapshots.publish, "_write_manifest", real_write)
     assert materialize(paths.root, instance).success
     with ProjectionStore(paths.memory_db, read_only=True) as store:
         assert snapshot_lag(store, paths.serving_dir) is None, "the next run republished"

@@ -33,6 +33,8 @@ from familiar_pipeline.testing.fake_llm import FakeLLM, fake_llm
 from familiar_pipeline.models.llm import client_for
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.turns import TurnLog
+from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 CARD = "You are Fam, a small fox spirit who loves puns."
 CHANNEL, QUIET_CHANNEL, LOUD_CHANNEL, BARE_CHANNEL = 10, 20, 30, 40
@@ -372,16 +374,18 @@ def test_context_report_names_the_retired_fact_and_its_replacement(tmp_path):
     """`/context`'s memory footer reads the serving snapshot: counts, then each retired fact and what replaced it."""
     from familiar_bot.responder import retired_facts_report
     from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot
-    from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+    from familiar_pipeline.projectors.facts.store import FactDraft
+    from familiar_pipeline.storage.store import ProjectionStore
+    from familiar_pipeline.projectors.facts.tables import Subject
 
     sam = [Subject("discord:1", "Sam")]
     with ProjectionStore(tmp_path / "memory.duckdb") as store:
-        lisbon, porto, cat = (f for f, _ in store.append_facts([
+        lisbon, porto, cat = (f for f, _ in facts_db.append_facts(store, [
             FactDraft(text="Sam lives in Lisbon.", source_turn_ids=[1], subjects=sam),
             FactDraft(text="Sam moved to Porto.", source_turn_ids=[5], subjects=sam),
             FactDraft(text="Sam has a cat called Miso.", source_turn_ids=[4], subjects=sam),
         ]))
-        store.supersede([lisbon.id], porto.id)
+        supersede_db.supersede(store, [lisbon.id], porto.id)
         publish_snapshot(store.conn, tmp_path / "serving", store_watermark=store.serving_watermark())
     report = retired_facts_report(SnapshotReader(tmp_path / "serving").current())
     assert report.splitlines() == [

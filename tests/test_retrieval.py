@@ -1,6 +1,11 @@
 """Retrieval: fusion arithmetic, the embedding paths, turn exclusion, neighbours, rendering."""
 
 from __future__ import annotations
+from familiar_pipeline.projectors.vectors import delete_vectors, set_vectors, vector_count, vectors_for
+from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
+from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
+from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 import logging
 import threading
@@ -90,7 +95,7 @@ def test_importance_and_current_facts_only(world):
     low = world.fact("Strawberry jam is fine", importance=1)
     high = world.fact("Strawberry fields forever", importance=10)
     retired = world.fact("Strawberry is Cass's favourite fruit", subjects=[CASS], importance=10)
-    world.store.supersede([retired.id], None)
+    supersede_db.supersede(world.store, [retired.id], None)
     world.sync()
     env = {"FAMILIAR__BUDGET__TEXT__MAX_RAG_FACTS": "1", "FAMILIAR__MEMORY__RETRIEVAL__IMPORTANCE_WEIGHT": "5"}
     text, debug = rag(world, "strawberry", env)
@@ -102,7 +107,7 @@ def test_importance_and_current_facts_only(world):
 def test_retired_facts_crowding_the_top_trigger_a_deeper_fetch(world):
     for i in range(12):
         f = world.fact(f"kiwi kiwi kiwi note {i}")
-        world.store.supersede([f.id], None)
+        supersede_db.supersede(world.store, [f.id], None)
     keep = world.fact("a kiwi once")
     world.sync()
     env = {"FAMILIAR__BUDGET__TEXT__MAX_RAG_FACTS": "1", "FAMILIAR__MEMORY__RETRIEVAL__FACT_OVERFETCH": "2"}
@@ -113,9 +118,9 @@ def test_retired_facts_crowding_the_top_trigger_a_deeper_fetch(world):
 def test_embedding_rerank_prefers_aligned_vector(world):
     a = world.fact("Orthogonal pancake fact")
     b = world.fact("Aligned pancake fact")
-    world.store.set_fact_embedding(a.id, "test-emb", [0.0, 1.0, 0.0])
-    world.store.set_fact_embedding(b.id, "test-emb", [1.0, 0.0, 0.0])
-    world.store.set_fact_embedding(a.id, "other-model", [1.0, 0.0, 0.0])  # never read
+    fact_vectors.set_fact_embedding(world.store, a.id, "test-emb", [0.0, 1.0, 0.0])
+    fact_vectors.set_fact_embedding(world.store, b.id, "test-emb", [1.0, 0.0, 0.0])
+    fact_vectors.set_fact_embedding(world.store, a.id, "other-model", [1.0, 0.0, 0.0])  # never read
     world.sync()
     embedder = CountingEmbedder()
     env = {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "5",
@@ -129,9 +134,9 @@ def test_embedding_rerank_prefers_aligned_vector(world):
 
 def test_facts_and_turns_share_one_embedding_of_the_cue(world):
     a = world.fact("Pancake fact")
-    world.store.set_fact_embedding(a.id, "test-emb", [1.0, 0.0, 0.0])
+    fact_vectors.set_fact_embedding(world.store, a.id, "test-emb", [1.0, 0.0, 0.0])
     turn = world.say("pancakes again this morning", channel=11)  # not in the reply channel's history
-    world.store.set_turn_embeddings("test-emb", [(turn.id, [1.0, 0.0, 0.0])])
+    set_vectors(world.store, TURN_EMBEDDINGS, "test-emb", [(turn.id, [1.0, 0.0, 0.0])])
     world.sync()
     embedder = CountingEmbedder()
     env = {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "5",
@@ -144,9 +149,9 @@ def test_facts_and_turns_share_one_embedding_of_the_cue(world):
 def _warm_world(world):
     """A fact and a turn with vectors under ``test-emb``, and the settings that rank by both."""
     a = world.fact("Pancake fact")
-    world.store.set_fact_embedding(a.id, "test-emb", [1.0, 0.0, 0.0])
+    fact_vectors.set_fact_embedding(world.store, a.id, "test-emb", [1.0, 0.0, 0.0])
     turn = world.say("pancakes again this morning", channel=11)
-    world.store.set_turn_embeddings("test-emb", [(turn.id, [1.0, 0.0, 0.0])])
+    set_vectors(world.store, TURN_EMBEDDINGS, "test-emb", [(turn.id, [1.0, 0.0, 0.0])])
     world.sync()
     return {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "5",
             "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding", "turn_embedding"]'}
@@ -244,7 +249,7 @@ def test_cold_index_never_embeds_the_cue(world):
 def test_mixed_batch_missing_vector_is_neutral_and_zero_weight_never_embeds(world):
     a = world.fact("Muffin recipe from Bo")
     world.fact("Muffin tin is missing")
-    world.store.set_fact_embedding(a.id, "test-emb", [1.0, 0.0, 0.0])
+    fact_vectors.set_fact_embedding(world.store, a.id, "test-emb", [1.0, 0.0, 0.0])
     world.sync()
     embedder = CountingEmbedder()
     _, debug = rag(world, "muffin", {**EMBED_ON, "FAMILIAR__MEMORY__RETRIEVAL__EMBEDDING_WEIGHT": "1"}, embedder)

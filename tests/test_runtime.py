@@ -6,6 +6,7 @@ import familiar_pipeline.projectors.runtime as runtime_mod
 from familiar_pipeline.config import load_config
 from familiar_pipeline.projectors.runtime import FamiliarRuntime
 from familiar_pipeline.storage.snapshots import SnapshotReader
+from familiar_pipeline.projectors.summary import tables as summary_db
 
 from .helpers import make_familiar
 
@@ -35,7 +36,7 @@ def paced_runtime(tmp_path, monkeypatch, publish_cost_s: float):
 
 def write_summary(rt, text: str, turn_id: int) -> None:
     with rt.store() as store:
-        store.put_summary(text, turn_id)
+        summary_db.put_summary(store, text, turn_id)
         rt.publish(store)
 
 
@@ -50,12 +51,12 @@ def test_writes_publish_once_at_close_or_every_interval_on_a_long_catch_up(tmp_p
     write_summary(rt, "third", 3)
     during = rt.published_version
     assert during > 0, "a long catch-up publishes every PUBLISH_INTERVAL_S"
-    assert SnapshotReader(paths.serving_dir).current().summary().summary_text == "third"
+    assert summary_db.summary(SnapshotReader(paths.serving_dir).current()).summary_text == "third"
     write_summary(rt, "fourth", 4)
     assert rt.published_version == during
     rt.close()
     assert rt.published_version > during
-    assert SnapshotReader(paths.serving_dir).current().summary().summary_text == "fourth"
+    assert summary_db.summary(SnapshotReader(paths.serving_dir).current()).summary_text == "fourth"
 
 
 class SlowModel:

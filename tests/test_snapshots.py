@@ -13,11 +13,9 @@ import duckdb
 import numpy as np
 import pytest
 
-from familiar_pipeline.storage import snapshots
+from familiar_pipeline.storage import snapshots, store_schema
 from familiar_pipeline.storage.snapshots import (
     MANIFEST_NAME,
-    SERVING_SCHEMAS,
-    SERVING_TABLES,
     Manifest,
     SnapshotFormatError,
     SnapshotPublishError,
@@ -26,53 +24,47 @@ from familiar_pipeline.storage.snapshots import (
     publish_snapshot,
     read_manifest,
 )
-from familiar_pipeline.storage.records import Subject, Summary, Watermark
+from familiar_pipeline.projectors.facts.tables import Subject
+from familiar_pipeline.projectors.summary.tables import Summary
+from familiar_pipeline.storage.records import Watermark
+from familiar_pipeline.projectors.dossiers import tables as dossier_db
+from familiar_pipeline.projectors.facts import reads as fact_reads
+from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
+from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.reflections import tables as reflection_db
+from familiar_pipeline.projectors.summary import tables as summary_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
+from familiar_pipeline.projectors import registry
+from familiar_pipeline.storage.snapshots import served_schema, served_tables
+
+SERVING_TABLES = served_tables(registry.tables())
+SERVING_SCHEMAS = {name: served_schema(name) for name in SERVING_TABLES}
 
 UTC = timezone.utc
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
-# The projection store's tables as the store declares them (one file per familiar).
-STORE_DDL = """
-CREATE TABLE facts (
-    id BIGINT PRIMARY KEY, channel_id BIGINT, text VARCHAR NOT NULL, norm_text VARCHAR NOT NULL,
-    subject_set VARCHAR NOT NULL, source_turn_ids BIGINT[] NOT NULL, importance TINYINT,
-    created_at TIMESTAMPTZ NOT NULL, superseded_at TIMESTAMPTZ, superseded_by BIGINT,
-    valid_from TIMESTAMPTZ, valid_to TIMESTAMPTZ);
-CREATE TABLE fact_subjects (fact_id BIGINT NOT NULL, canonical_key VARCHAR NOT NULL,
-    display_at_write VARCHAR NOT NULL, position INTEGER NOT NULL);
-CREATE TABLE summaries (scope VARCHAR PRIMARY KEY, summary_text VARCHAR NOT NULL,
-    last_turn_id BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE people_dossiers (canonical_key VARCHAR PRIMARY KEY, dossier_text VARCHAR NOT NULL,
-    last_fact_id BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE reflections (id BIGINT PRIMARY KEY, channel_id BIGINT, text VARCHAR NOT NULL,
-    cited_turn_ids BIGINT[] NOT NULL, cited_fact_ids BIGINT[] NOT NULL, last_turn_id BIGINT NOT NULL,
-    last_fact_id BIGINT NOT NULL, created_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE fact_embeddings (fact_id BIGINT NOT NULL, model VARCHAR NOT NULL, dim INTEGER NOT NULL,
-    vector FLOAT[] NOT NULL, created_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE turn_embeddings (turn_id BIGINT NOT NULL, model VARCHAR NOT NULL, dim INTEGER NOT NULL,
-    vector FLOAT[] NOT NULL, created_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE turn_window_embeddings (turn_id BIGINT NOT NULL, model VARCHAR NOT NULL, dim INTEGER NOT NULL,
-    vector FLOAT[] NOT NULL, created_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE watermarks (projector VARCHAR PRIMARY KEY, turn_id BIGINT, fact_id BIGINT,
-    change_seq BIGINT, updated_at TIMESTAMPTZ);
-"""
-
-
 def make_store(path: Path | str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """A bare connection holding the store's tables exactly as their declarations create them."""
     conn = duckdb.connect(str(path))
-    conn.execute(STORE_DDL)
+    conn.execute(store_schema.KERNEL_DDL["watermarks"])
+    for table in registry.tables():
+        for statement in table.ddl():
+            conn.execute(statement)
     return conn
 
 
 def add_fact(conn, fact_id, text, *, subjects=(), channel_id=100, importance=5, created_at=T0,
              superseded_at=None, superseded_by=None, valid_from=T0, valid_to=None, turns=(1,)):
+    subject_set = "\n".join(sorted(k for k, _ in subjects))
     conn.execute(
-        "INSERT INTO facts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [fact_id, channel_id, text, text.lower(), "\n".join(sorted(k for k, _ in subjects)),
+        "INSERT INTO facts (id, channel_id, text, norm_text, subject_set, dedup_key, source_turn_ids, importance, "
+        "created_at, superseded_at, superseded_by, valid_from, valid_to, scope) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'familiar')",
+        [fact_id, channel_id, text, text.lower(), subject_set, f"{text.lower()}\n{subject_set}",
          list(turns), importance, created_at, superseded_at, superseded_by, valid_from, valid_to],
     )
     for position, (key, display) in enumerate(subjects):
-        conn.execute("INSERT INTO fact_subjects VALUES (?, ?, ?, ?)", [fact_id, key, display, position])
+        conn.execute("INSERT INTO fact_subjects VALUES (?, ?, ?, ?, 'familiar')", [fact_id, key, display, position])
 
 
 def seed_memory(conn) -> None:
@@ -85,16 +77,17 @@ def seed_memory(conn) -> None:
     add_fact(conn, 4, "Bo is on holiday.", subjects=[("discord:11", "Bo")],
              valid_to=datetime(2026, 6, 3, 7, 0, tzinfo=timezone(timedelta(hours=-5))))
     add_fact(conn, 5, "The familiar hums when idle.", subjects=[("ego:fam", "Fam")], channel_id=None)
-    conn.execute("INSERT INTO summaries VALUES ('conversation', 'They talked about food.', 42, ?)", [T0])
-    conn.execute("INSERT INTO people_dossiers VALUES ('discord:1', 'Cass: likes pho, moved to Oslo.', 3, ?)",
-                 [T0])
-    conn.execute("INSERT INTO people_dossiers VALUES ('ego:fam', 'Hums.', 5, ?)", [T0])
+    conn.execute("INSERT INTO summaries VALUES ('familiar', 'They talked about food.', 42, ?)", [T0])
+    conn.execute("INSERT INTO people_dossiers VALUES ('discord:1', 'Cass: likes pho, moved to Oslo.', 3, ?, "
+                 "'familiar', [1, 3])", [T0])
+    conn.execute("INSERT INTO people_dossiers VALUES ('ego:fam', 'Hums.', 5, ?, 'familiar', [5])", [T0])
     for rid, channel in ((1, 10), (2, None), (3, 20), (4, 10)):
-        conn.execute("INSERT INTO reflections VALUES (?, ?, ?, ?, ?, 40, 5, ?)",
+        conn.execute("INSERT INTO reflections VALUES (?, ?, ?, ?, ?, 40, 5, ?, 'familiar')",
                      [rid, channel, f"reflection {rid}", [40 + rid], [rid], T0 + timedelta(hours=rid)])
     for fid in (1, 3):
-        conn.execute("INSERT INTO fact_embeddings VALUES (?, 'hash-v1', 3, ?, ?)", [fid, [fid, 0.5, -1.0], T0])
-    conn.execute("INSERT INTO fact_embeddings VALUES (1, 'other', 2, [9, 9], ?)", [T0])
+        conn.execute("INSERT INTO fact_embeddings VALUES (?, 'hash-v1', 3, ?, ?, 'familiar')",
+                     [fid, [fid, 0.5, -1.0], T0])
+    conn.execute("INSERT INTO fact_embeddings VALUES (1, 'other', 2, [9, 9], ?, 'familiar')", [T0])
     conn.execute("INSERT INTO watermarks VALUES ('rich_note', 42, 5, 7, ?)", [T0])
 
 
@@ -132,7 +125,7 @@ def test_round_trip_and_read_semantics(store, tmp_path):
     assert reader.table("facts")["id"].to_pylist() == [1, 2, 3, 4, 5]  # superseded rows served
 
     later = T0 + timedelta(days=5)
-    by_ids = reader.facts_by_ids([3, 1, 99, 2])
+    by_ids = fact_reads.facts_by_ids(reader, [3, 1, 99, 2])
     assert [f.id for f in by_ids] == [1, 2, 3]
     first = by_ids[0]
     assert first.subjects == (Subject("discord:1", "Cass"), Subject("discord:11", "Bo"))
@@ -140,41 +133,41 @@ def test_round_trip_and_read_semantics(store, tmp_path):
     assert by_ids[1].superseded_by == 3 and by_ids[2].source_turn_ids == (7, 9)
     assert by_ids[2].importance is None
 
-    assert [f.id for f in reader.current_facts(now=later)] == [1, 3, 5]
+    assert [f.id for f in fact_reads.current_facts(reader, now=later)] == [1, 3, 5]
     # Fact 4 expires at 12:00Z on June 3rd (07:00-05:00): current just before, gone at the instant.
-    assert 4 in [f.id for f in reader.current_facts(now=datetime(2026, 6, 3, 11, 59, tzinfo=UTC))]
-    assert 4 not in [f.id for f in reader.current_facts(now=datetime(2026, 6, 3, 12, 0, tzinfo=UTC))]
-    assert [f.id for f in reader.recent_facts(2, now=later)] == [5, 3]
-    assert reader.recent_facts(0) == [] and reader.recent_facts(-1) == []
+    assert 4 in [f.id for f in fact_reads.current_facts(reader, now=datetime(2026, 6, 3, 11, 59, tzinfo=UTC))]
+    assert 4 not in [f.id for f in fact_reads.current_facts(reader, now=datetime(2026, 6, 3, 12, 0, tzinfo=UTC))]
+    assert [f.id for f in fact_reads.recent_facts(reader, 2, now=later)] == [5, 3]
+    assert fact_reads.recent_facts(reader, 0) == [] and fact_reads.recent_facts(reader, -1) == []
     # as_of is a world-time slice that includes superseded rows.
-    assert [f.id for f in reader.recent_facts(10, as_of=T0 + timedelta(days=1))] == [5, 4, 2, 1]
-    assert [f.id for f in reader.recent_facts(10, as_of=T0 + timedelta(days=3))] == [5, 3, 2, 1]
+    assert [f.id for f in fact_reads.recent_facts(reader, 10, as_of=T0 + timedelta(days=1))] == [5, 4, 2, 1]
+    assert [f.id for f in fact_reads.recent_facts(reader, 10, as_of=T0 + timedelta(days=3))] == [5, 3, 2, 1]
 
-    assert [f.id for f in reader.facts_for_subject("discord:1", now=later)] == [1, 3]
-    assert [f.id for f in reader.facts_for_subject("discord:1", as_of=T0)] == [1, 2]
-    assert [f.id for f in reader.facts_for_subject("discord:11", now=later)] == [1]  # 4 expired
-    assert reader.facts_for_subject("discord:", now=later) == []
+    assert [f.id for f in fact_reads.facts_for_subject(reader, "discord:1", now=later)] == [1, 3]
+    assert [f.id for f in fact_reads.facts_for_subject(reader, "discord:1", as_of=T0)] == [1, 2]
+    assert [f.id for f in fact_reads.facts_for_subject(reader, "discord:11", now=later)] == [1]  # 4 expired
+    assert fact_reads.facts_for_subject(reader, "discord:", now=later) == []
 
-    assert reader.superseded_fact_ids([1, 2, 3, 77]) == {2} and reader.superseded_fact_ids([]) == set()
-    assert reader.latest_fact_id() == 5
+    assert fact_reads.superseded_fact_ids(reader, [1, 2, 3, 77]) == {2} and fact_reads.superseded_fact_ids(reader, []) == set()
+    assert fact_reads.latest_fact_id(reader) == 5
 
-    summary = reader.summary()
-    assert summary == Summary("They talked about food.", 42, T0)
-    assert reader.summary("other-scope") is None
-    assert reader.dossier("discord:1").last_fact_id == 3 and reader.dossier("discord:2") is None
-    assert set(reader.dossiers(["discord:1", "ego:fam", "discord:2"])) == {"discord:1", "ego:fam"}
+    summary = summary_db.summary(reader)
+    assert summary == Summary("familiar", "They talked about food.", 42, T0)
+    assert summary_db.summary(reader, "other-scope") is None
+    assert dossier_db.dossier_in(reader, "discord:1").last_fact_id == 3 and dossier_db.dossier_in(reader, "discord:2") is None
+    assert set(dossier_db.dossiers_for(reader, ["discord:1", "ego:fam", "discord:2"])) == {"discord:1", "ego:fam"}
 
-    assert [r.id for r in reader.recent_reflections(10, 10)] == [4, 2, 1]
-    assert [r.id for r in reader.recent_reflections(20, 1)] == [3]
-    assert [r.id for r in reader.recent_reflections(None, 10)] == [4, 3, 2, 1]
-    assert reader.recent_reflections(10, 0) == []
-    assert reader.recent_reflections(10, 1)[0].cited_fact_ids == (4,)
+    assert [r.id for r in reflection_db.recent_reflections_in(reader, 10, 10)] == [4, 2, 1]
+    assert [r.id for r in reflection_db.recent_reflections_in(reader, 20, 1)] == [3]
+    assert [r.id for r in reflection_db.recent_reflections_in(reader, None, 10)] == [4, 3, 2, 1]
+    assert reflection_db.recent_reflections_in(reader, 10, 0) == []
+    assert reflection_db.recent_reflections_in(reader, 10, 1)[0].cited_fact_ids == (4,)
 
-    vectors = reader.embeddings_for("hash-v1", [1, 2, 3])
+    vectors = fact_vectors.vectors_in(reader, "hash-v1", [1, 2, 3])
     assert set(vectors) == {1, 3}
     assert vectors[3].dtype == np.float32 and vectors[3].tolist() == [3.0, 0.5, -1.0]
-    assert reader.embeddings_for("other", [1, 3])[1].tolist() == [9.0, 9.0]
-    assert reader.embeddings_for("missing-model", [1]) == {} and reader.embeddings_for("hash-v1", []) == {}
+    assert fact_vectors.vectors_in(reader, "other", [1, 3])[1].tolist() == [9.0, 9.0]
+    assert fact_vectors.vectors_in(reader, "missing-model", [1]) == {} and fact_vectors.vectors_in(reader, "hash-v1", []) == {}
 
     assert reader.watermark("rich_note") == Watermark("rich_note", 42, 5, 7, T0)
     assert reader.watermark("reflection") == Watermark("reflection")
@@ -186,8 +179,8 @@ def test_reader_before_anything_is_published(tmp_path):
     assert reader.refresh() is False
     for name, schema in SERVING_SCHEMAS.items():
         assert reader.table(name).num_rows == 0 and reader.table(name).schema.equals(schema)
-    assert reader.current_facts() == [] and reader.latest_fact_id() == 0 and reader.summary() is None
-    assert reader.recent_reflections(1, 5) == [] and reader.embeddings_for("hash-v1", [1]) == {}
+    assert fact_reads.current_facts(reader) == [] and fact_reads.latest_fact_id(reader) == 0 and summary_db.summary(reader) is None
+    assert reflection_db.recent_reflections_in(reader, 1, 5) == [] and fact_vectors.vectors_in(reader, "hash-v1", [1]) == {}
     assert reader.watermark("rich_note").turn_id == 0
     with pytest.raises(KeyError, match="no serving table 'nope'"):
         reader.table("nope")
@@ -203,13 +196,13 @@ def test_version_changes_only_on_publish_and_refresh_is_a_noop_otherwise(store, 
     assert reader.current() is loaded and reader.version == 1
 
     store.execute("UPDATE summaries SET summary_text = 'New summary.'")
-    assert reader.refresh() is False and reader.summary().summary_text == "They talked about food."
+    assert reader.refresh() is False and summary_db.summary(reader).summary_text == "They talked about food."
 
     manifest = publish_snapshot(store, serving, store_watermark={})
     assert manifest.version == 2
     assert reader.refresh() is True and reader.version == 2
-    assert reader.summary().summary_text == "New summary."
-    assert loaded.summary().summary_text == "They talked about food."  # old snapshot is immutable
+    assert summary_db.summary(reader).summary_text == "New summary."
+    assert summary_db.summary(loaded).summary_text == "They talked about food."  # old snapshot is immutable
     assert reader.refresh() is False
 
 
@@ -266,10 +259,10 @@ def test_failed_publish_leaves_previous_snapshot_readable(store, tmp_path, monke
     assert read_manifest(serving).version == 1
     assert reader.refresh() is False and reader.last_error is None
     fresh = SnapshotReader(serving)
-    assert fresh.version == 1 and fresh.summary().summary_text == "They talked about food."
+    assert fresh.version == 1 and summary_db.summary(fresh).summary_text == "They talked about food."
 
     assert publish_snapshot(store, serving, store_watermark={"seq": 2}).version == 2
-    assert reader.refresh() is True and reader.summary().summary_text == "Should not be served."
+    assert reader.refresh() is True and summary_db.summary(reader).summary_text == "Should not be served."
 
 
 def test_bad_publish_arguments_write_nothing(store, tmp_path):
@@ -307,7 +300,7 @@ def test_corrupt_manifest_keeps_the_last_good_snapshot(store, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="familiar_pipeline.storage.snapshots"):
         assert reader.refresh() is False
         assert reader.refresh() is False
-    assert reader.version == 1 and reader.latest_fact_id() == 5
+    assert reader.version == 1 and fact_reads.latest_fact_id(reader) == 5
     assert "unreadable snapshot manifest" in reader.last_error
     assert len([r for r in caplog.records if "unreadable" in r.getMessage()]) == 1  # no log spam
     with pytest.raises(SnapshotFormatError):
@@ -367,7 +360,7 @@ def test_deleted_or_damaged_parquet_keeps_the_last_good_snapshot(store, tmp_path
     v2_facts = (serving / "facts.v2.parquet").read_bytes()
     (serving / "facts.v2.parquet").unlink()
     assert reader.refresh() is False
-    assert reader.version == 1 and reader.summary().summary_text == "They talked about food."
+    assert reader.version == 1 and summary_db.summary(reader).summary_text == "They talked about food."
     assert "cannot load snapshot v2" in reader.last_error and "keeping v1" in reader.last_error
     # A snapshot that failed is not re-read on every refresh, only after a pause.
     (serving / "facts.v2.parquet").write_bytes(v2_facts)
@@ -382,7 +375,7 @@ def test_deleted_or_damaged_parquet_keeps_the_last_good_snapshot(store, tmp_path
     assert reader.refresh() is False and reader.version == 2 and "v3" in reader.last_error
 
     publish_snapshot(store, serving, store_watermark={})
-    assert reader.refresh() is True and reader.version == 4 and reader.summary().summary_text == "v3"
+    assert reader.refresh() is True and reader.version == 4 and summary_db.summary(reader).summary_text == "v3"
 
 
 def test_file_vanishing_after_the_manifest_read_retries_with_the_new_manifest(store, tmp_path, monkeypatch):
@@ -408,9 +401,9 @@ def test_file_vanishing_after_the_manifest_read_retries_with_the_new_manifest(st
         calls.append(manifest.version)
         return manifest
 
-    monkeypatch.setattr(snapshots, "read_manifest", read_then_race)
+    monkeypatch.setattr(snapshots.reader, "read_manifest", read_then_race)
     assert reader.refresh() is True
-    assert calls == [2, 4] and reader.version == 4 and reader.summary().summary_text == "v4"
+    assert calls == [2, 4] and reader.version == 4 and summary_db.summary(reader).summary_text == "v4"
     assert reader.last_error is None
 
 
@@ -427,8 +420,8 @@ def test_threads_query_while_the_reader_refreshes(tmp_path):
         while not stop.is_set():
             try:
                 snap = reader.current()
-                marker = snap.summary().summary_text
-                if {f.text for f in snap.current_facts()} != {marker}:
+                marker = summary_db.summary(snap).summary_text
+                if {f.text for f in fact_reads.current_facts(snap)} != {marker}:
                     failures.append(f"torn view at v{snap.version}")
             except Exception as exc:  # noqa: BLE001 - collected for the assertion
                 failures.append(repr(exc))
@@ -447,7 +440,8 @@ def test_threads_query_while_the_reader_refreshes(tmp_path):
 
 
 def test_publish_from_a_real_projection_store_agrees_with_its_reads(tmp_path):
-    from familiar_pipeline.storage.store import FactDraft, ProjectionStore
+    from familiar_pipeline.projectors.facts.store import FactDraft
+    from familiar_pipeline.storage.store import ProjectionStore
 
     store = ProjectionStore(tmp_path / "memory.duckdb")
     if not hasattr(store, "conn"):
@@ -455,39 +449,39 @@ def test_publish_from_a_real_projection_store_agrees_with_its_reads(tmp_path):
         pytest.skip("ProjectionStore does not expose .conn yet")
     try:
         cass, bo = Subject("discord:1", "Cass"), Subject("discord:11", "Bo")
-        first, _ = store.append_fact(FactDraft("Cass lives in Lyon.", (1,), (cass,), channel_id=5), now=T0)
-        second, _ = store.append_fact(
+        first, _ = facts_db.append_fact(store, FactDraft("Cass lives in Lyon.", (1,), (cass,), channel_id=5), now=T0)
+        second, _ = facts_db.append_fact(store, 
             FactDraft("Cass moved to Oslo.", (2, 3), (cass, bo), channel_id=5, importance=8),
             now=T0 + timedelta(days=1),
         )
-        store.append_fact(FactDraft("Bo was away.", (4,), (bo,), valid_to=T0 + timedelta(hours=1)), now=T0)
-        store.supersede([first.id], second.id, now=T0 + timedelta(days=1))
-        store.put_summary("They met.", 4, now=T0)
-        store.put_dossier("discord:1", "Cass, now in Oslo.", second.id, now=T0)
-        store.append_reflection(channel_id=None, text="Moves a lot.", cited_turn_ids=[2],
+        facts_db.append_fact(store, FactDraft("Bo was away.", (4,), (bo,), valid_to=T0 + timedelta(hours=1)), now=T0)
+        supersede_db.supersede(store, [first.id], second.id, now=T0 + timedelta(days=1))
+        summary_db.put_summary(store, "They met.", 4, now=T0)
+        dossier_db.put_dossier(store, "discord:1", "Cass, now in Oslo.", second.id, now=T0)
+        reflection_db.append_reflection(store, channel_id=None, text="Moves a lot.", cited_turn_ids=[2],
                                 cited_fact_ids=[first.id], last_turn_id=4, last_fact_id=second.id, now=T0)
-        store.set_fact_embedding(second.id, "hash-v1", [0.25, -0.5, 1.0], now=T0)
+        fact_vectors.set_fact_embedding(store, second.id, "hash-v1", [0.25, -0.5, 1.0], now=T0)
         store.set_watermark("rich_note", turn_id=4, fact_id=second.id, now=T0)
         publish_snapshot(store.conn, tmp_path / "serving", store_watermark={"rich_note": 4})
 
         reader = SnapshotReader(tmp_path / "serving")
         later = T0 + timedelta(days=2)
-        all_ids = sorted(store.all_fact_ids())
+        all_ids = sorted(facts_db.all_fact_ids(store))
 
         # The same records, not look-alikes: equal field by field.
-        assert reader.facts_by_ids(all_ids) == store.facts_by_ids(all_ids)
-        assert reader.current_facts(now=later) == store.current_facts(now=later)
-        assert reader.current_facts(now=later, ids=[second.id, 999]) == store.facts_by_ids([second.id])
-        assert reader.facts_for_subject("discord:1", as_of=T0) == store.facts_for_subject("discord:1", as_of=T0)
-        assert reader.recent_facts(9, include_superseded=True, now=later) == store.recent_facts(
+        assert fact_reads.facts_by_ids(reader, all_ids) == facts_db.facts_by_ids(store, all_ids)
+        assert fact_reads.current_facts(reader, now=later) == facts_db.current_facts(store, now=later)
+        assert fact_reads.current_facts(reader, now=later, ids=[second.id, 999]) == facts_db.facts_by_ids(store, [second.id])
+        assert fact_reads.facts_for_subject(reader, "discord:1", as_of=T0) == facts_db.facts_for_subject(store, "discord:1", as_of=T0)
+        assert fact_reads.recent_facts(reader, 9, include_superseded=True, now=later) == facts_db.recent_facts(store, 
             9, include_superseded=True, now=later)
-        assert reader.superseded_fact_ids(all_ids) == store.superseded_fact_ids(all_ids) == {first.id}
-        assert reader.latest_fact_id() == store.latest_fact_id()
-        assert reader.summary() == store.get_summary()
-        assert reader.dossier("discord:1") == store.get_dossier("discord:1")
-        assert reader.recent_reflections(9, 5) == store.recent_reflections(9, 5)
-        assert reader.embeddings_for("hash-v1", all_ids)[second.id].tolist() == \
-            store.embeddings_for("hash-v1", all_ids)[second.id]
+        assert fact_reads.superseded_fact_ids(reader, all_ids) == facts_db.superseded_fact_ids(store, all_ids) == {first.id}
+        assert fact_reads.latest_fact_id(reader) == facts_db.latest_fact_id(store)
+        assert summary_db.summary(reader) == summary_db.get_summary(store)
+        assert dossier_db.dossier_in(reader, "discord:1") == dossier_db.get_dossier(store, "discord:1")
+        assert reflection_db.recent_reflections_in(reader, 9, 5) == reflection_db.recent_reflections(store, 9, 5)
+        assert fact_vectors.vectors_in(reader, "hash-v1", all_ids)[second.id].tolist() == \
+            fact_vectors.embeddings_for(store, "hash-v1", all_ids)[second.id]
         assert reader.watermark("rich_note") == store.get_watermark("rich_note")
     finally:
         store.close()
@@ -506,10 +500,10 @@ def _write_marker(conn, marker: int, *, create: bool = False) -> None:
     if create:
         for fid in range(1, 6):
             add_fact(conn, fid, text, subjects=[(f"discord:{fid}", text)])
-            conn.execute("INSERT INTO fact_embeddings VALUES (?, 'hash-v1', 2, [0, 0], ?)", [fid, T0])
-        conn.execute("INSERT INTO summaries VALUES ('conversation', ?, 0, ?)", [text, T0])
-        conn.execute("INSERT INTO people_dossiers VALUES ('discord:1', ?, 0, ?)", [text, T0])
-        conn.execute("INSERT INTO reflections VALUES (1, NULL, ?, [1], [1], 0, 0, ?)", [text, T0])
+            conn.execute("INSERT INTO fact_embeddings VALUES (?, 'hash-v1', 2, [0, 0], ?, 'familiar')", [fid, T0])
+        conn.execute("INSERT INTO summaries VALUES ('familiar', ?, 0, ?)", [text, T0])
+        conn.execute("INSERT INTO people_dossiers VALUES ('discord:1', ?, 0, ?, 'familiar', [])", [text, T0])
+        conn.execute("INSERT INTO reflections VALUES (1, NULL, ?, [1], [1], 0, 0, ?, 'familiar')", [text, T0])
         conn.execute("INSERT INTO watermarks VALUES (?, 0, 0, 0, ?)", [MARKER_PROJECTOR, T0])
     conn.execute("BEGIN TRANSACTION")
     conn.execute("UPDATE facts SET text = ?, norm_text = ?", [text, text])
@@ -529,10 +523,10 @@ def _markers_of(snap) -> set[str]:
     seen |= set(snap.table("fact_subjects")["display_at_write"].to_pylist())
     seen |= {f"v{int(x)}" for v in snap.table("fact_embeddings")["vector"].to_pylist() for x in v}
     seen |= set(snap.table("reflections")["text"].to_pylist())
-    seen |= {snap.summary().summary_text, f"v{snap.summary().last_turn_id}"}
-    seen |= {snap.dossier("discord:1").dossier_text}
+    seen |= {summary_db.summary(snap).summary_text, f"v{summary_db.summary(snap).last_turn_id}"}
+    seen |= {dossier_db.dossier_in(snap, "discord:1").dossier_text}
     seen |= {f"v{snap.watermark(MARKER_PROJECTOR).change_seq}"}
-    seen |= {f.text for f in snap.current_facts()}
+    seen |= {f.text for f in fact_reads.current_facts(snap)}
     seen |= {f"v{snap.manifest.store_watermark['marker']}"}
     return seen
 
@@ -617,7 +611,8 @@ def test_fact_vectors_by_id_index_agrees_with_a_scan_of_every_row():
                       "model": pa.array([r[1] for r in rows], pa.string()),
                       "dim": pa.array([len(r[2] or ()) for r in rows], pa.int32()),
                       "vector": pa.array([r[2] for r in rows], pa.list_(pa.float32())),
-                      "created_at": pa.array([T0] * len(rows), snapshots._TS)})
+                      "created_at": pa.array([T0] * len(rows), pa.timestamp("us", tz="UTC")),
+                      "scope": pa.array(["familiar"] * len(rows), pa.string())})
     snap = snapshots.Snapshot(None, {"fact_embeddings": table})
 
     def scanned(model, ids):
@@ -630,11 +625,11 @@ def test_fact_vectors_by_id_index_agrees_with_a_scan_of_every_row():
     for model in ("a", "bb", "missing"):
         for _ in range(30):
             ids = {rng.randrange(0, 420) for _ in range(rng.randrange(0, 50))} | {7, 8, 9}
-            got = snap.embeddings_for(model, list(ids) + list(ids)[:3])  # repeated asks are one
+            got = fact_vectors.vectors_in(snap, model, list(ids) + list(ids)[:3])  # repeated asks are one
             want = scanned(model, ids)
             assert set(got) == set(want)
             assert all(got[f].dtype == np.float32 and got[f].tolist() == want[f] for f in want)
-    assert snap.embeddings_for("a", [7])[7].tolist() == [70.0, 0.0, 1.0] and 8 not in snap.embeddings_for("a", [8])
-    assert snap.fact_vector_count("a") == sum(r[1] == "a" for r in rows)
-    assert snap.fact_vector_count("missing") == 0 and snapshots.Snapshot.empty().fact_vector_count("a") == 0
-    assert snap._fact_vector_rows("a") is snap._fact_vector_rows("a")  # built once per snapshot and model
+    assert fact_vectors.vectors_in(snap, "a", [7])[7].tolist() == [70.0, 0.0, 1.0] and 8 not in fact_vectors.vectors_in(snap, "a", [8])
+    assert fact_vectors.fact_vector_count(snap, "a") == sum(r[1] == "a" for r in rows)
+    assert fact_vectors.fact_vector_count(snap, "missing") == 0 and fact_vectors.fact_vector_count(snapshots.Snapshot.empty(), "a") == 0
+    assert fact_vectors._fact_vector_rows(snap, "a") is fact_vectors._fact_vector_rows(snap, "a")  # once per snapshot and model

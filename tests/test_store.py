@@ -10,23 +10,24 @@ from datetime import date, datetime, timedelta, timezone
 import duckdb
 import pytest
 
+from familiar_pipeline.projectors.vectors import delete_vectors, set_vectors, vector_count, vectors_for
+from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
+from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
 from familiar_pipeline.storage import store_schema
 from familiar_pipeline.projectors.registry import BUILTIN_PROJECTORS as PROJECTIONS
 from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.storage.times import as_utc
-from familiar_pipeline.storage.store import (
-    SYSTEM_TIME_COLUMNS,
-    Fact,
-    FactDraft,
-    ProjectionStore,
-    ReadOnlyStoreError,
-    SchemaVersionError,
-    StoreError,
-    Subject,
-    Watermark,
-    clamp_importance,
-    normalize_fact_text,
-)
+from familiar_pipeline.projectors.dossiers import tables as dossier_db
+from familiar_pipeline.projectors.facts import reads as fact_reads
+from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
+from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.reflections import tables as reflection_db
+from familiar_pipeline.projectors.summary import tables as summary_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
+from familiar_pipeline.storage.store import ProjectionStore, ReadOnlyStoreError, SchemaVersionError, StoreError
+from familiar_pipeline.projectors.facts.tables import Fact, Subject
+from familiar_pipeline.projectors.facts.store import FactDraft, clamp_importance, normalize_fact_text
+from familiar_pipeline.storage.records import Watermark
 
 UTC = timezone.utc
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -43,12 +44,12 @@ def store():
 
 
 def add(store, text, *subjects, now=T0, **kw):
-    fact, inserted = store.append_fact(FactDraft(text, subjects=subjects, **kw), now=now)
+    fact, inserted = facts_db.append_fact(store, FactDraft(text, subjects=subjects, **kw), now=now)
     return fact
 
 
 def fact_count(store) -> int:
-    return len(store.all_fact_ids())
+    return len(facts_db.all_fact_ids(store))
 
 
 # ------------------------------------------------------------------ normalisation
@@ -85,7 +86,7 @@ def test_normalisation_treats_composed_and_decomposed_accents_alike():
 
 
 def test_append_round_trips_every_field(store):
-    fact, inserted = store.append_fact(
+    fact, inserted = facts_db.append_fact(store, 
         FactDraft(
             "Cass adopted a cat.", source_turn_ids=[7, 9, 11], subjects=[CASS, ARIA],
             channel_id=1, importance=9, valid_from="2025-05-01T08:00:00+02:00",
@@ -93,7 +94,7 @@ def test_append_round_trips_every_field(store):
         now=T0,
     )
     assert inserted and fact.id > 0 and fact.current
-    (read,) = store.facts_by_ids([fact.id])
+    (read,) = facts_db.facts_by_ids(store, [fact.id])
     assert read == fact
     assert read.source_turn_ids == (7, 9, 11)
     assert read.subjects == (CASS, ARIA)
@@ -117,7 +118,7 @@ def test_importance_is_clamped_and_booleans_are_unknown(store, given, stored):
 def test_dedup_returns_the_existing_fact_for_cor_variants(store):
     first = add(store, "Postbirb Prime is called Cor.", CASS, source_turn_ids=[1])
     for variant in ['  "postbirb   prime is called cor"  ', "Postbirb Prime is called 'Cor'.", "Postbirb Prime is called “Cor”."]:
-        again, inserted = store.append_fact(
+        again, inserted = facts_db.append_fact(store, 
             FactDraft(variant, subjects=[Subject("discord:1", "Cassidy")], source_turn_ids=[99], importance=3),
             now=T0 + timedelta(days=1),
         )
@@ -127,17 +128,17 @@ def test_dedup_returns_the_existing_fact_for_cor_variants(store):
 
 def test_dedup_key_is_text_and_exact_subject_set(store):
     keyed = add(store, "Likes tea.", CASS, ARIA)
-    assert store.append_fact(FactDraft("likes tea", subjects=[ARIA, CASS]), now=T0)[1] is False
+    assert facts_db.append_fact(store, FactDraft("likes tea", subjects=[ARIA, CASS]), now=T0)[1] is False
     assert add(store, "Likes tea.").id != keyed.id  # subjectless vs keyed
     assert add(store, "Likes tea.", CASS).id != keyed.id  # partial overlap
     assert add(store, "Likes coffee.", CASS, ARIA).id != keyed.id  # different text
-    assert store.append_fact(FactDraft("Likes tea!"), now=T0)[1] is False  # subjectless twin of the subjectless one
+    assert facts_db.append_fact(store, FactDraft("Likes tea!"), now=T0)[1] is False  # subjectless twin of the subjectless one
     assert fact_count(store) == 4
 
 
 def test_superseded_or_expired_twins_do_not_block_and_valid_to_bypasses(store):
     old = add(store, "Cass lives in Paris.", CASS)
-    store.supersede([old.id], None, now=T0)
+    supersede_db.supersede(store, [old.id], None, now=T0)
     restated = add(store, "Cass lives in Paris.", CASS)
     assert restated.id != old.id
 
@@ -146,22 +147,22 @@ def test_superseded_or_expired_twins_do_not_block_and_valid_to_bypasses(store):
     later = T0 + timedelta(days=3)
     assert add(store, "Cass is on holiday.", CASS, now=later).id != bounded.id  # expired twin
     assert add(store, "Cass lives in Paris.", CASS, valid_to=T0 + timedelta(days=9)).id != restated.id
-    forced, inserted = store.append_fact(FactDraft("Cass lives in Paris.", subjects=[CASS]), now=T0, dedup=False)
+    forced, inserted = facts_db.append_fact(store, FactDraft("Cass lives in Paris.", subjects=[CASS]), now=T0, dedup=False)
     assert inserted and forced.id != restated.id
 
 
 def test_dedup_probe_is_an_index_lookup(store):
     """Dedup must not scan every fact (every extracted fact probes it). DuckDB answers this probe from the ART index."""
-    store._q(
+    store.sql(
         "INSERT INTO facts SELECT nextval('facts_id_seq'), NULL, 'f'||i, 'f'||i, '', 'f'||i||chr(10), "
-        "[], NULL, now(), NULL, NULL, now(), NULL FROM range(5000) t(i)"
+        "[], NULL, now(), NULL, NULL, now(), NULL, 'familiar' FROM range(5000) t(i)"
     )
-    plan = store._q(
+    plan = store.sql(
         "EXPLAIN ANALYZE SELECT id, superseded_at::TIMESTAMP, valid_to::TIMESTAMP FROM facts WHERE dedup_key = ?",
         ["f42\n"],
     ).fetchall()[0][1]
     assert "Index Scan" in plan
-    assert store.append_fact(FactDraft("F42."), now=T0)[1] is False
+    assert facts_db.append_fact(store, FactDraft("F42."), now=T0)[1] is False
 
 
 @pytest.mark.parametrize(
@@ -182,7 +183,7 @@ def test_dedup_probe_is_an_index_lookup(store):
 )
 def test_bad_drafts_raise_and_write_nothing(store, draft, error):
     with pytest.raises(error):
-        store.append_fact(draft, now=T0)
+        facts_db.append_fact(store, draft, now=T0)
     assert fact_count(store) == 0
 
 
@@ -216,9 +217,9 @@ def test_negative_offset_valid_to_compares_as_an_instant(store):
     fact = add(store, "Cass is at the dentist.", CASS, valid_from="2025-03-01T09:00:00-05:00",
                valid_to="2025-03-01T10:00:00-05:00", now=datetime(2025, 3, 1, 13, tzinfo=UTC))
     assert fact.valid_to == datetime(2025, 3, 1, 15, tzinfo=UTC)
-    assert [f.id for f in store.current_facts(now="2025-03-01T14:00:00+00:00")] == [fact.id]
-    assert store.current_facts(now="2025-03-01T15:00:00+00:00") == []
-    assert [f.id for f in store.recent_facts(5, as_of="2025-03-01T09:30:00-05:00")] == [fact.id]
+    assert [f.id for f in facts_db.current_facts(store, now="2025-03-01T14:00:00+00:00")] == [fact.id]
+    assert facts_db.current_facts(store, now="2025-03-01T15:00:00+00:00") == []
+    assert [f.id for f in facts_db.recent_facts(store, 5, as_of="2025-03-01T09:30:00-05:00")] == [fact.id]
 
 
 # ------------------------------------------------------------------ supersede
@@ -228,22 +229,22 @@ def test_existing_fact_form_points_old_at_new_and_mints_nothing(store):
     old = add(store, "Alice loves hiking.", CASS)
     new = add(store, "Alice now hates hiking.", CASS)
     later = T0 + timedelta(hours=1)
-    result = store.supersede([old.id], new.id, now=later)
+    result = supersede_db.supersede(store, [old.id], new.id, now=later)
     assert result.minted is None and result.superseded == (old.id,) and result.skipped == ()
-    assert store.latest_fact_id() == new.id
-    (retired,) = store.facts_by_ids([old.id])
+    assert facts_db.latest_fact_id(store) == new.id
+    (retired,) = facts_db.facts_by_ids(store, [old.id])
     assert retired.superseded_by == new.id and retired.superseded_at == later and not retired.current
-    assert [f.id for f in store.recent_facts(10)] == [new.id]
-    assert [f.id for f in store.recent_facts(10, include_superseded=True)] == [new.id, old.id]
-    assert [f.id for f in store.ancestors_of(new.id)] == [old.id]
-    assert store.superseded_fact_ids([old.id, new.id, 999]) == {old.id}
-    assert store.superseded_fact_ids([]) == set()
+    assert [f.id for f in facts_db.recent_facts(store, 10)] == [new.id]
+    assert [f.id for f in facts_db.recent_facts(store, 10, include_superseded=True)] == [new.id, old.id]
+    assert [f.id for f in facts_db.ancestors_of(store, new.id)] == [old.id]
+    assert facts_db.superseded_fact_ids(store, [old.id, new.id, 999]) == {old.id}
+    assert facts_db.superseded_fact_ids(store, []) == set()
 
 
 def test_existing_form_accepts_a_fact_and_records_stale_ids(store):
     a, b, new = add(store, "a", CASS), add(store, "b", CASS), add(store, "c", CASS)
-    store.supersede([a.id], new, now=T0)
-    result = store.supersede([a.id, 404, b.id, new.id], new, now=T0)
+    supersede_db.supersede(store, [a.id], new, now=T0)
+    result = supersede_db.supersede(store, [a.id, 404, b.id, new.id], new, now=T0)
     assert result.superseded == (b.id,)
     assert result.skipped == (
         (a.id, f"fact id={a.id} already superseded"),
@@ -255,72 +256,72 @@ def test_existing_form_accepts_a_fact_and_records_stale_ids(store):
 def test_existing_form_refuses_unknown_or_retired_replacements(store):
     a, b, c = add(store, "a"), add(store, "b"), add(store, "c")
     with pytest.raises(ValueError, match="does not exist"):
-        store.supersede([a.id], 999)
-    store.supersede([b.id], c.id)
-    result = store.supersede([c.id, a.id], b.id)  # b is retired: c -> b would close a cycle
+        supersede_db.supersede(store, [a.id], 999)
+    supersede_db.supersede(store, [b.id], c.id)
+    result = supersede_db.supersede(store, [c.id, a.id], b.id)  # b is retired: c -> b would close a cycle
     assert result.superseded == () and [i for i, _ in result.skipped] == [c.id, a.id]
-    assert store.superseded_fact_ids([a.id, b.id, c.id]) == {b.id}
+    assert facts_db.superseded_fact_ids(store, [a.id, b.id, c.id]) == {b.id}
 
 
 def test_retire_form_is_per_id_not_atomic(store):
     a, b = add(store, "a", CASS), add(store, "b", ARIA)
-    store.supersede([a.id], None)
-    result = store.supersede([a.id, 77, b.id], None, now=T0)
+    supersede_db.supersede(store, [a.id], None)
+    result = supersede_db.supersede(store, [a.id, 77, b.id], None, now=T0)
     assert result.minted is None and result.superseded == (b.id,)
     assert result.skipped == ((a.id, f"fact id={a.id} already superseded"), (77, "unknown fact id=77"))
-    (retired,) = store.facts_by_ids([b.id])
+    (retired,) = facts_db.facts_by_ids(store, [b.id])
     assert retired.superseded_at == T0 and retired.superseded_by is None
-    assert store.current_facts() == []
+    assert facts_db.current_facts(store) == []
 
 
 def test_merge_mints_one_fact_with_union_provenance(store):
     a = add(store, "Cass has a cat.", CASS, source_turn_ids=[1, 2])
     b = add(store, "Cass's cat is grey.", CASS, source_turn_ids=[2, 3])
     c = add(store, "Cass has a cat.", CASS, ARIA, source_turn_ids=[4])
-    result = store.supersede(
+    result = supersede_db.supersede(store, 
         [a.id, b.id, c.id], FactDraft("Cass has a cat.", subjects=[CASS], source_turn_ids=[5], channel_id=3), now=T0
     )
     minted = result.minted
     assert minted is not None and minted.id > c.id and minted.current  # no dedup against its sources
     assert minted.source_turn_ids == (1, 2, 3, 4, 5) and minted.channel_id == 3
     assert result.superseded == (a.id, b.id, c.id) and result.skipped == ()
-    assert [f.id for f in store.ancestors_of(minted.id)] == [a.id, b.id, c.id]
-    assert {f.superseded_by for f in store.facts_by_ids([a.id, b.id, c.id])} == {minted.id}
+    assert [f.id for f in facts_db.ancestors_of(store, minted.id)] == [a.id, b.id, c.id]
+    assert {f.superseded_by for f in facts_db.facts_by_ids(store, [a.id, b.id, c.id])} == {minted.id}
 
 
 def test_merge_declines_as_a_whole_on_any_stale_id(store):
     a, b = add(store, "a", CASS), add(store, "b", CASS)
-    store.supersede([b.id], None)
-    before = store.latest_fact_id()
-    result = store.supersede([a.id, b.id, 99], FactDraft("ab", subjects=[CASS]))
+    supersede_db.supersede(store, [b.id], None)
+    before = facts_db.latest_fact_id(store)
+    result = supersede_db.supersede(store, [a.id, b.id, 99], FactDraft("ab", subjects=[CASS]))
     assert result.minted is None and result.superseded == ()
     assert result.skipped == ((b.id, f"fact id={b.id} already superseded"), (99, "unknown fact id=99"))
-    assert store.latest_fact_id() == before and store.facts_by_ids([a.id])[0].current
-    empty = store.supersede([], FactDraft("nothing"))
-    assert empty.minted is None and empty.skipped == () and store.latest_fact_id() == before
+    assert facts_db.latest_fact_id(store) == before and facts_db.facts_by_ids(store, [a.id])[0].current
+    empty = supersede_db.supersede(store, [], FactDraft("nothing"))
+    assert empty.minted is None and empty.skipped == () and facts_db.latest_fact_id(store) == before
 
 
 def test_supersede_drops_only_the_retired_rows_subjects_dossiers(store):
     for key in ("discord:1", "discord:2", "discord:11"):
-        store.put_dossier(key, f"about {key}", 1)
+        dossier_db.put_dossier(store, key, f"about {key}", 1)
     old = add(store, "Cass and Aria share a flat.", CASS, ARIA)
     new = add(store, "Cor moved in.", COR)
-    result = store.supersede([old.id], new.id)
+    result = supersede_db.supersede(store, [old.id], new.id)
     assert result.dropped_dossiers == ("discord:1", "discord:2")
-    assert [d.canonical_key for d in store.dossiers()] == ["discord:11"]  # the replacement's subject stays
+    assert [d.canonical_key for d in dossier_db.dossiers(store)] == ["discord:11"]  # the replacement's subject stays
 
     bare, other = add(store, "It rained."), add(store, "It snowed.")
-    assert store.supersede([bare.id], other.id).dropped_dossiers == ()
-    assert store.get_dossier("discord:11") is not None
+    assert supersede_db.supersede(store, [bare.id], other.id).dropped_dossiers == ()
+    assert dossier_db.get_dossier(store, "discord:11") is not None
 
 
 def test_merge_drops_dossiers_of_retired_subjects_not_of_the_draft(store):
-    store.put_dossier("discord:1", "Cass", 1)
-    store.put_dossier("discord:11", "Cor", 1)
+    dossier_db.put_dossier(store, "discord:1", "Cass", 1)
+    dossier_db.put_dossier(store, "discord:11", "Cor", 1)
     a = add(store, "Cass is tall.", CASS)
-    result = store.supersede([a.id], FactDraft("Cass and Cor are tall.", subjects=[CASS, COR]))
+    result = supersede_db.supersede(store, [a.id], FactDraft("Cass and Cor are tall.", subjects=[CASS, COR]))
     assert result.dropped_dossiers == ("discord:1",)
-    assert store.get_dossier("discord:11") is not None
+    assert dossier_db.get_dossier(store, "discord:11") is not None
 
 
 def test_supersede_and_upserts_twice_on_the_same_keys_in_one_transaction(tmp_path):
@@ -328,38 +329,39 @@ def test_supersede_and_upserts_twice_on_the_same_keys_in_one_transaction(tmp_pat
     with ProjectionStore(tmp_path / "memory.duckdb") as store:
         a, b, c = add(store, "a", CASS), add(store, "b", CASS), add(store, "c", CASS)
         with store.transaction():
-            store.put_dossier("discord:1", "v1", 1)
-            assert store.supersede([a.id], b.id).superseded == (a.id,)
-            assert store.supersede([a.id, b.id], c.id).superseded == (b.id,)
-            store.set_fact_embedding(c.id, "m", [1.0, 2.0])
-            store.set_fact_embedding(c.id, "m", [3.0])
+            dossier_db.put_dossier(store, "discord:1", "v1", 1)
+            assert supersede_db.supersede(store, [a.id], b.id).superseded == (a.id,)
+            assert supersede_db.supersede(store, [a.id, b.id], c.id).superseded == (b.id,)
+            fact_vectors.set_fact_embedding(store, c.id, "m", [1.0, 2.0])
+            fact_vectors.set_fact_embedding(store, c.id, "m", [3.0])
             for i in range(3):
                 store.set_watermark("fact_supersede", fact_id=i)
             drop_projection(store, "fact_supersede")
-            assert store.supersede([a.id], c.id).superseded == (a.id,)
-            store.put_dossier("discord:1", "v2", 2)
-            store.put_dossier("discord:1", "v3", 3)
-            store.put_summary("s1", 1)
-            store.put_summary("s2", 2)
+            assert supersede_db.supersede(store, [a.id], c.id).superseded == (a.id,)
+            dossier_db.put_dossier(store, "discord:1", "v2", 2)
+            dossier_db.put_dossier(store, "discord:1", "v3", 3)
+            summary_db.put_summary(store, "s1", 1)
+            summary_db.put_summary(store, "s2", 2)
     with ProjectionStore(tmp_path / "memory.duckdb") as store:
-        assert store.get_dossier("discord:1").dossier_text == "v3"
-        assert store.facts_by_ids([a.id])[0].superseded_by == c.id
-        assert store.facts_by_ids([b.id])[0].current
-        assert store.embeddings_for("m", [c.id]) == {c.id: [3.0]}
+        assert dossier_db.get_dossier(store, "discord:1").dossier_text == "v3"
+        assert facts_db.facts_by_ids(store, [a.id])[0].superseded_by == c.id
+        assert facts_db.facts_by_ids(store, [b.id])[0].current
+        assert fact_vectors.embeddings_for(store, "m", [c.id]) == {c.id: [3.0]}
         assert store.get_watermark("fact_supersede").fact_id == 0  # dropped after being set
-        assert store.get_summary().summary_text == "s2"
+        assert summary_db.get_summary(store).summary_text == "s2"
 
 
 def test_supersede_decisions_are_logged(store):
     new = add(store, "n", CASS)
-    decision_id = store.record_supersede_decision(
+    decision_id = supersede_db.record_supersede_decision(store, 
         new_fact_id=new.id, subject_key="discord:1", shown_prior_ids=[1, 2], retired_ids=[2],
         skipped=[(1, "fact id=1 already superseded")], model="fake/model", now=T0,
     )
     rows = store.table_rows("supersede_decisions")
-    assert rows == [(decision_id, new.id, "discord:1", [1, 2], [2], '[[1, "fact id=1 already superseded"]]', "fake/model", T0)]
+    assert rows == [(decision_id, new.id, "discord:1", [1, 2], [2], '[[1, "fact id=1 already superseded"]]', "fake/model", T0,
+                     "familiar")]
     with pytest.raises(TypeError):
-        store.record_supersede_decision(new_fact_id=new.id, subject_key="discord:1", shown_prior_ids=[],
+        supersede_db.record_supersede_decision(store, new_fact_id=new.id, subject_key="discord:1", shown_prior_ids=[],
                                         retired_ids=[], skipped=[3], model=None)
 
 
@@ -367,24 +369,24 @@ def test_facts_for_subjects_is_each_subjects_own_read_in_one(store):
     bo, mia = Subject("discord:2", "Bo"), Subject("discord:3", "Mia")
     for i, subjects in enumerate([(CASS,), (CASS, bo), (bo,), (mia, CASS), (bo,), (CASS,)]):
         add(store, f"fact {i}", *subjects)
-    store.supersede([2], 5)
+    supersede_db.supersede(store, [2], 5)
     for after, upto in ((0, 6), (1, 4), (3, 3)):
         keys = ["discord:1", "discord:2", "discord:3", "discord:9"]
-        expected = {k: store.facts_by_ids(store.fact_ids_for_subject(k, after_id=after, upto_id=upto)) for k in keys}
-        assert store.facts_for_subjects(reversed(keys), after_id=after, upto_id=upto) == expected
-    assert store.facts_for_subjects([], after_id=0, upto_id=6) == {}
+        expected = {k: facts_db.facts_by_ids(store, facts_db.fact_ids_for_subject(store, k, after_id=after, upto_id=upto)) for k in keys}
+        assert facts_db.facts_for_subjects(store, reversed(keys), after_id=after, upto_id=upto) == expected
+    assert facts_db.facts_for_subjects(store, [], after_id=0, upto_id=6) == {}
 
 
 def test_reflections_written_together_match_one_at_a_time(tmp_path):
     rows = [("Cass seems happier.", [1, 2], []), ("Tea again.", [], [3]), ("Both.", [2], [3, 1])]
     with ProjectionStore(tmp_path / "one.duckdb") as one, ProjectionStore(tmp_path / "all.duckdb") as together:
-        singles = [one.append_reflection(channel_id=5, text=t, cited_turn_ids=ts, cited_fact_ids=fs,
+        singles = [reflection_db.append_reflection(one, channel_id=5, text=t, cited_turn_ids=ts, cited_fact_ids=fs,
                                          last_turn_id=9, last_fact_id=3, now=T0) for t, ts, fs in rows]
-        assert together.append_reflections(rows, channel_id=5, last_turn_id=9, last_fact_id=3, now=T0) == singles
+        assert reflection_db.append_reflections(together, rows, channel_id=5, last_turn_id=9, last_fact_id=3, now=T0) == singles
         assert together.table_rows("reflections") == one.table_rows("reflections")
         with pytest.raises(ValueError, match="cite"):  # an uncited row anywhere: none of them is written
-            together.append_reflections([rows[0], ("Uncited.", [], [])], channel_id=5, last_turn_id=9, last_fact_id=3)
-        assert len(together.all_reflections()) == 3
+            reflection_db.append_reflections(together, [rows[0], ("Uncited.", [], [])], channel_id=5, last_turn_id=9, last_fact_id=3)
+        assert len(reflection_db.all_reflections(together)) == 3
 
 
 def test_watermarks_read_once_stay_true_through_rollbacks_and_raw_sql(tmp_path):
@@ -413,13 +415,13 @@ def test_supersede_decisions_logged_together_match_one_at_a_time(tmp_path):
                       retired_ids=[1] if i == 3 else [], skipped=[(2, "fact id=2 already superseded")] if i == 2 else [],
                       model=None if i == 1 else "fake/model") for i in (1, 2, 3)]
     with ProjectionStore(tmp_path / "one.duckdb") as one, ProjectionStore(tmp_path / "all.duckdb") as together:
-        ids = [one.record_supersede_decision(**d, now=T0) for d in decisions]
-        assert together.record_supersede_decisions(decisions, now=T0) == ids == [1, 2, 3]
+        ids = [supersede_db.record_supersede_decision(one, **d, now=T0) for d in decisions]
+        assert supersede_db.record_supersede_decisions(together, decisions, now=T0) == ids == [1, 2, 3]
         assert together.table_rows("supersede_decisions") == one.table_rows("supersede_decisions")
         with pytest.raises(TypeError, match="pairs"):  # a bad one anywhere: nothing of the batch is written
-            together.record_supersede_decisions([decisions[0], {**decisions[1], "skipped": [5]}])
+            supersede_db.record_supersede_decisions(together, [decisions[0], {**decisions[1], "skipped": [5]}])
         assert len(together.table_rows("supersede_decisions")) == 3
-        assert together.record_supersede_decisions([]) == []
+        assert supersede_db.record_supersede_decisions(together, []) == []
 
 
 # ------------------------------------------------------------------ validity and reads
@@ -428,23 +430,23 @@ def test_supersede_decisions_logged_together_match_one_at_a_time(tmp_path):
 def test_current_reads_hide_expired_rows_even_with_include_superseded(store):
     expired = add(store, "Cass was ill.", CASS, valid_from=T0 - timedelta(days=40), valid_to=T0 - timedelta(days=30))
     live = add(store, "Cass is well.", CASS)
-    assert [f.id for f in store.current_facts(now=T0)] == [live.id]
-    assert [f.id for f in store.recent_facts(10, include_superseded=True, now=T0)] == [live.id]
-    assert [f.id for f in store.facts_for_subject("discord:1", include_superseded=True, now=T0)] == [live.id]
-    assert store.facts_by_ids([expired.id])[0].id == expired.id  # by-id reads return everything
+    assert [f.id for f in facts_db.current_facts(store, now=T0)] == [live.id]
+    assert [f.id for f in facts_db.recent_facts(store, 10, include_superseded=True, now=T0)] == [live.id]
+    assert [f.id for f in facts_db.facts_for_subject(store, "discord:1", include_superseded=True, now=T0)] == [live.id]
+    assert facts_db.facts_by_ids(store, [expired.id])[0].id == expired.id  # by-id reads return everything
 
 
 def test_as_of_gives_the_world_time_slice_including_superseded_rows(store):
     acme = add(store, "Cass works at Acme.", CASS, valid_from="2025-01-01", valid_to="2025-07-01")
     globex = add(store, "Cass works at Globex.", CASS, valid_from="2025-07-01")
     belief = add(store, "Cass lives in Oslo.", CASS, valid_from="2025-01-15")
-    store.supersede([belief.id], globex.id, now="2025-08-01")
+    supersede_db.supersede(store, [belief.id], globex.id, now="2025-08-01")
     ids = lambda facts: [f.id for f in facts]
-    assert ids(store.recent_facts(10, as_of="2025-03-01")) == [belief.id, acme.id]
-    assert ids(store.recent_facts(10, as_of="2025-09-01")) == [belief.id, globex.id]
-    assert ids(store.facts_for_subject("discord:1", as_of="2025-07-01")) == [globex.id, belief.id]  # half-open
-    assert ids(store.facts_for_subject("discord:1", as_of="2024-12-31")) == []
-    assert ids(store.current_facts(now="2025-09-01")) == [globex.id]
+    assert ids(facts_db.recent_facts(store, 10, as_of="2025-03-01")) == [belief.id, acme.id]
+    assert ids(facts_db.recent_facts(store, 10, as_of="2025-09-01")) == [belief.id, globex.id]
+    assert ids(facts_db.facts_for_subject(store, "discord:1", as_of="2025-07-01")) == [globex.id, belief.id]  # half-open
+    assert ids(facts_db.facts_for_subject(store, "discord:1", as_of="2024-12-31")) == []
+    assert ids(facts_db.current_facts(store, now="2025-09-01")) == [globex.id]
 
 
 def test_facts_for_subject_matches_keys_exactly_and_respects_min_id(store):
@@ -452,82 +454,82 @@ def test_facts_for_subject_matches_keys_exactly_and_respects_min_id(store):
     f2 = add(store, "two", CASS, ARIA)
     f3 = add(store, "three", COR)
     f4 = add(store, "four", CASS)
-    store.supersede([f4.id], None)
-    assert [f.id for f in store.facts_for_subject("discord:1")] == [f1.id, f2.id]  # not discord:11
-    assert [f.id for f in store.facts_for_subject("discord:1", min_id_exclusive=f1.id)] == [f2.id]
-    assert [f.id for f in store.facts_for_subject("discord:2")] == [f2.id]
-    assert [f.id for f in store.facts_for_subject("discord:1", include_superseded=True)] == [f1.id, f2.id, f4.id]
-    assert [f.id for f in store.facts_for_subject("discord:11")] == [f3.id]
+    supersede_db.supersede(store, [f4.id], None)
+    assert [f.id for f in facts_db.facts_for_subject(store, "discord:1")] == [f1.id, f2.id]  # not discord:11
+    assert [f.id for f in facts_db.facts_for_subject(store, "discord:1", min_id_exclusive=f1.id)] == [f2.id]
+    assert [f.id for f in facts_db.facts_for_subject(store, "discord:2")] == [f2.id]
+    assert [f.id for f in facts_db.facts_for_subject(store, "discord:1", include_superseded=True)] == [f1.id, f2.id, f4.id]
+    assert [f.id for f in facts_db.facts_for_subject(store, "discord:11")] == [f3.id]
 
 
 def test_subjects_with_facts_maps_keys_to_newest_current_fact(store):
-    assert store.subjects_with_facts() == {}
+    assert facts_db.subjects_with_facts(store) == {}
     add(store, "subjectless")
     f2 = add(store, "c", CASS)
     f3 = add(store, "a", ARIA)
     f4 = add(store, "both", CASS, ARIA)
     f5 = add(store, "c2", CASS)
-    store.supersede([f5.id], None)
-    assert store.subjects_with_facts() == {"discord:1": f4.id, "discord:2": f4.id}
+    supersede_db.supersede(store, [f5.id], None)
+    assert facts_db.subjects_with_facts(store) == {"discord:1": f4.id, "discord:2": f4.id}
     assert f2.id < f3.id < f4.id
 
 
 def test_id_reads(store):
-    assert store.latest_fact_id() == 0 and store.all_fact_ids() == set()
+    assert facts_db.latest_fact_id(store) == 0 and facts_db.all_fact_ids(store) == set()
     a, b, c = add(store, "a"), add(store, "b"), add(store, "c")
-    store.supersede([b.id], None)
-    assert store.latest_fact_id() == c.id and store.all_fact_ids() == {a.id, b.id, c.id}
-    assert [f.id for f in store.facts_by_ids([c.id, 999, a.id, b.id])] == [a.id, b.id, c.id]
-    assert store.facts_by_ids([]) == []
-    assert [f.id for f in store.recent_facts(2)] == [c.id, a.id]
-    assert store.recent_facts(0) == [] and store.recent_facts(-1) == []
+    supersede_db.supersede(store, [b.id], None)
+    assert facts_db.latest_fact_id(store) == c.id and facts_db.all_fact_ids(store) == {a.id, b.id, c.id}
+    assert [f.id for f in facts_db.facts_by_ids(store, [c.id, 999, a.id, b.id])] == [a.id, b.id, c.id]
+    assert facts_db.facts_by_ids(store, []) == []
+    assert [f.id for f in facts_db.recent_facts(store, 2)] == [c.id, a.id]
+    assert facts_db.recent_facts(store, 0) == [] and facts_db.recent_facts(store, -1) == []
 
 
 # ------------------------------------------------------------------ summary, dossiers, reflections
 
 
 def test_summary_upserts_and_refuses_empty_text(store):
-    assert store.get_summary() is None
-    store.put_summary("First.", 10, now=T0)
-    store.put_summary("Second.", 20, now=T0 + timedelta(hours=1))
-    summary = store.get_summary()
+    assert summary_db.get_summary(store) is None
+    summary_db.put_summary(store, "First.", 10, now=T0)
+    summary_db.put_summary(store, "Second.", 20, now=T0 + timedelta(hours=1))
+    summary = summary_db.get_summary(store)
     assert (summary.summary_text, summary.last_turn_id, summary.created_at) == ("Second.", 20, T0 + timedelta(hours=1))
     with pytest.raises(ValueError):
-        store.put_summary("   ", 30)
-    assert store.get_summary().summary_text == "Second."
+        summary_db.put_summary(store, "   ", 30)
+    assert summary_db.get_summary(store).summary_text == "Second."
     assert len(store.table_rows("summaries")) == 1
 
 
 def test_dossiers_upsert_list_and_delete(store):
-    assert store.get_dossier("discord:1") is None
-    store.put_dossier("discord:2", "Aria.", 3, now=T0)
-    store.put_dossier("discord:1", "Cass.", 7, now=T0)
-    store.put_dossier("discord:1", "Cass, again.", 9, now=T0)
-    assert store.get_dossier("discord:1").last_fact_id == 9
-    assert [d.canonical_key for d in store.dossiers()] == ["discord:1", "discord:2"]
+    assert dossier_db.get_dossier(store, "discord:1") is None
+    dossier_db.put_dossier(store, "discord:2", "Aria.", 3, now=T0)
+    dossier_db.put_dossier(store, "discord:1", "Cass.", 7, now=T0)
+    dossier_db.put_dossier(store, "discord:1", "Cass, again.", 9, now=T0)
+    assert dossier_db.get_dossier(store, "discord:1").last_fact_id == 9
+    assert [d.canonical_key for d in dossier_db.dossiers(store)] == ["discord:1", "discord:2"]
     with pytest.raises(ValueError):
-        store.put_dossier("discord:1", "", 10)
+        dossier_db.put_dossier(store, "discord:1", "", 10)
     with pytest.raises(ValueError):
-        store.put_dossier("Cass", "text", 10)
-    assert store.delete_dossiers(["discord:1", "discord:404"]) == 1
-    assert store.delete_dossiers([]) == 0
-    assert [d.canonical_key for d in store.dossiers()] == ["discord:2"]
+        dossier_db.put_dossier(store, "Cass", "text", 10)
+    assert dossier_db.delete_dossiers(store, ["discord:1", "discord:404"]) == 1
+    assert dossier_db.delete_dossiers(store, []) == 0
+    assert [d.canonical_key for d in dossier_db.dossiers(store)] == ["discord:2"]
 
 
 def test_reflections_round_trip_and_filter_by_channel(store):
-    r1 = store.append_reflection(channel_id=5, text="Cass seems happier.", cited_turn_ids=[1, 2],
+    r1 = reflection_db.append_reflection(store, channel_id=5, text="Cass seems happier.", cited_turn_ids=[1, 2],
                                  cited_fact_ids=[7], last_turn_id=42, last_fact_id=11, now=T0)
-    r2 = store.append_reflection(channel_id=None, text="Everyone likes tea.", cited_turn_ids=[],
+    r2 = reflection_db.append_reflection(store, channel_id=None, text="Everyone likes tea.", cited_turn_ids=[],
                                  cited_fact_ids=[3], last_turn_id=43, last_fact_id=11)
-    r3 = store.append_reflection(channel_id=6, text="Channel six is quiet.", cited_turn_ids=[40],
+    r3 = reflection_db.append_reflection(store, channel_id=6, text="Channel six is quiet.", cited_turn_ids=[40],
                                  cited_fact_ids=[], last_turn_id=44, last_fact_id=12)
-    assert store.recent_reflections(channel_id=5, limit=10) == [r2, r1]
-    assert store.recent_reflections() == [r3, r2, r1]
-    assert store.recent_reflections(limit=1) == [r3] and store.recent_reflections(limit=0) == []
+    assert reflection_db.recent_reflections(store, channel_id=5, limit=10) == [r2, r1]
+    assert reflection_db.recent_reflections(store) == [r3, r2, r1]
+    assert reflection_db.recent_reflections(store, limit=1) == [r3] and reflection_db.recent_reflections(store, limit=0) == []
     assert (r1.cited_turn_ids, r1.cited_fact_ids, r1.last_turn_id, r1.last_fact_id, r1.channel_id) == ((1, 2), (7,), 42, 11, 5)
     assert r2.channel_id is None
     with pytest.raises(ValueError, match="cite"):
-        store.append_reflection(channel_id=1, text="Uncited.", cited_turn_ids=[], cited_fact_ids=[],
+        reflection_db.append_reflection(store, channel_id=1, text="Uncited.", cited_turn_ids=[], cited_fact_ids=[],
                                 last_turn_id=1, last_fact_id=1)
 
 
@@ -536,33 +538,33 @@ def test_reflections_round_trip_and_filter_by_channel(store):
 
 def test_embeddings_upsert_per_model_and_read_back(store):
     a, b = add(store, "a"), add(store, "b")
-    store.set_fact_embedding(a.id, "hash-v1", [0.1, 0.2, 0.3])
-    store.set_fact_embedding(a.id, "other", [1.0])
-    got = store.embeddings_for("hash-v1", [a.id, b.id])
+    fact_vectors.set_fact_embedding(store, a.id, "hash-v1", [0.1, 0.2, 0.3])
+    fact_vectors.set_fact_embedding(store, a.id, "other", [1.0])
+    got = fact_vectors.embeddings_for(store, "hash-v1", [a.id, b.id])
     assert list(got) == [a.id] and got[a.id] == pytest.approx([0.1, 0.2, 0.3], abs=1e-6)
-    store.set_fact_embedding(a.id, "hash-v1", [0.5, 0.5])  # dim change overwrites
-    assert store.embeddings_for("hash-v1", [a.id]) == {a.id: [0.5, 0.5]}
-    assert store.embeddings_for("other", [a.id]) == {a.id: [1.0]}
-    assert store.embeddings_for("hash-v1", []) == {}
+    fact_vectors.set_fact_embedding(store, a.id, "hash-v1", [0.5, 0.5])  # dim change overwrites
+    assert fact_vectors.embeddings_for(store, "hash-v1", [a.id]) == {a.id: [0.5, 0.5]}
+    assert fact_vectors.embeddings_for(store, "other", [a.id]) == {a.id: [1.0]}
+    assert fact_vectors.embeddings_for(store, "hash-v1", []) == {}
     assert [r[:3] for r in store.table_rows("fact_embeddings")] == [(a.id, "hash-v1", 2), (a.id, "other", 1)]
     for bad_vector, error in (([], ValueError), ([float("nan")], ValueError), (["x"], TypeError)):
         with pytest.raises(error):
-            store.set_fact_embedding(b.id, "hash-v1", bad_vector)
+            fact_vectors.set_fact_embedding(store, b.id, "hash-v1", bad_vector)
     with pytest.raises(ValueError, match="unknown fact"):
-        store.set_fact_embedding(999, "hash-v1", [1.0])
+        fact_vectors.set_fact_embedding(store, 999, "hash-v1", [1.0])
 
 
 def test_unembedded_facts_are_current_unvectored_ascending(store):
     a, b, c, d = (add(store, t) for t in "abcd")
     expired = add(store, "e", valid_from=T0 - timedelta(days=2), valid_to=T0 - timedelta(days=1))
-    assert [f.id for f in store.unembedded_facts("m", 10, now=T0)] == [a.id, b.id, c.id, d.id]
-    store.set_fact_embedding(b.id, "m", [1.0])
-    store.set_fact_embedding(c.id, "other", [1.0])
-    store.supersede([d.id], None)
-    assert [f.id for f in store.unembedded_facts("m", 10, now=T0)] == [a.id, c.id]
-    assert [f.id for f in store.unembedded_facts("m", 1, now=T0)] == [a.id]
-    assert store.unembedded_facts("m", 0) == []
-    assert expired.id not in {f.id for f in store.unembedded_facts("m", 10, now=T0)}
+    assert [f.id for f in fact_vectors.unembedded_facts(store, "m", 10, now=T0)] == [a.id, b.id, c.id, d.id]
+    fact_vectors.set_fact_embedding(store, b.id, "m", [1.0])
+    fact_vectors.set_fact_embedding(store, c.id, "other", [1.0])
+    supersede_db.supersede(store, [d.id], None)
+    assert [f.id for f in fact_vectors.unembedded_facts(store, "m", 10, now=T0)] == [a.id, c.id]
+    assert [f.id for f in fact_vectors.unembedded_facts(store, "m", 1, now=T0)] == [a.id]
+    assert fact_vectors.unembedded_facts(store, "m", 0) == []
+    assert expired.id not in {f.id for f in fact_vectors.unembedded_facts(store, "m", 10, now=T0)}
 
 
 # ------------------------------------------------------------------ watermarks and transactions
@@ -586,12 +588,12 @@ def test_an_exception_in_a_transaction_rolls_back_facts_and_watermark(store):
     with pytest.raises(RuntimeError, match="boom"):
         with store.transaction():
             add(store, "lost", CASS)
-            store.put_dossier("discord:1", "lost", 1)
+            dossier_db.put_dossier(store, "discord:1", "lost", 1)
             store.set_watermark("rich_note", turn_id=50)
             assert fact_count(store) == 2  # visible inside
             raise RuntimeError("boom")
-    assert store.all_fact_ids() == {kept.id}
-    assert store.get_watermark("rich_note").turn_id == 0 and store.get_dossier("discord:1") is None
+    assert facts_db.all_fact_ids(store) == {kept.id}
+    assert store.get_watermark("rich_note").turn_id == 0 and dossier_db.get_dossier(store, "discord:1") is None
     # the store is usable afterwards and ids keep growing past the rolled-back one
     assert add(store, "next").id > kept.id
 
@@ -601,7 +603,7 @@ def test_a_swallowed_database_error_still_fails_the_transaction_loudly(store):
         with store.transaction():
             add(store, "lost")
             with pytest.raises(duckdb.ConstraintException):
-                store._q("INSERT INTO facts (id) VALUES (1)")
+                store.sql("INSERT INTO facts (id) VALUES (1)")
     assert fact_count(store) == 0
     assert add(store, "kept").current and fact_count(store) == 1
 
@@ -628,24 +630,24 @@ def populated(store):
     a = add(store, "Cass likes tea.", CASS, source_turn_ids=[1])
     b = add(store, "Cass likes coffee now.", CASS, source_turn_ids=[2])
     c = add(store, "Aria sings.", ARIA, source_turn_ids=[3])
-    store.supersede([a.id], b.id)
-    store.record_supersede_decision(new_fact_id=b.id, subject_key="discord:1", shown_prior_ids=[a.id],
+    supersede_db.supersede(store, [a.id], b.id)
+    supersede_db.record_supersede_decision(store, new_fact_id=b.id, subject_key="discord:1", shown_prior_ids=[a.id],
                                     retired_ids=[a.id], skipped=[], model="m")
-    store.put_dossier("discord:1", "Cass.", b.id)
-    store.put_dossier("discord:2", "Aria.", c.id)
-    store.put_summary("Summary.", 3)
-    store.append_reflection(channel_id=1, text="R.", cited_turn_ids=[1], cited_fact_ids=[a.id],
+    dossier_db.put_dossier(store, "discord:1", "Cass.", b.id)
+    dossier_db.put_dossier(store, "discord:2", "Aria.", c.id)
+    summary_db.put_summary(store, "Summary.", 3)
+    reflection_db.append_reflection(store, channel_id=1, text="R.", cited_turn_ids=[1], cited_fact_ids=[a.id],
                             last_turn_id=3, last_fact_id=c.id)
-    store.set_fact_embedding(b.id, "m", [1.0])
-    store.set_turn_embeddings("m", [(1, [1.0])])
-    store.set_turn_embeddings("m", [(1, [1.0])], table="turn_window_embeddings")
+    fact_vectors.set_fact_embedding(store, b.id, "m", [1.0])
+    set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [1.0])])
+    set_vectors(store, TURN_WINDOW_EMBEDDINGS, "m", [(1, [1.0])])
     for name in PROJECTIONS:
         store.set_watermark(name, turn_id=3, fact_id=c.id)
     return a, b, c
 
 
 def row_counts(store):
-    return {t: len(store.table_rows(t)) for t in store_schema.TABLE_KEYS if t != "schema_version"}
+    return {t: len(store.table_rows(t)) for t in [*store.tables, "watermarks"]}
 
 
 def remaining_watermarks(store):
@@ -668,9 +670,9 @@ def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
 def test_drop_fact_supersede_unretires_and_drops_affected_dossiers(store):
     a, b, c = populated(store)
     drop_projection(store, "fact_supersede")
-    assert {f.id for f in store.current_facts()} == {a.id, b.id, c.id}
+    assert {f.id for f in facts_db.current_facts(store)} == {a.id, b.id, c.id}
     assert store.table_rows("supersede_decisions") == []
-    assert [d.canonical_key for d in store.dossiers()] == ["discord:2"]
+    assert [d.canonical_key for d in dossier_db.dossiers(store)] == ["discord:2"]
     assert remaining_watermarks(store) == set(PROJECTIONS) - {"fact_supersede"}
 
 
@@ -698,7 +700,7 @@ def test_drop_unknown_projection_lists_the_known_ones(store):
 
 def test_table_rows_are_ordered_and_can_leave_out_system_time(store):
     populated(store)
-    rows = store.table_rows("facts", exclude=SYSTEM_TIME_COLUMNS)
+    rows = store.table_rows("facts", exclude=store.system_time_columns())
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
     assert len(rows[0]) == len(store.table_rows("facts")[0]) - 2  # created_at, superseded_at
     assert store.table_rows("fact_subjects")[0][:2] == (1, "discord:1")
@@ -717,10 +719,10 @@ def test_file_store_persists_and_read_only_open_reads_but_never_writes(tmp_path)
         fact = add(writer, "Cass likes tea.", CASS)
         writer.set_watermark("rich_note", turn_id=3)
     with ProjectionStore(path, read_only=True) as reader:
-        assert reader.facts_by_ids([fact.id]) == [fact]
+        assert facts_db.facts_by_ids(reader, [fact.id]) == [fact]
         assert reader.get_watermark("rich_note").turn_id == 3
         with pytest.raises(ReadOnlyStoreError):
-            reader.append_fact(FactDraft("x"))
+            facts_db.append_fact(reader, FactDraft("x"))
         with pytest.raises(ReadOnlyStoreError):
             drop_projection(reader, "rich_note")
     with pytest.raises(FileNotFoundError):
@@ -758,49 +760,17 @@ def test_writable_stores_share_one_attachment_and_the_last_close_releases_the_fi
         return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
 
     first, second, elsewhere = ProjectionStore(path), ProjectionStore(path), ProjectionStore(other)
-    fact, _ = first.append_fact(FactDraft("Cass likes tea.", subjects=[CASS]))
+    fact, _ = facts_db.append_fact(first, FactDraft("Cass likes tea.", subjects=[CASS]))
     elsewhere.set_watermark("rich_note", turn_id=9)
     first.close()
-    assert second.facts_by_ids([fact.id]) == [fact] and second.get_watermark("rich_note").turn_id == 0
+    assert facts_db.facts_by_ids(second, [fact.id]) == [fact] and second.get_watermark("rich_note").turn_id == 0
     assert another_process() == "locked"  # still held: one store of this process has it open
     second.close()
     assert another_process() == "opened"
     assert elsewhere.get_watermark("rich_note").turn_id == 9
     elsewhere.close()
     with ProjectionStore(path) as again:  # attached afresh after its detach
-        assert again.facts_by_ids([fact.id]) == [fact]
-
-
-def test_a_v1_file_migrates_on_writer_open_and_never_on_read_only_open(tmp_path):
-    path = tmp_path / "memory.duckdb"
-    conn = duckdb.connect(str(path))
-    assert store_schema.migrate(conn, target=1) == [1]
-    conn.execute(
-        "INSERT INTO facts VALUES (nextval('facts_id_seq'), 5, 'Cass likes tea.', 'cass likes tea', 'discord:1', "
-        "'cass likes tea' || chr(10) || 'discord:1', [1], 6, TIMESTAMPTZ '2025-01-01 00:00:00+00', NULL, NULL, "
-        "TIMESTAMPTZ '2025-01-01 00:00:00+00', NULL)"
-    )
-    conn.execute("INSERT INTO fact_subjects VALUES (1, 'discord:1', 'Cass', 0)")
-    conn.close()
-
-    with pytest.raises(SchemaVersionError, match="v1"):
-        ProjectionStore(path, read_only=True)
-    with duckdb.connect(str(path), read_only=True) as raw:
-        assert store_schema.current_version(raw) == 1
-        assert raw.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'supersede_decisions'").fetchone()[0] == 0
-
-    with ProjectionStore(path) as store:
-        assert store.schema_version == store_schema.SCHEMA_VERSION == 4
-        (fact,) = store.current_facts()
-        assert (fact.text, fact.subjects, fact.importance) == ("Cass likes tea.", (CASS,), 6)
-        assert store.append_fact(FactDraft("cass likes TEA", subjects=[CASS]))[1] is False
-        store.record_supersede_decision(new_fact_id=fact.id, subject_key="discord:1", shown_prior_ids=[],
-                                        retired_ids=[], skipped=[], model=None)
-        assert add(store, "Aria sings.", ARIA).id == 2  # the v1 sequence carries on
-        assert store.set_turn_embeddings("m", [(4, [1.0, 0.0])]) == 1  # v3's table exists after the upgrade
-        assert store.set_turn_embeddings("m", [(4, [1.0])], table="turn_window_embeddings") == 1  # and v4's
-    with ProjectionStore(path, read_only=True) as reader:
-        assert [v for v, *_ in reader.table_rows("schema_version")] == [1, 2, 3, 4]
+        assert facts_db.facts_by_ids(again, [fact.id]) == [fact]
 
 
 def test_files_from_the_future_or_foreign_files_are_refused(tmp_path):
@@ -828,8 +798,8 @@ def test_notebook_views_work_from_a_plain_read_only_connection(tmp_path):
         old = add(store, "Cass lives in Oslo.", CASS, ARIA, valid_from="2025-01-01", now=now)
         new = add(store, "Cass lives in Rome.", CASS, valid_from="2025-08-01", now=now)
         newest = add(store, "Cass lives in Bergen.", CASS, valid_from="2025-09-01", now=now)
-        store.supersede([old.id], new.id, now=now)
-        store.supersede([new.id], newest.id, now=now)
+        supersede_db.supersede(store, [old.id], new.id, now=now)
+        supersede_db.supersede(store, [new.id], newest.id, now=now)
 
     with duckdb.connect(str(path), read_only=True) as nb:
         current = nb.execute("SELECT id, subjects, subject_keys FROM current_facts ORDER BY id").fetchall()
@@ -877,11 +847,11 @@ def test_append_facts_matches_append_fact_one_by_one(tmp_path):
         FactDraft(text="Bo left.", source_turn_ids=(5,)),
     ]
     one = ProjectionStore(None)
-    one.append_fact(FactDraft(text="Bo left.", source_turn_ids=(9,)))
-    expected = [(f.id, f.text, inserted) for f, inserted in (one.append_fact(d) for d in drafts)]
+    facts_db.append_fact(one, FactDraft(text="Bo left.", source_turn_ids=(9,)))
+    expected = [(f.id, f.text, inserted) for f, inserted in (facts_db.append_fact(one, d) for d in drafts)]
     batch = ProjectionStore(None)
-    batch.append_fact(FactDraft(text="Bo left.", source_turn_ids=(9,)))
-    got = [(f.id, f.text, inserted) for f, inserted in batch.append_facts(drafts)]
+    facts_db.append_fact(batch, FactDraft(text="Bo left.", source_turn_ids=(9,)))
+    got = [(f.id, f.text, inserted) for f, inserted in facts_db.append_facts(batch, drafts)]
     assert got == expected
     assert batch.table_rows("fact_subjects") == one.table_rows("fact_subjects")
     assert [r[:9] for r in batch.table_rows("facts", exclude=("created_at",))] == [

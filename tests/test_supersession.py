@@ -6,9 +6,12 @@ import json
 
 import pytest
 
-from familiar_pipeline.projectors import supersede
-from familiar_pipeline.storage.store import ProjectionStore, Subject
+from familiar_pipeline.projectors.supersede import run as supersede
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.projectors.facts.tables import Subject
 from familiar_pipeline.testing.scripted import careful_model
+from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 from .fact_helpers import BO, CASS, MIA, add_facts, fact, familiar, run_projector
 
@@ -21,7 +24,7 @@ def supersede_calls(fake):
 
 def state(paths):
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        facts = {f.id: f for f in store.facts_by_ids(store.all_fact_ids())}
+        facts = {f.id: f for f in facts_db.facts_by_ids(store, facts_db.all_fact_ids(store))}
         decisions = store.conn.execute(
             "SELECT new_fact_id, subject_key, shown_prior_ids, retired_ids, skipped FROM supersede_decisions ORDER BY id"
         ).fetchall()
@@ -114,7 +117,7 @@ def test_already_retired_prior_lands_in_skipped(tmp_path, fake_llm):
     def retire_behind_its_back(messages):
         # Another writer (an operator's hand edit) retires the prior while the model thinks.
         with ProjectionStore(paths.memory_db) as store:
-            store.supersede([1], None)
+            supersede_db.supersede(store, [1], None)
         return careful_model(messages)
 
     fake_llm.script(retire_behind_its_back)
@@ -276,7 +279,7 @@ def test_new_facts_of_one_person_share_a_call(tmp_path, fake_llm):
     paths.character_toml.write_text(paths.character_toml.read_text() + "\n[providers.memory.fact_supersede]\nnew_facts_per_call = 4\n")
     cities = ["Berlin", "Paris", "Rome", "Oslo", "Riga", "Kyiv", "Porto"]
     with ProjectionStore(paths.memory_db) as store:  # one write, as one extraction batch makes
-        store.append_facts([fact(f"Cass moved to {c}.", CASS, turn=i + 1) for i, c in enumerate(cities)]
+        facts_db.append_facts(store, [fact(f"Cass moved to {c}.", CASS, turn=i + 1) for i, c in enumerate(cities)]
                            + [fact("Bo lives in Oslo.", BO, turn=20), fact("Bo moved to Riga.", BO, turn=21)])
     run_projector(supersede, tmp_path)
     calls = supersede_calls(fake_llm)
@@ -301,7 +304,7 @@ def test_new_facts_of_one_person_share_a_call(tmp_path, fake_llm):
 def test_batched_replies_are_checked_per_decider(tmp_path, fake_llm, reply, dropped):
     paths = familiar(tmp_path)
     with ProjectionStore(paths.memory_db) as store:
-        store.append_facts([fact("Cass lives in Berlin.", CASS), fact("Cass likes tea.", CASS, turn=2),
+        facts_db.append_facts(store, [fact("Cass lives in Berlin.", CASS), fact("Cass likes tea.", CASS, turn=2),
                             fact("Cass moved to Lisbon.", CASS, turn=3)])
     fake_llm.script(lambda messages: reply)
     report = run_projector(supersede, tmp_path)
@@ -313,7 +316,7 @@ def test_batched_replies_are_checked_per_decider(tmp_path, fake_llm, reply, drop
 
 
 def test_parse_reply_shapes():
-    from familiar_pipeline.prompts import supersede as prompt
+    from familiar_pipeline.projectors.supersede import prompt as prompt
 
     assert prompt.parse_reply('```json\n{"decisions": [{"new_id": "5", "superseded_ids": [1, "2"]}]}\n```', [5]) == ({5: [1, 2]}, 0)
     assert prompt.parse_reply('[{"new_id": 5, "superseded_ids": [1]}]', [5, 6]) == ({5: [1]}, 0)

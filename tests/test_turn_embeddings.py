@@ -7,19 +7,24 @@ from types import SimpleNamespace
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from familiar_bot.prompt.retrieval import RRF_K, _dense_turns, fuse_turns, rrf_turns
+from familiar_pipeline.projectors.vectors import delete_vectors, set_vectors, vector_count, vectors_for
+from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
+from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
 from familiar_pipeline.storage import store_schema
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.models.embedders import HashEmbedder
-from familiar_pipeline.projectors import turn_embeddings
+from familiar_pipeline.projectors.turn_embeddings import run as turn_embeddings
 from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.defs.sensors import FamiliarState, due_assets
-from familiar_pipeline.storage.snapshots import SnapshotReader
+from familiar_pipeline.storage.snapshots import Snapshot, SnapshotReader
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
+from familiar_pipeline.projectors.turn_embeddings import tables as turn_vectors
 
 from .fact_helpers import run_projector
 from .helpers import CountingEmbedder, append_chat, make_familiar
@@ -29,13 +34,24 @@ TOML = ('[providers.embedding]\nbackend = "hash"\ndim = 64\n'
         '[providers.memory.turn_embedding]\nbatch_size = 4\n')
 
 
+
+def vector_snapshot(ids, matrix, *, model="e", context=None):
+    """A served snapshot whose turn vectors under ``model`` are the rows of ``matrix`` (``context``:
+    precombined matrices by (model, share))."""
+    table = pa.table({"turn_id": pa.array(ids, pa.int64()), "model": pa.array([model] * len(ids), pa.string()),
+                      "dim": pa.array([matrix.shape[1]] * len(ids), pa.int32()),
+                      "vector": pa.array(matrix.tolist(), pa.list_(pa.float32())),
+                      "created_at": pa.array([None] * len(ids), pa.timestamp("us", tz="UTC")),
+                      "scope": pa.array(["familiar"] * len(ids), pa.string())})
+    return Snapshot(None, {"turn_embeddings": table}, context=context)
+
 def run(root, embedder, *, rebuild=False):
     return run_projector(turn_embeddings, root, model=embedder, rebuild=rebuild)
 
 
 def vectors(paths, model, ids):
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        return store.turn_embeddings_for(model, ids)
+        return vectors_for(store, TURN_EMBEDDINGS, model, ids)
 
 
 def test_embeds_new_turns_in_batches_with_the_speaker_then_nothing(tmp_path):
@@ -75,7 +91,7 @@ def test_a_model_swap_re_embeds_everything_beside_the_old_rows(tmp_path):
     report = run(tmp_path, HashEmbedder(32))
     assert report.rows_written == 3 and "restarted" in report.extra
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        assert store.turn_embedding_count("hash-v1-d64") == store.turn_embedding_count("hash-v1-d32") == 3
+        assert vector_count(store, TURN_EMBEDDINGS, "hash-v1-d64") == vector_count(store, TURN_EMBEDDINGS, "hash-v1-d32") == 3
         store_ids = [t.id for t in turns]
     assert {len(v) for v in vectors(paths, "hash-v1-d32", store_ids).values()} == {32}
 
@@ -86,7 +102,7 @@ def test_a_length_mismatch_writes_nothing(tmp_path):
     report = run(tmp_path, CountingEmbedder(HashEmbedder(64), drop=1))
     assert report.rows_written == 0 and report.dropped["length_mismatch"] == 3
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        assert store.turn_embedding_count("hash-v1-d64") == 0
+        assert vector_count(store, TURN_EMBEDDINGS, "hash-v1-d64") == 0
         assert store.get_watermark("turn_embedding").turn_id == 0
 
 
@@ -101,31 +117,28 @@ def test_the_snapshot_serves_a_normalised_matrix_of_the_active_model(tmp_path):
     turns = append_chat(paths, 6)
     run(tmp_path, HashEmbedder(64))
     reader = SnapshotReader(paths.serving_dir)
-    ids, matrix = reader.turn_matrix("hash-v1-d64")
+    ids, matrix = turn_vectors.turn_matrix(reader, "hash-v1-d64")
     assert sorted(ids.tolist()) == [t.id for t in turns] and matrix.shape == (6, 64)
     assert np.allclose(np.linalg.norm(matrix, axis=1), 1.0, atol=1e-5)
-    assert reader.turn_matrix("other")[0].size == 0
+    assert turn_vectors.turn_matrix(reader, "other")[0].size == 0
 
 
-def test_schema_v2_file_upgrades_to_the_current_version(tmp_path):
+def test_turn_vectors_are_checked_before_anything_is_written(tmp_path):
     path = tmp_path / "memory.duckdb"
-    conn = duckdb.connect(str(path))
-    assert store_schema.migrate(conn, target=2) == [1, 2]
-    conn.close()
     with ProjectionStore(path) as store:
         assert store.schema_version == store_schema.SCHEMA_VERSION
-        assert store.set_turn_embeddings("m", [(1, [0.5, 0.5])]) == 1
+        assert set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [0.5, 0.5])]) == 1
     with pytest.raises(TypeError):
         with ProjectionStore(path) as store:
-            store.set_turn_embeddings("m", [(2, "not numbers")])
+            set_vectors(store, TURN_EMBEDDINGS, "m", [(2, "not numbers")])
 
 
 def test_drop_projection_removes_every_turn_vector(tmp_path):
     with ProjectionStore(tmp_path / "m.duckdb") as store:
-        store.set_turn_embeddings("a", [(1, [1.0]), (2, [2.0])])
+        set_vectors(store, TURN_EMBEDDINGS, "a", [(1, [1.0]), (2, [2.0])])
         store.set_watermark("turn_embedding", turn_id=2)
         drop_projection(store, "turn_embedding")
-        assert store.turn_embedding_count("a") == 0 and store.get_watermark("turn_embedding").turn_id == 0
+        assert vector_count(store, TURN_EMBEDDINGS, "a") == 0 and store.get_watermark("turn_embedding").turn_id == 0
 
 
 # ----------------------------------------------------------------------------- fusion and dense search
@@ -155,7 +168,7 @@ def test_rrf_sums_weighted_reciprocal_ranks():
 def test_dense_turns_needs_the_projector_the_weight_and_vectors(tmp_path):
     ids = np.array([7, 8, 9])
     matrix = np.eye(3, dtype=np.float32)
-    snapshot = SimpleNamespace(turn_matrix=lambda model: (ids, matrix))
+    snapshot = vector_snapshot(ids, matrix)
     embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 2.0, 0.1], dtype=np.float32)])
 
     def memory(weight, projectors=("turn_embedding",)):
@@ -177,7 +190,7 @@ def test_dense_turns_needs_the_projector_the_weight_and_vectors(tmp_path):
 def test_dense_turns_blend_each_cosine_with_its_context_window():
     ids = np.array([7, 8, 9])
     matrix = np.eye(3, dtype=np.float32)
-    snapshot = SimpleNamespace(turn_matrix=lambda model: (ids, matrix))
+    snapshot = vector_snapshot(ids, matrix)
     embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 1.0, 0.0], dtype=np.float32)])
 
     def memory(share):
@@ -232,7 +245,8 @@ def test_the_sensor_sends_turn_embeddings_with_the_index_when_active(tmp_path):
 def test_without_an_embedder_both_embedding_projectors_skip_naming_the_settings():
     from types import SimpleNamespace
 
-    from familiar_pipeline.projectors import embeddings, turn_embeddings
+    from familiar_pipeline.projectors.fact_embeddings import run as embeddings
+    from familiar_pipeline.projectors.turn_embeddings import run as turn_embeddings
     from familiar_pipeline.projectors.report import ProjectionReport
 
     for module in (embeddings, turn_embeddings):

@@ -9,9 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from familiar_bot.prompt import retrieval as retrieval_module
 from familiar_bot.prompt.retrieval import _dense_turns, top_rows
+from familiar_pipeline.projectors.vectors import delete_vectors, set_vectors, vector_count, vectors_for
+from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
+from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
 from familiar_pipeline.models.embedders import HashEmbedder
-from familiar_pipeline.projectors import turn_windows
+from familiar_pipeline.projectors.turn_windows import run as turn_windows
+from familiar_pipeline.projectors.turn_windows.tables import context_matrix
 from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.storage import snapshots as snapshots_module
 from familiar_pipeline.storage.snapshots import (
@@ -25,14 +30,17 @@ from familiar_pipeline.storage.snapshots import (
 )
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog, context_windows
+from familiar_pipeline.projectors.turn_embeddings import tables as turn_vectors
+from familiar_pipeline.projectors.turn_windows import tables as window_vectors
 
 from .fact_helpers import run_projector
+from .test_turn_embeddings import vector_snapshot
 from .helpers import CountingEmbedder, append_chat, make_familiar
 
 TOML = ('[providers.embedding]\nbackend = "hash"\ndim = 64\n'
         '[providers.memory]\nprojectors = ["turn_embedding", "turn_window_embedding"]\n'
         '[providers.memory.turn_window_embedding]\nbatch_size = 3\nspan = 1\n')
-TABLE = turn_windows.TABLE
+TABLE = TURN_WINDOW_EMBEDDINGS.name
 
 
 def run(root, embedder):
@@ -88,7 +96,7 @@ def test_incremental_runs_equal_a_rebuild(tmp_path):
 
     with ProjectionStore(paths.memory_db) as store:
         drop_projection(store, turn_windows.PROJECTOR)
-        assert store.turn_embedding_count(emb.name, table=TABLE) == 0
+        assert vector_count(store, TURN_WINDOW_EMBEDDINGS, emb.name) == 0
     run(tmp_path, emb)
     rebuilt = stored(paths)
     assert sorted(rebuilt) == sorted(incremental)
@@ -113,21 +121,21 @@ def test_a_model_swap_restarts_and_a_length_mismatch_writes_nothing(tmp_path):
 def test_the_snapshot_precombines_turn_and_window_vectors(tmp_path):
     paths = make_familiar(tmp_path, "fam", TOML)
     with ProjectionStore(paths.memory_db) as store:
-        store.set_turn_embeddings("m", [(1, [1.0, 0.0]), (2, [0.0, 2.0]), (3, [1.0, 1.0])])
-        store.set_turn_embeddings("m", [(2, [3.0, 0.0]), (1, [0.0, 1.0])], table=TABLE)
-        publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+        set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [1.0, 0.0]), (2, [0.0, 2.0]), (3, [1.0, 1.0])])
+        set_vectors(store, TURN_WINDOW_EMBEDDINGS, "m", [(2, [3.0, 0.0]), (1, [0.0, 1.0])])
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark={}, matrices=context_matrix(TURN_CONTEXT_SHARE))
     reader = SnapshotReader(paths.serving_dir)
-    ids, rows = reader.context_turn_matrix("m", 0.25)
+    ids, rows = window_vectors.context_turn_matrix(reader, "m", 0.25)
     assert ids.tolist() == [1, 2, 3]
     assert np.allclose(rows, [[0.75, 0.25], [0.25, 0.75], [2 ** -0.5, 2 ** -0.5]])  # turn 3: no window, its own
-    assert reader.context_turn_matrix("other", 0.25) is None
-    assert Snapshot.empty().context_turn_matrix("m", 0.5) is None
+    assert window_vectors.context_turn_matrix(reader, "other", 0.25) is None
+    assert window_vectors.context_turn_matrix(Snapshot.empty(), "m", 0.5) is None
 
 
 def _vector_store(paths):
     store = ProjectionStore(paths.memory_db)
-    store.set_turn_embeddings("m", [(1, [1.0, 0.0]), (2, [0.0, 2.0]), (3, [1.0, 1.0])])
-    store.set_turn_embeddings("m", [(2, [3.0, 0.0]), (1, [0.0, 1.0])], table=TABLE)
+    set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [1.0, 0.0]), (2, [0.0, 2.0]), (3, [1.0, 1.0])])
+    set_vectors(store, TURN_WINDOW_EMBEDDINGS, "m", [(2, [3.0, 0.0]), (1, [0.0, 1.0])])
     return store
 
 
@@ -135,39 +143,40 @@ def test_the_published_matrix_is_memory_mapped_and_equals_the_one_a_reader_build
     paths = make_familiar(tmp_path, "fam", TOML)
     plain = tmp_path / "plain"
     with _vector_store(paths) as store:
-        manifest = publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
-        publish_snapshot(store.conn, plain, store_watermark={}, turn_context=None)
+        manifest = publish_snapshot(store.conn, paths.serving_dir, store_watermark={},
+                                    matrices=context_matrix(TURN_CONTEXT_SHARE))
+        publish_snapshot(store.conn, plain, store_watermark={})
     [entry] = manifest.matrices
     assert (entry.model, entry.share, entry.rows, entry.dim) == ("m", TURN_CONTEXT_SHARE, 3, 2)
     assert (paths.serving_dir / entry.file).is_file() and (paths.serving_dir / entry.ids_file).is_file()
     assert read_manifest(paths.serving_dir) == manifest  # the entry survives the JSON round trip
 
     reader, built = SnapshotReader(paths.serving_dir), SnapshotReader(plain)
-    ids, rows = reader.context_turn_matrix("m", TURN_CONTEXT_SHARE)
-    assert isinstance(rows, np.memmap) and not isinstance(built.context_turn_matrix("m", 0.5)[1], np.memmap)
-    assert ids.tolist() == built.context_turn_matrix("m", 0.5)[0].tolist()
-    assert np.allclose(rows, built.context_turn_matrix("m", 0.5)[1], atol=1e-7)
+    ids, rows = window_vectors.context_turn_matrix(reader, "m", TURN_CONTEXT_SHARE)
+    assert isinstance(rows, np.memmap) and not isinstance(window_vectors.context_turn_matrix(built, "m", 0.5)[1], np.memmap)
+    assert ids.tolist() == window_vectors.context_turn_matrix(built, "m", 0.5)[0].tolist()
+    assert np.allclose(rows, window_vectors.context_turn_matrix(built, "m", 0.5)[1], atol=1e-7)
     # The turn vector tables are not read until asked; then they are the same rows.
     snap = reader.current()
     assert not dict.__contains__(snap._tables, "turn_embeddings") and "turn_embeddings" in snap.table_names()
-    assert np.allclose(snap.turn_matrix("m")[1], built.turn_matrix("m")[1])
+    assert np.allclose(turn_vectors.turn_matrix(snap, "m")[1], turn_vectors.turn_matrix(built, "m")[1])
     assert snap.table("turn_window_embeddings").num_rows == 2
     # Another share than the published one is built from the tables, as before.
-    assert np.allclose(reader.context_turn_matrix("m", 0.25)[1], built.context_turn_matrix("m", 0.25)[1])
+    assert np.allclose(window_vectors.context_turn_matrix(reader, "m", 0.25)[1], window_vectors.context_turn_matrix(built, "m", 0.25)[1])
 
 
 def test_a_loaded_snapshot_keeps_its_matrix_and_tables_after_later_publishes_collect_the_files(tmp_path):
     paths = make_familiar(tmp_path, "fam", TOML)
     with _vector_store(paths) as store:
-        first = publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+        first = publish_snapshot(store.conn, paths.serving_dir, store_watermark={}, matrices=context_matrix(TURN_CONTEXT_SHARE))
         snap = SnapshotReader(paths.serving_dir).current()
         for _ in range(2):
-            publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+            publish_snapshot(store.conn, paths.serving_dir, store_watermark={}, matrices=context_matrix(TURN_CONTEXT_SHARE))
     assert not (paths.serving_dir / first.matrices[0].file).exists()
     assert not (paths.serving_dir / first.tables["turn_embeddings"].file).exists()
-    assert snap.context_turn_matrix("m", 0.5)[0].tolist() == [1, 2, 3]
-    assert float(np.asarray(snap.context_turn_matrix("m", 0.5)[1]).sum()) > 0
-    assert snap.turn_matrix("m")[0].tolist() == [1, 2, 3]  # read lazily from the open, unlinked file
+    assert window_vectors.context_turn_matrix(snap, "m", 0.5)[0].tolist() == [1, 2, 3]
+    assert float(np.asarray(window_vectors.context_turn_matrix(snap, "m", 0.5)[1]).sum()) > 0
+    assert turn_vectors.turn_matrix(snap, "m")[0].tolist() == [1, 2, 3]  # read lazily from the open, unlinked file
     assert sorted(p.suffix for p in paths.serving_dir.glob("turn_context*")) == [".npy"] * 4  # two versions
 
 
@@ -176,8 +185,8 @@ def test_a_snapshot_published_before_the_matrix_still_serves_the_same_rows(tmp_p
 
     paths = make_familiar(tmp_path, "fam", TOML)
     with _vector_store(paths) as store:
-        publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
-    expected = SnapshotReader(paths.serving_dir).context_turn_matrix("m", 0.5)
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark={}, matrices=context_matrix(TURN_CONTEXT_SHARE))
+    expected = window_vectors.context_turn_matrix(SnapshotReader(paths.serving_dir), "m", 0.5)
     path = paths.serving_dir / "manifest.json"
     old = json.loads(path.read_text())
     for entry in old.pop("matrices"):  # what a publisher written before them left
@@ -185,7 +194,7 @@ def test_a_snapshot_published_before_the_matrix_still_serves_the_same_rows(tmp_p
         (paths.serving_dir / entry["ids_file"]).unlink()
     path.write_text(json.dumps(old))
     reader = SnapshotReader(paths.serving_dir)
-    ids, rows = reader.context_turn_matrix("m", 0.5)
+    ids, rows = window_vectors.context_turn_matrix(reader, "m", 0.5)
     assert reader.last_error is None and not isinstance(rows, np.memmap)
     assert ids.tolist() == expected[0].tolist() and np.allclose(rows, expected[1])
 
@@ -193,28 +202,28 @@ def test_a_snapshot_published_before_the_matrix_still_serves_the_same_rows(tmp_p
 def test_a_damaged_matrix_keeps_the_last_good_snapshot(tmp_path):
     paths = make_familiar(tmp_path, "fam", TOML)
     with _vector_store(paths) as store:
-        publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark={}, matrices=context_matrix(TURN_CONTEXT_SHARE))
         reader = SnapshotReader(paths.serving_dir)
-        store.set_turn_embeddings("m", [(4, [0.0, 1.0])])
-        second = publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+        set_vectors(store, TURN_EMBEDDINGS, "m", [(4, [0.0, 1.0])])
+        second = publish_snapshot(store.conn, paths.serving_dir, store_watermark={}, matrices=context_matrix(TURN_CONTEXT_SHARE))
     (paths.serving_dir / second.matrices[0].file).write_bytes(b"not a matrix")
     assert reader.refresh() is False and reader.version == 1
     assert "not a readable matrix" in reader.last_error
-    assert reader.context_turn_matrix("m", 0.5)[0].tolist() == [1, 2, 3]
+    assert window_vectors.context_turn_matrix(reader, "m", 0.5)[0].tolist() == [1, 2, 3]
 
 
 def test_a_failed_matrix_write_leaves_the_previous_snapshot_published(tmp_path, monkeypatch):
     paths = make_familiar(tmp_path, "fam", TOML)
     with _vector_store(paths) as store:
-        publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark={}, matrices=context_matrix(TURN_CONTEXT_SHARE))
         before = sorted(p.name for p in paths.serving_dir.iterdir())
 
         def broken(*args, **kwargs):
             raise OSError("disk full")
 
-        monkeypatch.setattr(snapshots_module.np, "save", broken)
+        monkeypatch.setattr(snapshots_module.vectors.np, "save", broken)
         with pytest.raises(SnapshotPublishError, match="disk full"):
-            publish_snapshot(store.conn, paths.serving_dir, store_watermark={})
+            publish_snapshot(store.conn, paths.serving_dir, store_watermark={}, matrices=context_matrix(TURN_CONTEXT_SHARE))
     assert sorted(p.name for p in paths.serving_dir.iterdir()) == before
     assert SnapshotReader(paths.serving_dir).version == 1
 
@@ -235,13 +244,19 @@ def test_the_published_share_is_the_shipped_turn_context():
     assert RetrievalConfig().turn_context == TURN_CONTEXT_SHARE
 
 
-def test_dense_turns_read_the_precombined_matrix_instead_of_query_time_windows():
+def test_dense_turns_read_the_precombined_matrix_instead_of_query_time_windows(monkeypatch):
     ids = np.array([7, 8, 9])
     own = np.eye(3, dtype=np.float32)
     blended = np.array([[0.5, 0.5, 0], [0, 1, 0], [0, 0.5, 0.5]], dtype=np.float32)
     asked = []
-    snapshot = SimpleNamespace(turn_matrix=lambda model: (ids, own),
-                               context_turn_matrix=lambda model, share: asked.append(share) or (ids, blended))
+    snapshot = vector_snapshot(ids, own, context={("e", 0.5): (ids, blended)})
+    real_context = window_vectors.context_turn_matrix
+
+    def counted(source, model, share):
+        asked.append(share)
+        return real_context(source, model, share)
+
+    monkeypatch.setattr(retrieval_module, "context_turn_matrix", counted)
     embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 1.0, 0.0], dtype=np.float32)])
 
     def memory(share, projectors):

@@ -23,6 +23,7 @@ import pytest
 from familiar_pipeline.defs import webserver
 from familiar_bot.supervisor import child_sessions, free_port, group_alive
 from familiar_pipeline.storage.snapshots import SnapshotReader
+from familiar_pipeline.projectors.facts import reads as fact_reads
 from tests.helpers import append_chat, make_familiar
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,7 +143,7 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
 
         def facts_in_snapshot():
             reader.refresh()
-            return reader.current().current_facts()
+            return fact_reads.current_facts(reader.current())
 
         facts = wait_for(facts_in_snapshot, 150, "facts in the serving snapshot", process, err_log)
         assert any("Lisbon" in f.text for f in facts)

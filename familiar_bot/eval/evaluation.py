@@ -55,8 +55,10 @@ from familiar_pipeline.models.embedders import create_embedder
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, FamiliarPaths, default_dir
-from familiar_pipeline.storage.snapshots import publish_snapshot
-from familiar_pipeline.storage.store import FactDraft, ProjectionStore, Subject
+from familiar_pipeline.projectors.facts.store import FactDraft, append_facts
+from familiar_pipeline.projectors.facts.tables import Subject
+from familiar_pipeline.projectors.runtime import publish_store
+from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
 from familiar_bot.eval import locomo
@@ -199,12 +201,12 @@ def load_gold_facts(sample: dict, paths, turn_of: Mapping[str, int], turns: list
         drafts.append(FactDraft(text=text, source_turn_ids=sources, channel_id=EVAL_CHANNEL,
                                 subjects=[Subject(locomo.speaker_key(speaker), speaker)],
                                 valid_from=min(at_turn[i] for i in ids if i in at_turn)))
-    with ProjectionStore(paths.memory_db) as store:
-        facts = [f for f, inserted in store.append_facts(drafts) if inserted]
+    with ProjectionStore(paths.memory_db, tables=registry.tables()) as store:
+        facts = [f for f, inserted in append_facts(store, drafts) if inserted]
         with FtsIndex(paths.fts_facts, writable=True) as index:
             index.upsert_many((f.id, f.text) for f in facts)
             index.commit()
-        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store.serving_watermark())
+        publish_store(store, paths.serving_dir, load_config(paths.familiar_id, root=paths.dir.parent))
     return len(facts)
 
 

@@ -50,6 +50,11 @@ import numpy as np
 
 from familiar_pipeline.models.embedders import cosines as cue_cosines
 from familiar_pipeline.models.embedders import row_dots
+from familiar_pipeline.projectors.fact_embeddings.tables import fact_vector_count
+from familiar_pipeline.projectors.fact_embeddings.tables import vectors_in as fact_vectors
+from familiar_pipeline.projectors.facts.reads import current_facts
+from familiar_pipeline.projectors.turn_embeddings.tables import turn_matrix
+from familiar_pipeline.projectors.turn_windows.tables import context_turn_matrix
 from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
@@ -119,7 +124,7 @@ def current_fact_rows(snapshot, ids, now: datetime) -> dict:
     """``{id: Fact}`` for the facts among ``ids`` that are current at ``now`` (the snapshot's ``FactView``)."""
     if not ids:
         return {}
-    return {f.id: f for f in snapshot.current_facts(now, ids=ids)}
+    return {f.id: f for f in current_facts(snapshot, now, ids=ids)}
 
 
 def _current_candidates(cue: str, memory, limit: int, wanted: int) -> tuple[list[tuple[Any, float]], int]:
@@ -139,7 +144,7 @@ def _current_candidates(cue: str, memory, limit: int, wanted: int) -> tuple[list
 def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, float], bool]:
     """Cosines for candidates with a stored vector; embeds the cue only if there is one."""
     embedder = memory.embedder
-    vectors = memory.snapshot.embeddings_for(embedder.name, fact_ids)
+    vectors = fact_vectors(memory.snapshot, embedder.name, fact_ids)
     if not vectors:
         return {}, False
     cue_vec = memory.cue_vector(cue)
@@ -306,11 +311,9 @@ def needs_cue_vector(memory) -> bool:
     if embedder is None:
         return False
     snapshot = memory.snapshot
-    counted = getattr(snapshot, "fact_vector_count", None)
-    if memory.config.memory.retrieval.embedding_weight > 0 and counted is not None and counted(embedder.name) > 0:
+    if memory.config.memory.retrieval.embedding_weight > 0 and fact_vector_count(snapshot, embedder.name) > 0:
         return True
-    turn_matrix = getattr(snapshot, "turn_matrix", None)
-    return _dense_turns_on(memory) and turn_matrix is not None and len(turn_matrix(embedder.name)[0]) > 0
+    return _dense_turns_on(memory) and len(turn_matrix(snapshot, embedder.name)[0]) > 0
 
 
 def top_rows(scores: np.ndarray, limit: int) -> np.ndarray:
@@ -360,15 +363,12 @@ class TurnScores:
 def _turn_similarities(cue: str, memory, embedder) -> TurnScores | None:
     """The cue's :class:`TurnScores`, or None without usable vectors."""
     snapshot = memory.snapshot
-    if getattr(snapshot, "turn_matrix", None) is None:
-        return None
     retrieval = memory.config.memory.retrieval
     found = None
-    windowed = getattr(snapshot, "context_turn_matrix", None)
-    if retrieval.turn_context > 0 and windowed is not None and memory.config.memory.is_active("turn_window_embedding"):
-        found = windowed(embedder.name, retrieval.turn_context)
+    if retrieval.turn_context > 0 and memory.config.memory.is_active("turn_window_embedding"):
+        found = context_turn_matrix(snapshot, embedder.name, retrieval.turn_context)
     blended = found is not None
-    ids, matrix = found if blended else snapshot.turn_matrix(embedder.name)
+    ids, matrix = found if blended else turn_matrix(snapshot, embedder.name)
     if len(ids) == 0:
         return None
     cue_vec = np.asarray(memory.cue_vector(cue), dtype=np.float32)

@@ -23,13 +23,13 @@ import zoneinfo
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.spec import knob
+from familiar_pipeline.config import catalogue
+from familiar_pipeline.config.knobs import knob
 
 
 # What the `familiar_pipeline.config` facade re-exports.
 __all__ = [
-    "BUDGET_TIERS", "DEFAULT_BUDGETS", "DEFAULT_FAMILIAR_ID", "DEFAULT_LLM_SLOTS", "LAYER_NAMES", "LLM_SLOTS",
+    "BUDGET_TIERS", "DEFAULT_BUDGETS", "DEFAULT_FAMILIAR_ID", "DEFAULT_LLM_SLOTS", "DEFAULT_PROJECTORS", "LAYER_NAMES", "LLM_SLOTS",
     "MESSAGE_RENDERINGS", "ChannelConfig", "ConfigError", "EmbeddingConfig", "FamiliarConfig", "FrozenDict",
     "HistoryConfig", "LlmConfig", "LlmSlotConfig", "MemoryConfig", "PipelineConfig", "RetrievalConfig",
     "Secrets", "TierBudget",
@@ -82,10 +82,18 @@ class FrozenDict(dict):
 
 
 def embedding_backends() -> tuple[str, ...]:
-    # Imported late: embedders loads numpy, which loading a config does not need.
-    from familiar_pipeline.models.embedders import known_embedders
+    return catalogue.embedding_backends()
 
-    return known_embedders()
+
+# The projectors a familiar runs unless its character.toml says otherwise (the shipped
+# character.toml lists the same; a test holds the two equal).
+DEFAULT_PROJECTORS: tuple[str, ...] = (
+    "rolling_summary",
+    "rich_note",
+    "fact_supersede",
+    "people_dossier",
+    "reflection",
+)
 
 
 # --------------------------------------------------------------------------- sections
@@ -190,11 +198,11 @@ class RetrievalConfig:
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    projectors: tuple[str, ...] = registry.DEFAULT_PROJECTORS
+    projectors: tuple[str, ...] = DEFAULT_PROJECTORS
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     # [providers.memory.<name>] by projector name: the knob dataclass its registered spec declares,
     # or, for a projector registered without knobs, its table as written (untyped).
-    tables: Mapping[str, Any] = field(default_factory=lambda: FrozenDict(registry.default_knobs()))
+    tables: Mapping[str, Any] = field(default_factory=lambda: FrozenDict(catalogue.default_knobs()))
 
     def __getattr__(self, name: str) -> Any:
         """`memory.rich_note` is the knobs of the projector named rich_note."""
@@ -210,7 +218,7 @@ class MemoryConfig:
         """The knob dataclass (or untyped mapping) of a projector."""
         if projector in self.tables:
             return self.tables[projector]
-        registry.get_projector(projector)  # raises with the valid names if unknown
+        catalogue.knob_class(projector)  # raises with the valid names if unknown
         return FrozenDict({})
 
 

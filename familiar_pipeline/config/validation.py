@@ -30,6 +30,7 @@ from typing_extensions import TypedDict
 
 from familiar_pipeline.config.rendering import dotted, key_text, table_name, toml_value
 from familiar_pipeline.config.schema import (
+    DEFAULT_PROJECTORS,
     DEFAULT_BUDGETS,
     DEFAULT_LLM_SLOTS,
     ChannelConfig,
@@ -47,7 +48,7 @@ from familiar_pipeline.config.schema import (
     TierBudget,
     embedding_backends,
 )
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.config import catalogue
 
 Path = tuple[str, ...]
 Say = Callable[[Path], tuple[Path, str]]
@@ -63,10 +64,9 @@ class Tree(Protocol):
 
 
 def _knob_class(name: str) -> type | None:
-    """The knob dataclass projector `name`'s registered spec declares; None when it has none
+    """The knob dataclass projector `name` declares; None when it has none
     (its table, if any, then passes through untyped)."""
-    spec = registry.get_projector(name)
-    return spec.knobs if spec.has_knobs else None
+    return catalogue.knob_class(name)
 
 
 # --------------------------------------------------------------------------- messages
@@ -269,7 +269,7 @@ def _display_tz(value: Any, handler: Callable[[Any], Any]) -> str:
 
 
 def _projectors(value: Any, handler: Callable[[Any], Any]) -> tuple[str, ...]:
-    known = registry.known_projectors()
+    known = catalogue.selectable_projectors()
     names = _checked(value, handler, lambda: f"an array of projector names from: {', '.join(known)}")
     for name in names:
         if name not in known:
@@ -342,8 +342,8 @@ def build(tree: Tree, familiar_id: str, secrets_env: Mapping[str, str]) -> Famil
     """The frozen `FamiliarConfig` of a merged tree, or the first problem as `ConfigError`."""
     _reject_legacy(tree)
     # Every registered projector, in registration order; the schema is rebuilt when this changes.
-    knob_classes = {spec.name: _knob_class(spec.name) for spec in registry.specs()}
-    known = set(registry.known_projectors())  # the always-on ones have no table to write
+    knob_classes = {name: _knob_class(name) for name in catalogue.projectors()}
+    known = set(catalogue.selectable_projectors())  # the always-on ones have no table to write
     schema_tables = tuple((name, cls) for name, cls in knob_classes.items() if name in known)
     try:
         data = _root_adapter(schema_tables).validate_python(tree.data)
@@ -363,7 +363,7 @@ def build(tree: Tree, familiar_id: str, secrets_env: Mapping[str, str]) -> Famil
             tables[name] = replace(cls(), **table.get(name, {}))
         elif name in table:
             tables[name] = FrozenDict(copy.deepcopy(table[name]))
-    memory = MemoryConfig(projectors=tuple(table.get("projectors", registry.DEFAULT_PROJECTORS)),
+    memory = MemoryConfig(projectors=tuple(table.get("projectors", DEFAULT_PROJECTORS)),
                           retrieval=retrieval, tables=FrozenDict(tables))
     _check_embedding_switches(tree, memory, embedding)
     _check_retrieval_weights(tree, retrieval, embedding.backend != "off")
@@ -439,7 +439,7 @@ def _check_embedding_switches(tree: Tree, memory: MemoryConfig, embedding: Embed
     if embedding.backend != "off":
         return
     backend_src = tree.source_of(("providers", "embedding", "backend"))
-    for projector in (s.name for s in registry.specs() if s.needs_embedder):
+    for projector in (name for name, entry in catalogue.projectors().items() if entry.needs_embedder):
         if projector in memory.projectors:
             ppath = ("providers", "memory", "projectors")
             raise ConfigError(

@@ -30,6 +30,7 @@ from dagster._core.definitions.data_version import DATA_VERSION_TAG, extract_dat
 from familiar_pipeline.defs.checks import MemoryCheck, combine_check_results, memory_checks
 from familiar_pipeline.defs.partitions import familiars_partitions, projection_run_queued
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
+from familiar_pipeline.models.llm import LlmUsage
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.projectors.runtime import FamiliarBusy, NoModelConfigured
@@ -84,11 +85,6 @@ turns = dg.AssetSpec(
     ),
 )
 
-
-def _llm_usage():
-    from familiar_pipeline.models.llm import LlmUsage
-
-    return LlmUsage()
 
 
 def report_metadata(report: ProjectionReport, usage, knobs: dict) -> dict:
@@ -155,7 +151,7 @@ def run_projector(spec: ProjectorSpec, runtime, cfg, *, rebuild: bool) -> dict:
             report.reason = str(exc)
     else:
         if spec.needs_llm:  # this projector's calls and tokens, apart from the others' in the step
-            usage = runtime.llm_client.usage = _llm_usage()
+            usage = runtime.llm_client.usage = LlmUsage()
         if rebuild and not (spec.needs_embedder and runtime.embedder is None):
             with runtime.store() as store:
                 registry.drop_projection(store, spec.name)

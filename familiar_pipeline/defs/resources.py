@@ -7,6 +7,8 @@ from pathlib import Path
 import dagster as dg
 
 from familiar_pipeline.config import FamiliarConfig, load_config
+from familiar_pipeline.models.embedders import create_embedder
+from familiar_pipeline.models.llm import client_for
 from familiar_pipeline.storage.paths import FamiliarPaths, data_root
 from familiar_pipeline.projectors.runtime import FamiliarRuntime
 
@@ -36,8 +38,6 @@ class LlmResource(dg.ConfigurableResource):
         slot = config.llm.slots.get(self.slot)
         if slot is None or not slot.configured:
             return None
-        from familiar_pipeline.models.llm import client_for
-
         paths.cache_dir.mkdir(parents=True, exist_ok=True)
         return client_for(config.llm, self.slot, cache_path=paths.cache_dir / "llm_cache.sqlite", usage=usage)
 
@@ -46,8 +46,6 @@ class EmbedderResource(dg.ConfigurableResource):
     """The embedder named by [providers.embedding] (None when the backend is "off")."""
 
     def embedder(self, config: FamiliarConfig):
-        from familiar_pipeline.models.embedders import create_embedder
-
         return create_embedder(config.embedding)
 
 

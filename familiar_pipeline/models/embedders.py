@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-if TYPE_CHECKING:  # config names the backends registered here, so the import points only that way
+from familiar_pipeline.config import catalogue
+
+if TYPE_CHECKING:
     from familiar_pipeline.config import EmbeddingConfig
 
 MODEL_PATH_ENV = "FAMILIAR_FASTEMBED_MODEL_PATH"
@@ -449,6 +451,8 @@ def _fastembed_factory(cfg: EmbeddingConfig) -> Embedder:
 OFF = "off"
 _BUILTIN_FACTORIES: Mapping[str, EmbedderFactory] = {"hash": _hash_factory, "fastembed": _fastembed_factory}
 _factories: dict[str, EmbedderFactory] = dict(_BUILTIN_FACTORIES)
+# Config validates `backend` against its catalogue, which names the built-ins without importing this module.
+assert {OFF, *_BUILTIN_FACTORIES} == set(catalogue.BUILTIN_EMBEDDING_BACKENDS), "config's built-in backends"
 _registry_lock = threading.Lock()
 _BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 
@@ -470,6 +474,7 @@ def register_embedder(name: str, factory: EmbedderFactory, *, replace: bool = Fa
         if name in _factories and not replace:
             raise ValueError(f"embedding backend {name!r} is already registered (pass replace=True)")
         _factories[name] = factory
+        catalogue.register_embedding_backend(name)
 
 
 def unregister_embedder(name: str) -> None:
@@ -478,6 +483,7 @@ def unregister_embedder(name: str) -> None:
         if name == OFF or name in _BUILTIN_FACTORIES:
             raise ValueError(f"embedding backend {name!r} is built in and cannot be removed")
         _factories.pop(name, None)
+        catalogue.unregister_embedding_backend(name)
 
 
 def known_embedders() -> tuple[str, ...]:

@@ -28,6 +28,7 @@ network.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -39,8 +40,9 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import tenacity
 
@@ -763,17 +765,17 @@ def client_for(
 
     A slot missing from the config gives an unconfigured client, whose first call
     raises ``LlmNotConfigured`` naming the setting. A caching slot uses the SQLite
-    cache at ``cache_path``, or an in-memory one when no path is given. A ``fake/``
-    model installs the in-process fake provider, scripted from ``FAMILIAR_FAKE_LLM``
-    when set, so a Dagster run subprocess can use the fake through config alone.
+    cache at ``cache_path``, or an in-memory one when no path is given. A model whose
+    provider is installed by a ``familiar.llm_providers`` entry point (the scripted
+    ``fake/`` models: scripted from ``FAMILIAR_FAKE_LLM`` when set) gets it installed,
+    so a Dagster run subprocess can use it through config alone.
     """
     if not isinstance(slot_name, str) or not slot_name:
         raise ConfigError(f"LLM slot name must be a non-empty string, not {slot_name!r}")
     slot = config.slots.get(slot_name) or LlmSlotConfig(name=slot_name)
-    if slot.model.startswith("fake/"):
-        from familiar_pipeline.testing.fake_llm import install_from_env
-
-        when_imported(install_from_env)  # with litellm, when a call is due: a run with none never imports it
+    installer = provider_installer(slot.model)
+    if installer is not None:
+        when_imported(installer)  # with litellm, when a call is due: a run with none never imports it
     cache = ResponseCache(cache_path) if slot.cache else None
     return LlmClient(
         slot,
@@ -782,3 +784,20 @@ def client_for(
         usage=usage,
         familiar_id=familiar_id,
     )
+
+
+PROVIDER_ENTRY_POINTS = "familiar.llm_providers"
+
+
+@functools.lru_cache(maxsize=64)
+def provider_installer(model: str) -> Callable[[], Any] | None:
+    """The installer of the litellm provider a model string names (``fake/careful``: ``fake``), when an
+    installed package declares one under the ``familiar.llm_providers`` entry points; else None
+    (litellm's own providers need none). How providers this package does not ship (the scripted
+    offline models of ``familiar_pipeline.testing``) are plugged in without the client importing them.
+    """
+    prefix = model.split("/", 1)[0] if "/" in model else ""
+    if not prefix:
+        return None
+    found = entry_points(group=PROVIDER_ENTRY_POINTS, name=prefix)
+    return next(iter(found)).load() if found else None

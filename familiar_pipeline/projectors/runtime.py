@@ -22,12 +22,20 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 from familiar_pipeline.config import FamiliarConfig
+from familiar_pipeline.projectors import registry
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.paths import FamiliarPaths
-from familiar_pipeline.storage.snapshots import SnapshotFormatError, publish_snapshot, read_manifest
+from familiar_pipeline.storage.snapshots import (
+    Manifest,
+    SnapshotFormatError,
+    publish_snapshot,
+    read_manifest,
+    served_tables,
+)
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -186,7 +194,7 @@ class FamiliarRuntime:
         self.hold_writer_lock()
         with self._store_lock:
             if self._open_store is None:
-                self._open_store = ProjectionStore(self.paths.memory_db)
+                self._open_store = ProjectionStore(self.paths.memory_db, tables=registry.tables())
         try:
             yield self._open_store
         except BaseException:
@@ -210,10 +218,7 @@ class FamiliarRuntime:
         if not force and time.monotonic() - self._last_publish < PUBLISH_INTERVAL_S:
             self._unpublished = True
             return
-        watermark = store.serving_watermark()  # before `conn`, which drops the store's copy of the watermarks
-        manifest = publish_snapshot(store.conn, self.paths.serving_dir, store_watermark=watermark,
-                                    turn_context=self.config.memory.retrieval.turn_context,
-                                    pending_assets=self.pending_assets or ())
+        manifest = publish_store(store, self.paths.serving_dir, self.config, pending_assets=self.pending_assets or ())
         self.published_version = manifest.version
         self._published_pending = manifest.pending_assets
         self._last_publish = time.monotonic()
@@ -270,6 +275,18 @@ class FamiliarRuntime:
         if self._turn_log is not None:
             self._turn_log.close()
             self._turn_log = None
+
+
+def publish_store(store: ProjectionStore, serving_dir: Path, config: FamiliarConfig, *,
+                  pending_assets: tuple[str, ...] = ()) -> Manifest:
+    """Publish the store's committed tables (every registered projector's, and the watermarks) as the
+    next serving snapshot, with the vector matrices the projectors ask for (`ProjectorSpec.matrices`)."""
+    watermark = store.serving_watermark()  # before `conn`, which drops the store's copy of the watermarks
+    matrices = next((m for spec in registry.specs() if spec.matrices is not None
+                     and (m := spec.matrices(config)) is not None), None)
+    return publish_snapshot(store.conn, serving_dir, store_watermark=watermark,
+                            tables=served_tables(store.tables.values()), matrices=matrices,
+                            pending_assets=pending_assets)
 
 
 class _ReleasingClient:

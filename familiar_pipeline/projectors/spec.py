@@ -1,46 +1,60 @@
 """What a projector declares about itself, once: its `ProjectorSpec`.
 
-Every projector module ends with one ``SPEC``; the registry, the Dagster asset
-factory, the turn sensor, backfill, config loading (knob tables) and
-`registry.drop_projection` read it from there, so a new projector is its own
-module plus one line in `registry.BUILTIN_SPECS` (or one `register_projector`
-call from a plugin).
-
-`knob` lives here rather than in `familiar_pipeline.config` because knob
-dataclasses live in projector modules and config finds them through the
-registry: defining it below both keeps imports pointing one way.
+Every projector lives in one folder, ``projectors/<name>/``: its spec (``spec.py``, with
+its knobs), its run logic, its prompt with the reply model that is both the schema and
+the parser, its table declarations (``tables.py``) with their SQL, its invariants and its
+answers for the scripted offline model. The registry, the Dagster asset factory, the
+turn sensor, backfill, config loading (knob tables), the store (its tables), the
+snapshot publisher and the scripted model read the spec, so a new projector is its own
+folder plus one line in `registry.BUILTIN_SPECS` (or one `register_projector` call from a
+plugin), and a bot layer if the prompt shows it (docs/architecture.md §2).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from familiar_pipeline.config.knobs import NoKnobs, knob
+from familiar_pipeline.storage.snapshots import ContextMatrix
+from familiar_pipeline.storage.tables import Table
 
 if TYPE_CHECKING:
+    from familiar_pipeline.config import FamiliarConfig
+    from familiar_pipeline.projectors.report import ProjectionReport
+    from familiar_pipeline.projectors.runtime import FamiliarRuntime
     from familiar_pipeline.storage.store import ProjectionStore
+    from familiar_pipeline.storage.turns import TurnLog
+
+__all__ = ["FACTS", "TRIGGERS", "TURNS", "TURN_INDEX", "DropRule", "Invariant", "NoKnobs", "ProjectorRun",
+           "ProjectorSpec", "Scripted", "knob"]
 
 
-def knob(default: Any, *, minimum: float | None = None, maximum: float | None = None,
-         above: float | None = None, choices: Any = None, nonempty: bool = False,
-         pattern: re.Pattern[str] | None = None, pattern_hint: str = "",
-         hide_bad_value: bool = False) -> Any:
-    """A dataclass field whose metadata says what values are valid.
+class ProjectorRun(Protocol):
+    """What a projector does for one familiar: process what is new past its watermark, report it."""
 
-    `above` is an exclusive lower bound; `choices` is a tuple or a zero-argument
-    callable (for registries that grow at import time); `hide_bad_value` keeps a
-    rejected value out of error messages (it may be a pasted secret).
-    """
-    meta = {"minimum": minimum, "maximum": maximum, "above": above, "choices": choices,
-            "nonempty": nonempty, "pattern": pattern, "pattern_hint": pattern_hint,
-            "hide_bad_value": hide_bad_value}
-    return field(default=default, metadata=meta)
+    def __call__(self, rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None: ...
+
+
+# The scripted offline model's answer to this projector's prompt (None: not this projector's prompt).
+Scripted = Callable[[list[dict[str, Any]]], "str | None"]
 
 
 @dataclass(frozen=True)
-class NoKnobs:
-    """The knobs of a projector that has none (its `[providers.memory.<name>]` table is not accepted)."""
+class Invariant:
+    """A rule the projector's rows must keep, checked after every run (a Dagster asset check).
+
+    ``find(store, turn_log, familiar_id)`` lists the violations (empty: the rule holds);
+    ``what`` says what each item is. A ``blocking`` invariant that fails holds back what
+    is built on the asset for that familiar.
+    """
+
+    name: str
+    description: str
+    find: Callable[["ProjectionStore", "TurnLog", str], list[Any]]
+    what: str = ""
+    blocking: bool = False
 
 
 # When the turn-watermark sensor requests a projector's asset.
@@ -54,14 +68,15 @@ TRIGGERS = (TURNS, TURN_INDEX, FACTS, None)  # None: only on request (UI, backfi
 class DropRule:
     """What `drop_projection` deletes so a projection rebuilds from turns.
 
-    `tables` are emptied and `sequences` restarted at 1; the projector's own
-    watermark row always goes. `before` runs first, in the same transaction, for
-    what is not a whole table. `cascade` also drops, first, every projector that
-    reads this one's asset (transitively): nothing built on deleted rows survives.
+    The spec's own `tables` are emptied (dependants first) and their sequences restarted
+    at 1, or, when given here, `tables` and `sequences`; the projector's own watermark row
+    always goes. `before` runs first, in the same transaction, for what is not a whole
+    table. `cascade` also drops, first, every projector that reads this one's asset
+    (transitively): nothing built on deleted rows survives.
     """
 
-    tables: tuple[str, ...] = ()
-    sequences: tuple[str, ...] = ()
+    tables: tuple[str, ...] | None = None
+    sequences: tuple[str, ...] | None = None
     before: Callable[[ProjectionStore], None] | None = None
     cascade: bool = False
 
@@ -80,11 +95,16 @@ class ProjectorSpec:
     callable returning the asset or a list of assets) instead of `run`.
     `batch_closed(turn_log, knobs, after_id, now) -> bool` tells the sensor that a
     batch shorter than `batch_knob` is complete anyway (facts close one at a quiet gap).
+    `tables` are the tables it writes (declared in its folder; the store creates and
+    migrates them, the snapshot publishes them, a rebuild empties them); `invariants`
+    are checked after each run; `scripted` answers its prompt in the scripted offline
+    model; `snapshot_check` adds the check that the bot's snapshot is in step with the store;
+    `matrices(config)` names vector tables each publish precombines (``snapshots.vectors``).
     """
 
     name: str
     asset: str = ""
-    run: Callable[..., None] | None = None
+    run: ProjectorRun | None = None
     description: str = ""
     group: str = "projections"
     kinds: frozenset[str] = frozenset({"duckdb"})
@@ -98,12 +118,19 @@ class ProjectorSpec:
     knobs: type = NoKnobs
     drop: DropRule = DropRule()
     factory: Callable[..., Any] | None = None
+    tables: tuple[Table, ...] = ()
+    invariants: tuple[Invariant, ...] = ()
+    scripted: Scripted | None = None
+    snapshot_check: bool = True
+    matrices: Callable[[FamiliarConfig], ContextMatrix | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.asset:
             object.__setattr__(self, "asset", self.name)
         object.__setattr__(self, "kinds", frozenset(self.kinds))
         object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "tables", tuple(self.tables))
+        object.__setattr__(self, "invariants", tuple(self.invariants))
         if self.trigger not in TRIGGERS:
             raise ValueError(f"projector {self.name!r}: trigger {self.trigger!r} is not one of {TRIGGERS}")
         if self.factory is not None and not callable(self.factory):
@@ -118,3 +145,16 @@ class ProjectorSpec:
     @property
     def has_knobs(self) -> bool:
         return bool(dataclasses.fields(self.knobs))
+
+    @property
+    def dropped_tables(self) -> tuple[str, ...]:
+        """What a rebuild empties, dependants first (its drop rule, else its own tables)."""
+        if self.drop.tables is not None:
+            return self.drop.tables
+        return tuple(t.name for t in reversed(self.tables))
+
+    @property
+    def dropped_sequences(self) -> tuple[str, ...]:
+        if self.drop.sequences is not None:
+            return self.drop.sequences
+        return tuple(t.sequence for t in self.tables if t.sequence)

@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_pipeline.defs.backfill import BackfillError, ProjectionDisabled, backfill
+    from familiar_pipeline.backfill import BackfillError, ProjectionDisabled, backfill
     from familiar_pipeline.storage.paths import FamiliarPaths
 
     if not FamiliarPaths.for_id(args.familiar).turns_db.exists():

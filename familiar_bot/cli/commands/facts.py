@@ -15,6 +15,7 @@ import argparse
 from datetime import datetime, timezone
 
 from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_pipeline.projectors.facts.reads import facts_for_subject, recent_facts
 from familiar_pipeline.storage.times import parse_instant
 
 
@@ -32,8 +33,8 @@ def parse_when(text: str) -> datetime:
 def select_facts(snapshot, *, subject: str | None, as_of: datetime | None, include_retired: bool, now: datetime | None = None) -> list:
     """The facts to print (``Fact`` records), ascending by id, in the snapshot's ``FactView`` of these options."""
     if subject:
-        return snapshot.facts_for_subject(subject, as_of, include_superseded=include_retired, now=now)
-    return snapshot.recent_facts(10**9, as_of, include_superseded=include_retired, now=now)[::-1]
+        return facts_for_subject(snapshot, subject, as_of, include_superseded=include_retired, now=now)
+    return recent_facts(snapshot, 10**9, as_of, include_superseded=include_retired, now=now)[::-1]
 
 
 def _day(value: datetime | None) -> str:

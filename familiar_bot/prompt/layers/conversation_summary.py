@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from familiar_bot.prompt.layers.common import neutralise_headers
 from familiar_bot.prompt.tokens import truncate_to_tokens
+from familiar_pipeline.projectors.summary.tables import summary
 
 HEADER = "## Conversation so far"
 
 
 def _summary(memory):
     snapshot = memory.snapshot
-    return memory.memo(("summary", snapshot.version), snapshot.summary)
+    return memory.memo(("summary", snapshot.version), lambda: summary(snapshot))
 
 
 class ConversationSummaryLayer:

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from familiar_pipeline.projectors.dossiers.tables import dossiers_for
 from familiar_pipeline.storage.identity import ego_key, is_ego_key
 
 from familiar_bot.prompt.layers.common import neutralise_headers, one_line
@@ -116,7 +117,7 @@ class PeopleDossierLayer:
         budget = memory.config.budget_for(ctx.tier)
         ego = ego_key(memory.config.familiar_id)
         people = candidate_keys(ctx, memory)
-        dossiers = memory.snapshot.dossiers([ego, *people])
+        dossiers = dossiers_for(memory.snapshot, [ego, *people])
         labels = memory.labels(ctx.guild_id)
         blocks = []
         own = dossiers[ego].dossier_text.strip() if ego in dossiers else ""

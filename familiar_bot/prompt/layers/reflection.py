@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from familiar_bot.prompt.layers.common import one_line
 from familiar_bot.prompt.tokens import cap_blocks
+from familiar_pipeline.projectors.facts.reads import superseded_fact_ids
+from familiar_pipeline.projectors.reflections.tables import recent_reflections_in
 
 HEADER = "## Recent reflections"
 
@@ -20,9 +22,9 @@ def _rows(ctx, memory):
     snapshot = memory.snapshot
 
     def compute():
-        rows = snapshot.recent_reflections(ctx.channel_id, limit)
+        rows = recent_reflections_in(snapshot, ctx.channel_id, limit)
         cited = {f for r in rows for f in r.cited_fact_ids}
-        return rows, (snapshot.superseded_fact_ids(cited) if cited else set())
+        return rows, (superseded_fact_ids(snapshot, cited) if cited else set())
 
     # A published snapshot never changes, so its version names these rows.
     return memory.memo(("reflections", snapshot.version, ctx.channel_id, limit), compute)

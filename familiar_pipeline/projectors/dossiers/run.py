@@ -1,0 +1,210 @@
+"""People dossiers (projector `people_dossier`): one compounding dossier per subject, the familiar included.
+
+The dossier advances `batches_per_fold` extraction batches at a time: it walks
+the same turn batches the fact extractor cut (`facts.processed_batch`), up to the
+extractor's watermark, and at every `batches_per_fold`-th batch end T (counted from
+the dossier watermark, itself such a step), or sooner at a batch the quiet rules cut
+short, folds, for every subject those batches touched, that subject's facts past its
+own `last_fact_id` up to the fact
+horizon at T (see `horizon`). A subject with a fact retired in that step is
+rebuilt from all its facts current at that point, with no prior text: the
+incremental "prior + new facts" fold never un-bakes a retired fact, which is
+why `supersede()` deletes those dossiers. Because each step depends only on the
+logs, an incremental build and a rebuild send the same prompts.
+
+The familiar's own record (`ego:<id>`) has its own prompt, keeps only facts with
+importance >= 5 or unknown, ordered by importance (unknown ranks as 5). When a
+step brings it only low-importance texture, the prior text is kept and its
+`last_fact_id` advances. An empty model reply writes nothing and moves nothing
+for that subject; its facts are folded again at the next step.
+
+The walk waits for supersession (when `fact_supersede` is active) so it never
+folds a step whose retirements have not been decided yet. Supersession may run
+ahead, though, and its retirements delete dossiers at once; so a subject that
+already has a retirement recorded past the current step is left alone until
+that step, where it is rebuilt from scratch anyway. This keeps the end state
+independent of how far supersession had run when each step was folded.
+A subject whose fold got an empty reply is folded again at its next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from familiar_pipeline.projectors.facts.batches import processed_batch
+from familiar_pipeline.projectors.facts.store import (
+    fact_horizon,
+    fact_ids_for_subject,
+    facts_by_ids,
+    facts_in_range,
+    facts_retired_between,
+    latest_fact_id,
+)
+from familiar_pipeline.projectors.facts.tables import Fact
+from familiar_pipeline.projectors.horizon import current_at
+from familiar_pipeline.projectors.prompting import MAX_PROSE_CHARS
+from familiar_pipeline.storage.identity import is_ego_key
+from familiar_pipeline.storage.scopes import common_scope
+from familiar_pipeline.storage.store import ProjectionStore
+
+from . import prompt
+from .tables import delete_dossiers, get_dossier, put_dossier
+
+if TYPE_CHECKING:
+    from familiar_pipeline.projectors.report import ProjectionReport
+    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+
+PROJECTOR = "people_dossier"
+EGO_MIN_IMPORTANCE = 5
+
+
+@dataclass(frozen=True)
+class Step:
+    turn_id: int  # end of the extraction batch
+    horizon: int  # fact horizon at that turn
+
+
+@dataclass
+class Plan:
+    """What one subject needs at one step, read while the store was open."""
+
+    key: str
+    label: str
+    prior_text: str | None
+    facts: list[Fact]  # the facts to fold, ascending by id (before the ego filter)
+    rebuild: bool
+    last_fact_id: int  # what last_fact_id becomes when the fold succeeds
+    sources: tuple[int, ...] = ()  # every fact the dossier then rests on (its provenance)
+    scope: str = ""  # where those facts were said
+
+
+def ego_selection(facts: list[Fact]) -> list[Fact]:
+    """Facts worth the always-injected self-record: importance >= 5 or unknown, most important first."""
+    kept = [f for f in facts if f.importance is None or f.importance >= EGO_MIN_IMPORTANCE]
+    return sorted(kept, key=lambda f: -(f.importance if f.importance is not None else EGO_MIN_IMPORTANCE))
+
+
+def plan_subject(store: ProjectionStore, key: str, step: Step, *, invalidated: bool, ego_label: str) -> Plan | None:
+    prior = get_dossier(store, key)
+    rebuild = invalidated or prior is None
+    after = 0 if rebuild or prior is None else prior.last_fact_id
+    ids = fact_ids_for_subject(store, key, after_id=after, upto_id=step.horizon)
+    facts = [f for f in facts_by_ids(store, ids) if current_at(f, step.horizon)]
+    if not facts and not (rebuild and prior is not None):
+        return None
+    label = ego_label if is_ego_key(key) else _label(facts, key)
+    kept = () if rebuild or prior is None else prior.source_fact_ids
+    scopes = [f.scope for f in facts] + ([] if rebuild or prior is None else [prior.scope])
+    return Plan(key, label, None if rebuild or prior is None else prior.dossier_text, facts, rebuild,
+                max([after, *ids]), tuple(dict.fromkeys([*kept, *(f.id for f in facts)])), common_scope(scopes))
+
+
+def _label(facts: list[Fact], key: str) -> str:
+    for fact in reversed(facts):
+        for subject in fact.subjects:
+            if subject.canonical_key == key and subject.display_at_write.strip():
+                return subject.display_at_write
+    return key
+
+
+def steps_pending(rt: FamiliarRuntime, store: ProjectionStore, watermark_turn: int, watermark_fact: int) -> list[Step]:
+    """Extraction-batch ends past the watermark that are ready to fold, oldest first."""
+    cfg = rt.config
+    rich = store.get_watermark("rich_note").turn_id
+    supersede_ready = store.get_watermark("fact_supersede").fact_id if cfg.memory.is_active("fact_supersede") else None
+    per_fold = cfg.memory.people_dossier.batches_per_fold
+    turn_log = rt.turn_log()
+    steps, after, horizon, walked = [], watermark_turn, watermark_fact, 0
+    while len(steps) < cfg.pipeline.max_batches_per_run:
+        batch = processed_batch(turn_log, after, rich, cfg.memory.rich_note)
+        if not batch:
+            break
+        after, walked = batch[-1].id, walked + 1
+        horizon = max(horizon, fact_horizon(store, batch[-1].id))
+        # A fold every `batches_per_fold` batches (fewer calls), and at every batch the quiet
+        # rules cut short (the talk paused: fold now, not when more talk comes). Both follow
+        # from the turns alone, so a rebuild folds at the same steps.
+        if walked % per_fold and len(batch) >= cfg.memory.rich_note.batch_size:
+            continue
+        if supersede_ready is not None and supersede_ready < horizon:
+            break
+        steps.append(Step(batch[-1].id, horizon))
+        walked = 0  # count from this step, as the next run will from its watermark
+    return steps
+
+
+def fold(rt: FamiliarRuntime, report: ProjectionReport, plan: Plan, max_facts: int) -> str | None:
+    """The new dossier text, or None when the model gave nothing (or there was nothing worth folding)."""
+    ego = is_ego_key(plan.key)
+    text = plan.prior_text
+    chunks = [plan.facts[i : i + max_facts] for i in range(0, len(plan.facts), max_facts)]
+    folded_any = False
+    for chunk in chunks:
+        selected = ego_selection(chunk) if ego else chunk
+        if not selected:
+            report.drop("ego_texture_only")
+            continue
+        lines = [
+            prompt.fact_line(f.text, f.importance, ego=ego, until=f.valid_to.date().isoformat() if f.valid_to else None)
+            for f in selected
+        ]
+        messages = prompt.build_messages(label=plan.label, subject_key=plan.key, prior_text=text, fact_lines=lines, ego=ego)
+        reply = rt.llm.complete(messages)
+        report.llm_seconds += reply.latency_s
+        new_text = prompt.parse_reply(reply.text, ego=ego)
+        if len(new_text) > MAX_PROSE_CHARS:
+            report.drop("oversized_reply")  # the prior dossier stands
+            return None
+        if not new_text:
+            report.drop("empty_reply")
+            return None
+        text, folded_any = new_text, True
+    if not folded_any and not text:
+        return None
+    return text
+
+
+def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:
+    cfg = rt.config
+    ego_label = cfg.display_name
+    with rt.store() as store:
+        mark = store.get_watermark(PROJECTOR)
+        steps = steps_pending(rt, store, mark.turn_id, mark.fact_id)
+    report.watermark_before = {"turn_id": mark.turn_id, "fact_id": mark.fact_id}
+    previous = mark.fact_id
+    for step in steps:
+        with rt.store() as store:
+            touched = {k for f in facts_in_range(store, previous, step.horizon) for k in f.subject_keys}
+            invalidated = {k for f in facts_retired_between(store, previous, step.horizon) for k in f.subject_keys}
+            deferred = {k for f in facts_retired_between(store, step.horizon, latest_fact_id(store))
+                        for k in f.subject_keys}
+            report.drop("deferred_until_rebuild", len((touched | invalidated) & deferred))
+            plans = [
+                p
+                for key in sorted((touched | invalidated) - deferred)
+                if (p := plan_subject(store, key, step, invalidated=key in invalidated, ego_label=ego_label))
+            ]
+        writes: dict[str, tuple[str, Plan]] = {}
+        for plan in plans:
+            text = fold(rt, report, plan, cfg.memory.people_dossier.max_facts_per_prompt)
+            if text:
+                writes[plan.key] = (text, plan)
+        report.batches += 1
+        with rt.store() as store:
+            with store.transaction():
+                # A rebuilt subject loses its old text even when the model gave nothing:
+                # the old text still carries the retired facts.
+                delete_dossiers(store, [p.key for p in plans if p.rebuild and p.key not in writes])
+                for key, (text, plan) in writes.items():
+                    put_dossier(store, key, text, plan.last_fact_id, source_fact_ids=plan.sources, scope=plan.scope)
+                store.set_watermark(PROJECTOR, turn_id=step.turn_id, fact_id=step.horizon)
+            rt.publish(store)
+        report.rows_written += len(writes)
+        report.preview.extend({"subject": k, "last_fact_id": v[1].last_fact_id, "dossier": v[0][:200]}
+                              for k, v in writes.items())
+        previous = step.horizon
+    last = steps[-1] if steps else None
+    report.watermark_after = {"turn_id": last.turn_id if last else mark.turn_id, "fact_id": previous}
+    if not steps:
+        report.no_op("no new extraction batch (or supersession has not caught up)")

@@ -1,0 +1,53 @@
+"""The people dossiers' spec: knobs, asset, table, and the rule that no dossier is ahead of the facts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from familiar_pipeline.projectors.facts.store import latest_fact_id
+from familiar_pipeline.projectors.spec import FACTS, Invariant, ProjectorSpec, knob
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.turns import TurnLog
+
+from . import scripted
+from .run import PROJECTOR, run
+from .tables import DOSSIERS, dossiers
+
+
+@dataclass(frozen=True)
+class PeopleDossierConfig:
+    """[providers.memory.people_dossier]"""
+
+    max_facts_per_prompt: int = knob(50, minimum=1)
+    # Fold every N extraction batches: one fold per touched person per batch cost 20 calls per 100 turns.
+    batches_per_fold: int = knob(4, minimum=1)
+
+
+
+def dossiers_ahead_of_facts(store: ProjectionStore, turn_log: TurnLog | None = None,
+                            familiar_id: str = "") -> list[tuple[str, int]]:
+    """(subject, last_fact_id) for dossiers claiming facts newer than the newest fact."""
+    latest = latest_fact_id(store)
+    return [(d.canonical_key, d.last_fact_id) for d in dossiers(store) if d.last_fact_id > latest]
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="people_dossiers",
+    run=run,
+    description="""One compounding dossier per person, and the familiar's own self-record (projector `people_dossier`).
+
+    Advances one extraction batch at a time, folding each touched subject's new facts into its prior text;
+    a subject with a retired fact is rebuilt from its current facts. The self-record (`ego:<id>`) keeps facts
+    of importance >= 5 (or unknown), weighted by importance. An empty model reply never overwrites a dossier.
+    """,
+    group="people",
+    kinds={"duckdb", "llm"},
+    inputs=("facts", "fact_supersessions"),
+    trigger=FACTS,
+    knobs=PeopleDossierConfig,
+    tables=(DOSSIERS,),
+    invariants=(Invariant("dossiers_within_facts", "No dossier's last_fact_id is past the newest fact id.",
+                          dossiers_ahead_of_facts, "(subject, last_fact_id)"),),
+    scripted=scripted.answer,
+)

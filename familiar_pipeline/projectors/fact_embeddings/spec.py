@@ -1,0 +1,39 @@
+"""Fact embeddings' spec: knobs, asset and table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec, knob
+
+from .run import PROJECTOR, run
+from .tables import FACT_EMBEDDINGS
+
+
+@dataclass(frozen=True)
+class FactEmbeddingConfig:
+    """[providers.memory.fact_embedding]"""
+
+    batch_size: int = knob(32, minimum=1)
+
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="fact_embeddings",
+    run=run,
+    description="""Opt-in: a vector per current fact for the active embedding model (projector `fact_embedding`).
+
+    Embeds, in batches of `batch_size`, every current fact lacking a vector under the active model's name;
+    a model swap adds rows beside the old ones. Needs [providers.embedding].backend other than "off".
+    """,
+    group="facts",
+    kinds={"duckdb"},
+    inputs=("facts",),
+    trigger=FACTS,
+    needs_llm=False,
+    needs_embedder=True,
+    knobs=FactEmbeddingConfig,
+    tables=(FACT_EMBEDDINGS,),  # a rebuild drops every vector, all models
+    snapshot_check=False,
+)

@@ -1,0 +1,281 @@
+"""Fact extraction (projector `rich_note`): atomic, attributed facts from batches of turns.
+
+A batch is a run of consecutive turns by id that ends at `batch_size` turns, or
+early at a quiet gap: before a turn that came `quiet_s` or more after the one
+before it, or, for the newest turns, once the log has been quiet that long (see
+`close_batch`). Where a batch ends is computed from the turns' own timestamps, so
+an incremental build and a rebuild from scratch send the same prompts, hit the
+same cached replies and write the same rows, and a familiar that goes quiet still
+gets its last messages extracted. The watermark always advances past a processed
+batch, even when the model's reply was garbage, so one bad batch never stalls the
+projection.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Sequence
+
+from familiar_pipeline.models.jsonparse import as_int
+from familiar_pipeline.projectors.prompting import MAX_FACT_CHARS
+from familiar_pipeline.storage.identity import ego_key
+from familiar_pipeline.storage.scopes import scope_of_turns
+from familiar_pipeline.storage.times import parse_instant
+from familiar_pipeline.storage.turns import Turn, TurnLog
+
+from . import prompt
+from .batches import next_batch
+from .prompt import ManifestEntry, RawFact
+from .store import FactDraft, append_facts, fact_texts
+from .tables import Subject
+
+if TYPE_CHECKING:
+    from familiar_pipeline.projectors.report import ProjectionReport
+    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+
+PROJECTOR = "rich_note"
+ACTIVITY_RETURN = "activity_return"
+SLEEP_RETURN = "sleep_return"
+# Finished batches are written together once this many are ready or this much time has
+# passed: the store file is opened only for short writes, never across a model call's
+# wait, yet a fast catch-up does not pay an open/close per batch.
+WRITE_GROUP_BATCHES = 20
+WRITE_GROUP_SECONDS = 2.0
+# How far back a channel is scanned when widening the participants list.
+WIDENING_SCAN_TURNS = 300
+
+
+_INABILITY = r"(?:cannot|can't|can\s+not|am\s+not\s+able|am\s+unable|is\s+unable|is\s+not\s+able|" \
+    r"do\s+not\s+have|don't\s+have|does\s+not\s+have|doesn't\s+have|has\s+no|have\s+no|lacks?)\b"
+_SELF_CAPABILITY = re.compile(
+    r"^\s*(?:"
+    r"as\s+(?:an?\s+)?(?:ai|assistant|language\s+model|llm)\b"
+    r"|i\s+" + _INABILITY +
+    r"|i'm\s+(?:not\s+able|unable)\b"
+    r"|i\s+do(?:n't|\s+not)\s+(?:have|remember|know\s+how)\b"
+    r"|the\s+(?:assistant|ai|model|bot|familiar)\s+" + _INABILITY +
+    r")",
+    re.IGNORECASE,
+)
+
+
+def is_self_capability(text: str, self_name: str) -> bool:
+    """True for statements about what the familiar can or cannot do: not memories, system-prompt material.
+
+    Deliberately narrow: "Sapphire cancelled the trip" or "Sapphire can sing" stay facts.
+    """
+    if _SELF_CAPABILITY.match(text):
+        return True
+    name = re.escape(self_name.strip())
+    return bool(name) and re.match(rf"^\s*{name}\s+{_INABILITY}", text, re.IGNORECASE) is not None
+
+
+def build_manifest(batch: Sequence[Turn], turn_log: TurnLog, *, participants_max: int, self_key: str, self_name: str) -> list[ManifestEntry]:
+    """Who the model may tag: the batch's authors, widened per channel up to participants_max, then the familiar.
+
+    Labels come from each author's display snapshot on their latest turn up to the
+    batch's end, never from the live participants table, so a rebuild shows the
+    model exactly what the incremental run showed.
+    """
+    entries: dict[str, str] = {}
+    for turn in batch:
+        if turn.author_key and turn.role == "user":
+            entries[turn.author_key] = turn.author_display or turn.author_key
+    end_id = batch[-1].id
+    channels = list(dict.fromkeys(t.channel_id for t in batch))
+    for channel in channels:
+        if len(entries) >= participants_max:
+            break
+        for turn in reversed(turn_log.recent(channel, WIDENING_SCAN_TURNS, before_id=end_id + 1)):
+            if len(entries) >= participants_max:
+                break
+            if turn.author_key and turn.role == "user" and turn.author_key not in entries:
+                entries[turn.author_key] = turn.author_display or turn.author_key
+    manifest = [ManifestEntry(k, v) for k, v in disambiguate_labels(entries, self_name).items()]
+    manifest.append(ManifestEntry(self_key, self_name))
+    return manifest
+
+
+def disambiguate_labels(labels: dict[str, str], self_name: str) -> dict[str, str]:
+    """key -> label, with every label shared by two accounts (or with the familiar) made unique.
+
+    Display names are chosen by users: an account renamed "Cor" (or after the
+    familiar) must not read as the real Cor to the model, or its claims would be
+    tagged with Cor's key. A shared label gets the account's key appended.
+    """
+    seen: dict[str, int] = {self_name.casefold(): 1}
+    for label in labels.values():
+        seen[label.casefold()] = seen.get(label.casefold(), 0) + 1
+    return {key: (f"{label} ({key})" if seen[label.casefold()] > 1 else label) for key, label in labels.items()}
+
+
+@dataclass
+class BatchOutcome:
+    """Validated drafts of one batch and what was dropped on the way."""
+
+    drafts: list[FactDraft] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+def validate_facts(
+    raw_facts: Sequence[RawFact],
+    batch: Sequence[Turn],
+    manifest: Sequence[ManifestEntry],
+    *,
+    self_key: str,
+    self_name: str,
+) -> BatchOutcome:
+    """Turn the model's items into drafts, enforcing in code what the prompt asks.
+
+    Source ids must belong to the batch (activity-return turns excluded), else the
+    fact cites the whole batch minus dream turns, ascending. Subject keys must be in
+    the manifest, and their display names come from it, never from the model.
+    Facts from dream turns are tagged with the familiar only and framed as dreams.
+    """
+    outcome = BatchOutcome()
+    by_id = {t.id: t for t in batch if t.mode != ACTIVITY_RETURN}
+    dream_ids = {t.id for t in by_id.values() if t.mode == SLEEP_RETURN}
+    fallback = sorted(i for i in by_id if i not in dream_ids) or sorted(by_id)
+    labels = {entry.canonical_key: entry.label for entry in manifest}
+    for raw in raw_facts:
+        text = raw.text.strip()
+        if not text:
+            outcome.drop("empty_text")
+            continue
+        if len(text) > MAX_FACT_CHARS:
+            outcome.drop("oversized_text")
+            continue
+        if is_self_capability(text, self_name):
+            outcome.drop("self_capability")
+            continue
+        source_ids = [i for i in dict.fromkeys(raw.source_turn_ids) if i in by_id]
+        if len(source_ids) < len(raw.source_turn_ids):
+            outcome.drop("unknown_source_ids")  # counted per fact; the fact itself is kept
+        if not source_ids:
+            source_ids = list(fallback)
+        if not source_ids:
+            outcome.drop("no_source_turns")
+            continue
+        keys = list(dict.fromkeys(raw.subject_keys))
+        subjects = [Subject(k, labels[k]) for k in keys if k in labels]
+        if len(subjects) < len(keys):
+            outcome.drop("unknown_subject_keys")
+        if any(i in dream_ids for i in source_ids):
+            subjects = [Subject(self_key, self_name)]
+            if "dream" not in text.lower():
+                text = f"{self_name} dreamed that {text}"
+        first = by_id[source_ids[0]]
+        valid_from = parse_instant(raw.valid_from) or first.created_at
+        scope = scope_of_turns(by_id[i] for i in source_ids)
+        valid_to = parse_instant(raw.valid_to)
+        if valid_to is not None and valid_to <= valid_from:
+            outcome.drop("valid_to_not_after_valid_from")  # counted per fact; the fact is kept, open-ended
+            valid_to = None
+        outcome.drafts.append(
+            FactDraft(
+                text=text,
+                source_turn_ids=tuple(source_ids),
+                subjects=tuple(subjects),
+                channel_id=first.channel_id,
+                importance=as_int(raw.importance),
+                valid_from=valid_from,
+                valid_to=valid_to,
+                scope=scope,
+            )
+        )
+    return outcome
+
+
+def extraction_messages(batch: Sequence[Turn], manifest: Sequence[ManifestEntry], *, self_key: str, self_name: str) -> list[dict]:
+    prompt_turns = [t for t in batch if t.mode != ACTIVITY_RETURN and not t.deleted]
+    # turns by an account whose label had to be made unique speak under that label
+    relabelled = {e.canonical_key: e.label for e in manifest if e.label.endswith(f" ({e.canonical_key})")}
+    prompt_turns = [replace(t, author_display=relabelled[t.author_key])
+                    if t.role == "user" and t.author_key in relabelled else t for t in prompt_turns]
+    dream_ids = [t.id for t in prompt_turns if t.mode == SLEEP_RETURN]
+    return prompt.build_messages(prompt_turns, manifest, self_name=self_name, self_key=self_key, dream_ids=dream_ids)
+
+
+def write_outcomes(rt: FamiliarRuntime, report: ProjectionReport, pending: list[tuple[int, BatchOutcome]]) -> None:
+    """Write finished batches: one transaction per batch (its facts and its watermark), one snapshot, one index commit."""
+    if not pending:
+        return
+    inserted = []
+    with rt.store() as store:
+        for batch_end, outcome in pending:
+            with store.transaction():
+                for fact, is_new in append_facts(store, outcome.drafts):
+                    if is_new:
+                        inserted.append(fact)
+                    else:
+                        report.rows_suppressed += 1
+                store.set_watermark(PROJECTOR, turn_id=batch_end)
+        rt.publish(store)
+    report.rows_written += len(inserted)
+    if inserted:
+        index = rt.fts_facts()
+        index.upsert_many((f.id, f.text) for f in inserted)
+        if not index.commit():
+            report.drop("fts_commit_skipped")
+    report.preview.extend(
+        {"id": f.id, "text": f.text, "subjects": ", ".join(s.canonical_key for s in f.subjects), "importance": f.importance}
+        for f in inserted
+    )
+
+
+def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:
+    """Process every full batch past the watermark, up to `max_batches_per_run`."""
+    cfg = rt.config
+    knobs = cfg.memory.rich_note
+    self_key, self_name = ego_key(cfg.familiar_id), cfg.display_name
+    turn_log = rt.turn_log()
+    with rt.store() as store:
+        if rebuild:
+            rt.fts_facts().clear()
+            rt.fts_facts().commit()
+        watermark = store.get_watermark(PROJECTOR).turn_id
+        all_facts = fact_texts(store)
+    if rt.fts_facts().doc_count() != len(all_facts):
+        # a killed run or a skipped commit left fts/facts out of step: the store is canonical
+        rt.fts_facts().rebuild(all_facts)
+        report.extra["fts_facts_repaired"] = f"reindexed {len(all_facts)} facts from the store"
+    report.watermark_before = {"turn_id": watermark}
+    pending: list[tuple[int, BatchOutcome]] = []
+    group_started = time.monotonic()
+    for _ in range(cfg.pipeline.max_batches_per_run):
+        batch = next_batch(turn_log, watermark, knobs.batch_size, knobs.quiet_s)
+        if not batch:
+            break
+        report.batches += 1
+        report.turns_read += len(batch)
+        prompt_turns = [t for t in batch if t.mode != ACTIVITY_RETURN and not t.deleted]
+        outcome = BatchOutcome()
+        if prompt_turns:
+            manifest = build_manifest(batch, turn_log, participants_max=knobs.participants_max, self_key=self_key, self_name=self_name)
+            messages = extraction_messages(batch, manifest, self_key=self_key, self_name=self_name)
+            llm_started = time.perf_counter()
+            reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
+            report.llm_seconds += time.perf_counter() - llm_started
+            raw_facts, malformed = prompt.parse_reply(reply.text)
+            if not (reply.text or "").strip():
+                report.drop("empty_reply")  # not the same as "[]": the model said nothing at all
+            report.drop("malformed_items", malformed)
+            outcome = validate_facts(raw_facts, batch, manifest, self_key=self_key, self_name=self_name)
+        else:
+            report.drop("activity_return_only_batches")
+        for reason, n in outcome.dropped.items():
+            report.drop(reason, n)
+        watermark = batch[-1].id
+        pending.append((watermark, outcome))
+        if len(pending) >= WRITE_GROUP_BATCHES or time.monotonic() - group_started >= WRITE_GROUP_SECONDS:
+            write_outcomes(rt, report, pending)
+            pending, group_started = [], time.monotonic()
+    write_outcomes(rt, report, pending)
+    report.watermark_after = {"turn_id": watermark}
+    if report.batches == 0:
+        report.no_op(f"fewer than batch_size={knobs.batch_size} new turns and no quiet gap of quiet_s={knobs.quiet_s}")

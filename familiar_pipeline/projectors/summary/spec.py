@@ -1,0 +1,37 @@
+"""The rolling summary's spec: its knobs, its asset and its table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from familiar_pipeline.projectors.spec import TURNS, ProjectorSpec, knob
+
+from . import scripted
+from .run import PROJECTOR, run
+from .tables import SUMMARIES
+
+
+@dataclass(frozen=True)
+class RollingSummaryConfig:
+    """[providers.memory.rolling_summary]"""
+
+    # 20: one summary per two of the old 10-turn windows halves its calls (10 -> 5 per 100 turns).
+    turns_threshold: int = knob(20, minimum=1)
+    backfill_cap: int = knob(200, minimum=1)
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    run=run,
+    description="""The compounding summary of the conversation: the prior summary with each window of `turns_threshold` new turns folded in.
+
+    Shown to the model as "Conversation so far". An empty model reply keeps the old summary and watermark.
+    """,
+    group="synthesis",
+    kinds={"duckdb", "llm"},
+    trigger=TURNS,
+    batch_knob="turns_threshold",
+    knobs=RollingSummaryConfig,
+    tables=(SUMMARIES,),
+    scripted=scripted.answer,
+)

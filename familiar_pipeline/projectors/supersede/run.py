@@ -1,0 +1,240 @@
+"""Fact supersession (projector `fact_supersede`): newer facts retire the earlier facts they contradict.
+
+Every fact with an id past the watermark is evaluated, oldest first; the
+watermark lives in memory.duckdb and is written with the retirements, so a
+restart or a crash never skips a fact. (A watermark held in process memory and
+primed to the newest fact at start would silently skip every fact written while
+the process was down.)
+
+For each subject, the new facts about it that one extraction batch wrote are
+judged together (at most `new_facts_per_call` per call), one model call per group: each new fact may retire the
+newest `priors_max` current facts about that subject with a *smaller* id (earlier
+new facts of the group included): a fact can only be retired by a newer one, and
+never by one about someone else. What may be retired is decided in code, not by
+the model: only ids in that fact's own pool, never the new fact itself.
+Retirement uses the existing-id form of `ProjectionStore.supersede` (nothing
+minted; an already-retired prior lands in `skipped`), which also drops the
+affected subjects' dossiers so they rebuild clean. Every judged (new fact,
+subject) leaves a row in `supersede_decisions` saying what was shown and what
+was retired.
+
+Bad output retires nothing and the watermark still advances. A failed model
+call (provider down, retries exhausted) stops the run after committing what was
+decided, and the next run resumes at the first unevaluated fact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from familiar_pipeline.projectors.facts.store import facts_for_subjects, facts_in_range, latest_fact_id
+from familiar_pipeline.projectors.facts.tables import Fact
+
+from . import prompt
+from .tables import record_supersede_decisions, supersede
+
+if TYPE_CHECKING:
+    from familiar_pipeline.projectors.report import ProjectionReport
+    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+
+
+PROJECTOR = "fact_supersede"
+# Facts evaluated between two writes: each write is one short transaction plus a snapshot publish.
+FACTS_PER_WRITE = 50
+
+
+@dataclass
+class Decision:
+    new_fact_id: int
+    subject_key: str
+    shown: list[int]
+    retire: list[int]
+    model: str | None
+    scope: str  # the new fact's: where what it retires was decided
+
+
+def select_priors(new: Fact, key: str, candidates: list[Fact], retired: set[int], priors_max: int) -> list[Fact]:
+    """The newest `priors_max` facts about `key` that were current when `new` arrived.
+
+    Candidates must be facts naming `key`; kept are those with a smaller id,
+    not retired (in the store or earlier in this run), and not already over in
+    world time when the new fact began.
+    """
+    kept = [
+        f
+        for f in candidates
+        if f.id < new.id
+        and f.id not in retired
+        and f.superseded_at is None
+        and key in f.subject_keys
+        and not (f.valid_to is not None and new.valid_from is not None and f.valid_to <= new.valid_from)
+    ]
+    return kept[-priors_max:]
+
+
+def accepted_ids(named: list[int], shown: list[Fact], new_id: int) -> tuple[list[int], int]:
+    """(ids that may be retired, how many named ids were refused): only shown ids, never the new fact."""
+    allowed = {f.id for f in shown} - {new_id}
+    keep = [i for i in named if i in allowed]
+    return keep, len(named) - len(keep)
+
+
+@dataclass
+class Group:
+    """New facts about one subject judged in one call (those that still have a candidate when it is made)."""
+
+    key: str
+    label: str
+    facts: list[Fact]  # the subject's new facts of this group, ascending by id
+    candidates: list[Fact]  # every fact naming `key` up to the chunk's end (select_priors filters)
+
+
+def whole_writes(facts: list[Fact], limit: int) -> list[Fact]:
+    """The first `limit` facts, extended to the end of the write (same `created_at`) the last one belongs to."""
+    end = min(limit, len(facts))
+    while 0 < end < len(facts) and facts[end].created_at == facts[end - 1].created_at:
+        end += 1
+    return facts[:end]
+
+
+def plan_groups(chunk: list[Fact], by_subject: dict[str, list[Fact]], per_call: int) -> list[Group]:
+    """Per subject, its current new facts of the chunk in runs of `per_call`, in the order they are judged.
+
+    Which of them decide, and what the prompt shows, is settled right before each
+    call (`evaluate`), after the retirements of the groups before it. With
+    Groups never span two writes (facts of one extraction batch share their
+    `created_at`, and a chunk never splits a write), so grouping, and with it every
+    prompt, depends only on the logs: a rebuild asks exactly what the incremental
+    runs asked, whatever the runs' boundaries were.
+    """
+    groups: list[Group] = []
+    for key in sorted({k for f in chunk for k in f.subject_keys}):
+        written: dict[object, list[Fact]] = {}  # facts written together: one extraction batch
+        for f in chunk:
+            if f.superseded_at is None and key in f.subject_keys:
+                written.setdefault(f.created_at, []).append(f)
+        for mine in written.values():
+            for i in range(0, len(mine), per_call):
+                part = mine[i : i + per_call]
+                label = next(s.display_at_write for s in part[-1].subjects if s.canonical_key == key)
+                groups.append(Group(key, label, part, by_subject.get(key, [])))
+    return sorted(groups, key=lambda g: (g.facts[0].id, g.facts[0].subject_keys.index(g.key)))
+
+
+def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:
+    knobs = rt.config.memory.fact_supersede
+    with rt.store() as store:
+        watermark = store.get_watermark(PROJECTOR).fact_id
+        latest = latest_fact_id(store)
+    report.watermark_before = {"fact_id": watermark}
+    evaluated = 0
+    failure: Exception | None = None
+    for _ in range(rt.config.pipeline.max_batches_per_run):
+        if watermark >= latest or failure is not None:
+            break
+        with rt.store() as store:
+            chunk = whole_writes(facts_in_range(store, watermark, latest), FACTS_PER_WRITE)
+            keys = sorted({k for f in chunk for k in f.subject_keys})
+            upto = chunk[-1].id if chunk else watermark
+            # Every status, then filtered in select_priors: world-time expiry is judged
+            # against the new fact's valid_from, never the wall clock, so a rebuild sees the same priors.
+            by_subject = facts_for_subjects(store, keys, after_id=0, upto_id=upto)
+        for new in chunk:
+            if new.superseded_at is not None:
+                report.drop("new_fact_already_retired")
+            elif not new.subjects:
+                report.drop("no_subjects")
+        retired: set[int] = set()
+        groups = plan_groups(chunk, by_subject, knobs.new_facts_per_call)
+        decisions: list[Decision] = []
+        undecided = {f.id for g in groups for f in g.facts}
+        for group in groups:
+            try:
+                decisions.extend(evaluate(rt, report, group, retired, knobs.priors_max))
+            except Exception as exc:  # the model call failed for good: keep what was decided
+                failure = exc
+                break
+            undecided -= {f.id for f in group.facts}
+        # Facts are done in id order up to the first one still waiting for its call.
+        first_open = min(undecided, default=None) if failure is not None else None
+        done = [f for f in chunk if first_open is None or f.id < first_open]
+        done_upto = done[-1].id if done else watermark
+        # Logged in the order one call per fact would have logged them.
+        order = {f.id: f.subject_keys for f in chunk}
+        decisions = sorted((d for d in decisions if d.new_fact_id <= done_upto),
+                           key=lambda d: (d.new_fact_id, order[d.new_fact_id].index(d.subject_key)))
+        evaluated += len(done)
+        if done_upto > watermark or decisions:
+            apply(rt, report, decisions, done_upto)
+            watermark = done_upto
+    report.batches = evaluated
+    report.extra["facts_evaluated"] = evaluated
+    report.watermark_after = {"fact_id": watermark}
+    if failure is not None:
+        report.drop("llm_error")
+        raise failure
+    if evaluated == 0:
+        report.no_op("no new facts")
+
+
+def evaluate(rt: FamiliarRuntime, report: ProjectionReport, group: Group, retired: set[int],
+             priors_max: int) -> list[Decision]:
+    """One call for the group's deciders, then each in id order retires only from its own pool; marks `retired`.
+
+    A decider is a new fact with at least one candidate now. Its pool is taken
+    after the earlier deciders' retirements, as `select_priors` gives it: the
+    ids a one-call-per-fact judge would have been shown, so grouping never
+    changes which ids may retire. No decider, no call.
+    """
+    deciders = [f for f in group.facts if select_priors(f, group.key, group.candidates, retired, priors_max)]
+    if not deciders:
+        return []
+    ids = {d.id for d in deciders}
+    wide = priors_max + len(deciders) - 1  # earlier deciders may retire some of a later one's priors
+    shown = {f.id: f for d in deciders for f in select_priors(d, group.key, group.candidates, retired, wide)}
+    messages = prompt.build_messages(
+        subject_key=group.key,
+        subject_label=group.label,
+        new_facts=[(d.id, d.text) for d in deciders],
+        priors=[(i, shown[i].text) for i in sorted(shown) if i not in ids],
+    )
+    reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
+    report.llm_seconds += reply.latency_s
+    named, malformed = prompt.parse_reply(reply.text, [d.id for d in deciders])
+    report.drop("malformed_reply", malformed)
+    report.drop("unknown_new_ids", len(set(named) - ids))
+    decisions = []
+    for new in deciders:
+        pool = select_priors(new, group.key, group.candidates, retired, priors_max)
+        if not pool:
+            continue  # everything it could retire was retired by an earlier decider
+        wanted = [i for i in named.get(new.id, []) if i not in retired]  # retired earlier in this call
+        keep, refused = accepted_ids(wanted, pool, new.id)
+        report.drop("ids_not_shown", refused)
+        retired.update(keep)
+        decisions.append(Decision(new.id, group.key, [f.id for f in pool], keep, reply.model or None, new.scope))
+    return decisions
+
+
+def apply(rt: FamiliarRuntime, report: ProjectionReport, decisions: list[Decision], watermark: int) -> None:
+    """Retire, log every decision and move the watermark, in one transaction."""
+    with rt.store() as store:
+        with store.transaction():
+            log = []  # written together after the retirements, in the same order (ids from one sequence)
+            for d in decisions:
+                result = supersede(store, d.retire, d.new_fact_id) if d.retire else None
+                done = list(result.superseded) if result else []
+                skipped = list(result.skipped) if result else []
+                log.append(dict(new_fact_id=d.new_fact_id, subject_key=d.subject_key, shown_prior_ids=d.shown,
+                                retired_ids=done, skipped=skipped, model=d.model, scope=d.scope))
+                report.rows_written += len(done)
+                report.drop("already_retired_skipped", len(skipped))
+                if done:
+                    report.preview.append({"new_fact": d.new_fact_id, "subject": d.subject_key, "retired": ", ".join(map(str, done))})
+                if result and result.dropped_dossiers:
+                    report.extra.setdefault("dossiers_dropped", []).extend(result.dropped_dossiers)
+            record_supersede_decisions(store, log)
+            store.set_watermark(PROJECTOR, fact_id=watermark)
+        rt.publish(store)
+    report.extra["decisions"] = report.extra.get("decisions", 0) + len(decisions)

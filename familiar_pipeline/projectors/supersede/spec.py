@@ -1,0 +1,70 @@
+"""Supersession's spec: knobs, asset, its decision log, what a rebuild undoes, and the lineage rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from familiar_pipeline.projectors.spec import FACTS, DropRule, Invariant, ProjectorSpec, knob
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.turns import TurnLog
+
+from . import scripted
+from .run import PROJECTOR, run
+from .tables import SUPERSEDE_DECISIONS, dangling_replacements, facts_retired_more_than_once, unretire_all
+
+
+@dataclass(frozen=True)
+class FactSupersedeConfig:
+    """[providers.memory.fact_supersede]"""
+
+    priors_max: int = knob(20, minimum=1)
+    # Most new facts about one person, from one extraction batch, judged in one call (one call
+    # per fact cost 68 calls per 100 turns).
+    new_facts_per_call: int = knob(15, minimum=1)
+
+
+
+def facts_superseded_twice(store: ProjectionStore, turn_log: TurnLog | None = None,
+                           familiar_id: str = "") -> list[tuple[int, int]]:
+    """(fact id, times) for facts that more than one supersession decision retired.
+
+    The store refuses to retire a retired fact, so a hit means the decision log
+    and the facts table disagree (a hand edit, or a bug in a writer).
+    """
+    return facts_retired_more_than_once(store)
+
+
+def dangling_superseded_by(store: ProjectionStore, turn_log: TurnLog | None = None,
+                           familiar_id: str = "") -> list[tuple[int, int]]:
+    """(fact id, superseded_by) where the replacement fact does not exist (or is the fact itself)."""
+    return dangling_replacements(store)
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="fact_supersessions",
+    run=run,
+    description="""Retires facts that a newer fact about the same person contradicts or replaces (projector `fact_supersede`).
+
+    Every new fact is evaluated oldest first against the newest `priors_max` current facts about each of its
+    subjects with a smaller id. Only ids shown to the model can be retired; nothing is deleted (facts get
+    `superseded_at`/`superseded_by`); each model call is logged in `supersede_decisions`; the affected
+    subjects' dossiers are dropped so they rebuild clean. The watermark (a fact id) advances even on bad output.
+    """,
+    group="facts",
+    kinds={"duckdb", "llm"},
+    inputs=("facts",),
+    trigger=FACTS,
+    knobs=FactSupersedeConfig,
+    # Every retirement becomes current again; that changes what is current for those facts'
+    # subjects, so their dossiers go, exactly as retiring them did.
+    tables=(SUPERSEDE_DECISIONS,),
+    drop=DropRule(before=unretire_all),
+    invariants=(
+        Invariant("no_fact_superseded_twice", "No fact was retired by more than one supersession decision.",
+                  facts_superseded_twice, "(fact id, times retired)", blocking=True),
+        Invariant("superseded_by_exists", "Every superseded_by points at an existing, different fact.",
+                  dangling_superseded_by, "(fact id, missing replacement)", blocking=True),
+    ),
+    scripted=scripted.answer,
+)

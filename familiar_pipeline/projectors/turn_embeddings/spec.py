@@ -1,0 +1,39 @@
+"""Turn embeddings' spec: knobs, asset and table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec, knob
+
+from .run import PROJECTOR, run
+from .tables import TURN_EMBEDDINGS
+
+
+@dataclass(frozen=True)
+class TurnEmbeddingConfig:
+    """[providers.memory.turn_embedding]"""
+
+    batch_size: int = knob(64, minimum=1)
+
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    asset="turn_embeddings",
+    run=run,
+    description="""Opt-in: a vector per live turn for the active embedding model (projector `turn_embedding`).
+
+    New turns are embedded in batches of `batch_size`, edited turns re-embedded, deleted turns' vectors
+    removed; `rag_context` fuses the cosine with BM25 (`[memory.retrieval].turn_embedding_weight`).
+    Needs [providers.embedding].backend other than "off".
+    """,
+    group="turns",
+    kinds={"duckdb"},
+    trigger=TURN_INDEX,
+    needs_llm=False,
+    needs_embedder=True,
+    knobs=TurnEmbeddingConfig,
+    tables=(TURN_EMBEDDINGS,),  # a rebuild drops every turn vector, all models
+    snapshot_check=False,
+)

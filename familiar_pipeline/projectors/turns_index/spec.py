@@ -1,0 +1,23 @@
+"""The turn full-text index's spec (always on; no model, no table)."""
+
+from __future__ import annotations
+
+from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec
+
+from .run import PROJECTOR, run
+
+
+SPEC = ProjectorSpec(
+    name=PROJECTOR,
+    run=run,
+    description="""Full-text index of the turn log (fts/turns): new turns added, edited ones re-indexed, deleted ones removed.
+
+    The bot's retrieval searches it for earlier turns related to the new message. Needs no model.
+    """,
+    group="turns",
+    kinds={"tantivy"},
+    trigger=TURN_INDEX,
+    needs_llm=False,
+    always_on=True,
+    # No table: a rebuild drops only the watermark and clears fts/turns itself.
+)

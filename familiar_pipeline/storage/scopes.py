@@ -1,0 +1,44 @@
+"""Conversation scopes: where a turn was said, and so where what it taught may be used.
+
+A scope is a string with a kind and an id:
+
+* ``guild:<guild id>``: a Discord server (its channels and threads alike);
+* ``channel:<channel id>``: a conversation outside any server: a Discord DM or group
+  DM, a console channel, an imported transcript;
+* ``familiar``: the whole familiar. Rows built from turns of several scopes carry it,
+  and so did every row written before scopes existed (it is what a store written by
+  older code is migrated to): they were built and read across scopes.
+
+Every derived row carries the scope of its sources (``tables.SCOPE``): the scope the
+source turns share, else ``familiar`` (:func:`common_scope`). The scope of a turn
+follows from the turn alone (:func:`turn_scope`), so a rebuild assigns the same scopes.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+FAMILIAR_WIDE = "familiar"
+
+
+class Located(Protocol):
+    guild_id: int | None
+    channel_id: int
+
+
+def turn_scope(turn: Located) -> str:
+    """The scope a turn was said in: its server, else its channel."""
+    if turn.guild_id is not None:
+        return f"guild:{int(turn.guild_id)}"
+    return f"channel:{int(turn.channel_id)}"
+
+
+def common_scope(scopes: Iterable[str]) -> str:
+    """The one scope all of ``scopes`` share; ``familiar`` when they differ or there are none."""
+    found = set(scopes)
+    return found.pop() if len(found) == 1 else FAMILIAR_WIDE
+
+
+def scope_of_turns(turns: Iterable[Located]) -> str:
+    """The scope of a row built from these turns."""
+    return common_scope(turn_scope(t) for t in turns)
