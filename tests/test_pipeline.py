@@ -329,3 +329,20 @@ def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_l
     assert all_tables(paths.memory_db) == incremental
     evaluations = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
     assert len(evaluations) == len(CHECKS) and all(evaluations.values()), evaluations
+    assert_provenance_in_the_log(paths)
+
+
+def assert_provenance_in_the_log(paths):
+    """Every registered table: each row says which turns it came from, and those turns are in the log
+    (a summary's "every turn of its scope up to" is a negative id: its bound must be a turn too)."""
+    from familiar_pipeline.projectors import registry
+    from familiar_pipeline.storage.tables import provenance_sql
+
+    with TurnLog(paths.turns_db, readonly=True) as log:
+        turn_ids = {t.id for t in log.turns_after(0)}
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        for table in registry.tables():
+            count = store.count(table)
+            cited = store.sql(f"SELECT row_key, turn_id FROM ({provenance_sql(table)})").fetchall()
+            assert {abs(t) for _, t in cited} <= turn_ids, table.name
+            assert len({k if not isinstance(k, dict) else tuple(k.values()) for k, _ in cited}) == count, table.name

@@ -38,6 +38,7 @@ from familiar_pipeline.projectors.turn_windows.spec import SPEC as TURN_WINDOWS
 from familiar_pipeline.projectors.turns_index.spec import SPEC as TURNS_INDEX
 from familiar_pipeline.storage.paths import checked_name
 from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage import tables as tables_module
 from familiar_pipeline.storage.tables import Table
 
 # Names become TOML table names, Dagster asset names and log labels, so keep
@@ -89,8 +90,11 @@ def register_projector(
 
 def unregister_projector(name: str) -> None:
     """Forget a projector (a plugin unloading, tests cleaning up); config forgets it too."""
-    if _PROJECTORS.pop(name, None) is not None:
+    spec = _PROJECTORS.pop(name, None)
+    if spec is not None:
         catalogue.unregister_projector(name)
+        for table in spec.tables:
+            tables_module.unregister(table.name)
 
 
 def known_projectors() -> tuple[str, ...]:

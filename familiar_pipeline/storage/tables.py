@@ -390,6 +390,11 @@ def register(table: Table) -> None:
     _TABLES[table.name] = table
 
 
+def unregister(name: str) -> None:
+    """Forget a declaration (its projector was unregistered)."""
+    _TABLES.pop(name, None)
+
+
 def declared(name: str) -> Table | None:
     return _TABLES.get(name)
 
