@@ -9,6 +9,7 @@ and the vector tables) gets the missing tables created from their declarations.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from familiar_pipeline.storage import store_schema
 from familiar_pipeline.storage.scopes import FAMILIAR_WIDE
 from familiar_pipeline.storage.store import ProjectionStore, SchemaVersionError
 from familiar_pipeline.storage.tables import provenance_sql
+from familiar_pipeline.storage.turns import TurnLog
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store_v4"
 LEGACY_TABLES = ("facts", "fact_subjects", "summaries", "people_dossiers", "reflections", "fact_embeddings",
@@ -41,8 +43,13 @@ def legacy_store(folder: Path, *, version: int = 4) -> Path:
                 conn.execute(f"DROP TABLE {table}")
             conn.execute("DROP SEQUENCE supersede_decisions_id_seq")
             conn.execute("DELETE FROM schema_version WHERE version > 1")
+    TurnLog(folder / "turns.db").close()  # the turn log as this code creates it, then the fixture's rows
+    log = json.loads((FIXTURE / "turns.json").read_text())
     with sqlite3.connect(folder / "turns.db") as turns:
-        turns.executescript((FIXTURE / "turns.sql").read_text())
+        for table in ("turns", "turn_changes"):
+            columns = log[table]["columns"]
+            turns.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                              log[table]["rows"])
     return path
 
 

@@ -32,6 +32,10 @@ Two kinds of figures:
 
 The LoCoMo file is licensed (CC BY-NC 4.0): it is read where it lies and never
 copied; only scores leave this module.
+
+One module (~680 lines) because it is one pipeline, prepare, query, score, report, whose
+stages share the per-conversation state; the data loading (`locomo.py`), the modes
+(`modes.py`) and answer quality (`answer.py`) live apart.
 """
 
 from __future__ import annotations

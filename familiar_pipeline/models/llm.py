@@ -23,6 +23,10 @@ Why each piece exists:
 litellm is imported lazily (it takes seconds) and only after
 ``LITELLM_LOCAL_MODEL_COST_MAP=True`` is set, so importing it never touches the
 network.
+
+One module (~800 lines) because it is the one client: every call, whatever its slot,
+goes through the same retries, cap, accounting and cache, and keeping them together is
+what lets no caller bypass one of them.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ read by pipeline runs in other processes. Every projection (summaries, facts, in
   order is time order in SQL.
 * ``PRAGMA user_version`` is the schema version; forward migrations run on a read-write
   open, all in one transaction, each idempotent. Read-only opens never migrate.
+
+One module (~1k lines) because it is one file's contract: its schema, validation, writes
+and reads share one connection discipline (one writer, WAL readers, the change cursor), and
+spreading them would let a write skip the checks the others rely on.
 """
 
 from __future__ import annotations
