@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from familiar_pipeline.storage.turns import TurnLog
 
 __all__ = ["FACTS", "TRIGGERS", "TURNS", "TURN_INDEX", "DropRule", "Invariant", "NoKnobs", "ProjectorRun",
-           "ProjectorSpec", "Scripted", "knob"]
+           "ProjectorSpec", "Scripted", "invariant", "knob"]
 
 
 class ProjectorRun(Protocol):
@@ -55,6 +55,17 @@ class Invariant:
     find: Callable[["ProjectionStore", "TurnLog", str], list[Any]]
     what: str = ""
     blocking: bool = False
+
+    def __call__(self, store: ProjectionStore, turn_log: TurnLog, familiar_id: str = "") -> list[Any]:
+        return self.find(store, turn_log, familiar_id)
+
+
+def invariant(name: str, description: str, *, what: str = "", blocking: bool = False
+              ) -> Callable[[Callable[..., list[Any]]], Invariant]:
+    """Declare the function below as an :class:`Invariant` (it stays callable as before)."""
+    def declare(find: Callable[..., list[Any]]) -> Invariant:
+        return Invariant(name, description, find, what, blocking)
+    return declare
 
 
 # When the turn-watermark sensor requests a projector's asset.

@@ -9,10 +9,11 @@ keyed by turn).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import make_dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from familiar_pipeline.projectors.spec import ProjectorRun, ProjectorSpec
 from familiar_pipeline.storage import values
 from familiar_pipeline.storage.scopes import FAMILIAR_WIDE
 from familiar_pipeline.storage.store import ProjectionStore
@@ -23,27 +24,30 @@ if TYPE_CHECKING:
     from familiar_pipeline.projectors.report import ProjectionReport
     from familiar_pipeline.projectors.runtime import FamiliarRuntime
 
-_SCOPE = col("VARCHAR", fill=f"'{FAMILIAR_WIDE}'", default=FAMILIAR_WIDE)
+def vector_record(key: str) -> type:
+    """The record of a vector table keyed by ``key`` (``fact_id`` or ``turn_id``) and the model:
+    one vector per key and model, with the scope of the row it embeds."""
+    return make_dataclass(f"{key.removesuffix('_id').title()}Vector", [
+        (key, int, col("BIGINT")),
+        ("model", str, col("VARCHAR")),
+        ("dim", int, col("INTEGER")),
+        ("vector", tuple, col("FLOAT[]")),
+        ("created_at", datetime, col("TIMESTAMPTZ", system_time=True)),
+        ("scope", str, col("VARCHAR", fill=f"'{FAMILIAR_WIDE}'", default=FAMILIAR_WIDE)),
+    ], frozen=True)
 
 
-@dataclass(frozen=True)
-class FactVector:
-    fact_id: int = col("BIGINT")
-    model: str = col("VARCHAR")
-    dim: int = col("INTEGER")
-    vector: tuple[float, ...] = col("FLOAT[]")
-    created_at: datetime = col("TIMESTAMPTZ", system_time=True)
-    scope: str = _SCOPE
+FactVector = vector_record("fact_id")
+TurnVector = vector_record("turn_id")
 
 
-@dataclass(frozen=True)
-class TurnVector:
-    turn_id: int = col("BIGINT")
-    model: str = col("VARCHAR")
-    dim: int = col("INTEGER")
-    vector: tuple[float, ...] = col("FLOAT[]")
-    created_at: datetime = col("TIMESTAMPTZ", system_time=True)
-    scope: str = _SCOPE
+def vector_spec(*, name: str, asset: str, run: ProjectorRun, description: str, group: str, trigger: str,
+                knobs: type, table: Table, inputs: tuple[str, ...] = ("turns",), **more: Any) -> ProjectorSpec:
+    """The spec of a projector that keeps vectors: it needs the embedder, not the model; a rebuild
+    drops its table's rows of every model; it has no snapshot check (opt-in, refilled from its source)."""
+    return ProjectorSpec(name=name, asset=asset, run=run, description=description, group=group, kinds={"duckdb"},
+                         inputs=inputs, trigger=trigger, needs_llm=False, needs_embedder=True, knobs=knobs,
+                         tables=(table,), snapshot_check=False, **more)
 
 
 def key_column(table: Table) -> str:

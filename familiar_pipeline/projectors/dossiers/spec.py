@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from familiar_pipeline.projectors.facts.store import latest_fact_id
-from familiar_pipeline.projectors.spec import FACTS, Invariant, ProjectorSpec, knob
+from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec, invariant, knob
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -24,6 +24,8 @@ class PeopleDossierConfig:
 
 
 
+@invariant("dossiers_within_facts", "No dossier's last_fact_id is past the newest fact id.",
+           what="(subject, last_fact_id)")
 def dossiers_ahead_of_facts(store: ProjectionStore, turn_log: TurnLog | None = None,
                             familiar_id: str = "") -> list[tuple[str, int]]:
     """(subject, last_fact_id) for dossiers claiming facts newer than the newest fact."""
@@ -47,7 +49,6 @@ SPEC = ProjectorSpec(
     trigger=FACTS,
     knobs=PeopleDossierConfig,
     tables=(DOSSIERS,),
-    invariants=(Invariant("dossiers_within_facts", "No dossier's last_fact_id is past the newest fact id.",
-                          dossiers_ahead_of_facts, "(subject, last_fact_id)"),),
+    invariants=(dossiers_ahead_of_facts,),
     scripted=scripted.answer,
 )

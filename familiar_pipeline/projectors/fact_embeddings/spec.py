@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec, knob
+from familiar_pipeline.projectors.spec import FACTS, knob
+from familiar_pipeline.projectors.vectors import vector_spec
 
 from .run import PROJECTOR, run
 from .tables import FACT_EMBEDDINGS
@@ -17,8 +18,7 @@ class FactEmbeddingConfig:
     batch_size: int = knob(32, minimum=1)
 
 
-
-SPEC = ProjectorSpec(
+SPEC = vector_spec(
     name=PROJECTOR,
     asset="fact_embeddings",
     run=run,
@@ -28,12 +28,8 @@ SPEC = ProjectorSpec(
     a model swap adds rows beside the old ones. Needs [providers.embedding].backend other than "off".
     """,
     group="facts",
-    kinds={"duckdb"},
     inputs=("facts",),
     trigger=FACTS,
-    needs_llm=False,
-    needs_embedder=True,
     knobs=FactEmbeddingConfig,
-    tables=(FACT_EMBEDDINGS,),  # a rebuild drops every vector, all models
-    snapshot_check=False,
+    table=FACT_EMBEDDINGS,  # a rebuild drops every vector, all models
 )

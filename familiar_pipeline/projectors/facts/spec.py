@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from familiar_pipeline.projectors.spec import TURNS, DropRule, Invariant, ProjectorSpec, knob
+from familiar_pipeline.projectors.spec import TURNS, DropRule, ProjectorSpec, invariant, knob
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.tables import provenance_sql
@@ -29,6 +29,8 @@ class RichNoteConfig:
     quiet_s: int = knob(120, minimum=0)  # 0: batches close only at batch_size
 
 
+@invariant("facts_cite_existing_turns", "Every fact's source_turn_ids exist in the turn log.",
+           what="(fact id, missing turn id)", blocking=True)
 def missing_source_turns(store: ProjectionStore, turn_log: TurnLog, familiar_id: str = "") -> list[tuple[int, int]]:
     """(fact id, turn id) pairs where a fact cites a turn the log does not have (its provenance, see `tables`)."""
     cited = store.sql(f"SELECT row_key, turn_id FROM ({provenance_sql(FACTS)}) ORDER BY row_key, turn_id").fetchall()
@@ -36,6 +38,8 @@ def missing_source_turns(store: ProjectionStore, turn_log: TurnLog, familiar_id:
     return [(fact_id, turn_id) for fact_id, turn_id in cited if turn_id not in existing]
 
 
+@invariant("fact_subjects_are_participants", "Every subject key is a known participant or the familiar's own ego key.",
+           what="(fact id, unknown key)", blocking=True)
 def unknown_subject_keys(store: ProjectionStore, turn_log: TurnLog, familiar_id: str) -> list[tuple[int, str]]:
     """(fact id, key) pairs whose subject is neither a known participant nor the familiar itself."""
     known = {p.canonical_key for p in turn_log.participants()} | {ego_key(familiar_id)}
@@ -62,11 +66,6 @@ SPEC = ProjectorSpec(
     # Everything built on facts goes with them, so nothing citing a fact id survives and the id
     # sequence restarts: a rebuild gives every fact the id the incremental build gave it.
     drop=DropRule(cascade=True),
-    invariants=(
-        Invariant("facts_cite_existing_turns", "Every fact's source_turn_ids exist in the turn log.",
-                  missing_source_turns, "(fact id, missing turn id)", blocking=True),
-        Invariant("fact_subjects_are_participants", "Every subject key is a known participant or the familiar's own ego key.",
-                  unknown_subject_keys, "(fact id, unknown key)", blocking=True),
-    ),
+    invariants=(missing_source_turns, unknown_subject_keys),
     scripted=scripted.answer,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from familiar_pipeline.projectors.facts.store import all_fact_ids
-from familiar_pipeline.projectors.spec import FACTS, Invariant, ProjectorSpec, knob
+from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec, invariant, knob
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -25,6 +25,8 @@ class ReflectionConfig:
 
 
 
+@invariant("reflections_cite_something", "Every reflection cites at least one existing turn or fact.",
+           what="(reflection id, citations)")
 def uncited_reflections(store: ProjectionStore, turn_log: TurnLog, familiar_id: str = "") -> list[tuple[int, str]]:
     """(reflection id, why) for reflections citing no existing turn and no existing fact."""
     rows = all_reflections(store)
@@ -56,7 +58,6 @@ SPEC = ProjectorSpec(
     trigger=FACTS,
     knobs=ReflectionConfig,
     tables=(REFLECTIONS,),
-    invariants=(Invariant("reflections_cite_something", "Every reflection cites at least one existing turn or fact.",
-                          uncited_reflections, "(reflection id, citations)"),),
+    invariants=(uncited_reflections,),
     scripted=scripted.answer,
 )

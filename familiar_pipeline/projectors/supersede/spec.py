@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from familiar_pipeline.projectors.spec import FACTS, DropRule, Invariant, ProjectorSpec, knob
+from familiar_pipeline.projectors.spec import FACTS, DropRule, ProjectorSpec, invariant, knob
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -24,6 +24,8 @@ class FactSupersedeConfig:
 
 
 
+@invariant("no_fact_superseded_twice", "No fact was retired by more than one supersession decision.",
+           what="(fact id, times retired)", blocking=True)
 def facts_superseded_twice(store: ProjectionStore, turn_log: TurnLog | None = None,
                            familiar_id: str = "") -> list[tuple[int, int]]:
     """(fact id, times) for facts that more than one supersession decision retired.
@@ -34,6 +36,8 @@ def facts_superseded_twice(store: ProjectionStore, turn_log: TurnLog | None = No
     return facts_retired_more_than_once(store)
 
 
+@invariant("superseded_by_exists", "Every superseded_by points at an existing, different fact.",
+           what="(fact id, missing replacement)", blocking=True)
 def dangling_superseded_by(store: ProjectionStore, turn_log: TurnLog | None = None,
                            familiar_id: str = "") -> list[tuple[int, int]]:
     """(fact id, superseded_by) where the replacement fact does not exist (or is the fact itself)."""
@@ -60,11 +64,6 @@ SPEC = ProjectorSpec(
     # subjects, so their dossiers go, exactly as retiring them did.
     tables=(SUPERSEDE_DECISIONS,),
     drop=DropRule(before=unretire_all),
-    invariants=(
-        Invariant("no_fact_superseded_twice", "No fact was retired by more than one supersession decision.",
-                  facts_superseded_twice, "(fact id, times retired)", blocking=True),
-        Invariant("superseded_by_exists", "Every superseded_by points at an existing, different fact.",
-                  dangling_superseded_by, "(fact id, missing replacement)", blocking=True),
-    ),
+    invariants=(facts_superseded_twice, dangling_superseded_by),
     scripted=scripted.answer,
 )

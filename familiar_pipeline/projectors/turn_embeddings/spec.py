@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec, knob
+from familiar_pipeline.projectors.spec import TURN_INDEX, knob
+from familiar_pipeline.projectors.vectors import vector_spec
 
 from .run import PROJECTOR, run
 from .tables import TURN_EMBEDDINGS
@@ -17,8 +18,7 @@ class TurnEmbeddingConfig:
     batch_size: int = knob(64, minimum=1)
 
 
-
-SPEC = ProjectorSpec(
+SPEC = vector_spec(
     name=PROJECTOR,
     asset="turn_embeddings",
     run=run,
@@ -29,11 +29,7 @@ SPEC = ProjectorSpec(
     Needs [providers.embedding].backend other than "off".
     """,
     group="turns",
-    kinds={"duckdb"},
     trigger=TURN_INDEX,
-    needs_llm=False,
-    needs_embedder=True,
     knobs=TurnEmbeddingConfig,
-    tables=(TURN_EMBEDDINGS,),  # a rebuild drops every turn vector, all models
-    snapshot_check=False,
+    table=TURN_EMBEDDINGS,  # a rebuild drops every turn vector, all models
 )

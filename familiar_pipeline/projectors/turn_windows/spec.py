@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec, knob
+from familiar_pipeline.projectors.spec import TURN_INDEX, knob
+from familiar_pipeline.projectors.vectors import vector_spec
 
 from .run import PROJECTOR, run
 from .tables import TURN_WINDOW_EMBEDDINGS, context_matrix
@@ -19,8 +20,7 @@ class TurnWindowConfig:
     span: int = knob(2, minimum=1, maximum=10)
 
 
-
-SPEC = ProjectorSpec(
+SPEC = vector_spec(
     name=PROJECTOR,
     asset="turn_window_embeddings",
     run=run,
@@ -32,13 +32,9 @@ SPEC = ProjectorSpec(
     useful with `turn_embedding` on. Needs [providers.embedding].backend other than "off".
     """,
     group="turns",
-    kinds={"duckdb"},
     trigger=TURN_INDEX,
-    needs_llm=False,
-    needs_embedder=True,
     knobs=TurnWindowConfig,
-    tables=(TURN_WINDOW_EMBEDDINGS,),  # a rebuild drops every window vector, all models
-    snapshot_check=False,
+    table=TURN_WINDOW_EMBEDDINGS,  # a rebuild drops every window vector, all models
     # Each publish precombines every turn's vector with its window's, at the shipped blend.
     matrices=lambda config: context_matrix(config.memory.retrieval.turn_context),
 )
