@@ -146,4 +146,5 @@ def backfill(
     meta = {}
     for event in result.get_asset_materialization_events():
         meta = {k: v.value for k, v in event.materialization.metadata.items()}
-    return BackfillOutcome("in-process", result.run_id, f"{asset} for {familiar_id}: {meta.get('status', 'done')}, rows written {meta.get('rows_written', 0)}")
+    return BackfillOutcome("in-process", result.run_id,
+                           f"{asset} for {familiar_id}: {meta.get('status', 'done')}, rows written {meta.get('rows_written', 0)}")
