@@ -80,7 +80,8 @@ def retires(new_text: str, prior_text: str) -> bool:
 
 def decide_supersession(user_text: str) -> dict:
     """Each NEW fact retires the earlier facts (PRIOR, or NEW above it) that `retires` says it replaces."""
-    earlier, decisions = [], []
+    earlier: list[tuple[int, str]] = []  # (fact id, text)
+    decisions: list[dict] = []
     for line in user_text.splitlines():
         if match := _NEW_FACT.match(line):
             new_id, new_text = int(match.group(1)), json.loads(match.group(2))
