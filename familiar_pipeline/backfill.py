@@ -68,6 +68,7 @@ def submit(familiar_id: str, asset: str, *, rebuild: bool, url: str) -> str:
     from dagster_graphql import DagsterGraphQLClient
 
     address = urlsplit(url)
+    assert address.hostname is not None  # a verified webserver's http://host:port
     client = DagsterGraphQLClient(address.hostname, port_number=address.port, timeout=30)
     return client.submit_job_execution(
         PROJECTION_JOB,
