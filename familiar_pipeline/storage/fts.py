@@ -168,6 +168,7 @@ def retry_transient(
         before_sleep=log_retry,
         retry_error_callback=give_up,
     )
+
     def succeed() -> bool:
         attempt()
         return True
