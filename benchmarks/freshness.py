@@ -38,7 +38,7 @@ from familiar_bot.supervisor import child_sessions, free_port, group_alive, tree
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
-from familiar_pipeline.projectors.facts import reads as fact_reads
+from familiar_pipeline.projectors.facts import reads as fact_reads  # noqa: E402
 
 
 def start_up(tmp: Path, port: int, sensor_interval: int | None) -> tuple[subprocess.Popen, Path]:

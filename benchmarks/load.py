@@ -89,7 +89,8 @@ class LoadResult:
             f"pipeline: {self.pipeline_runs} runs, {self.pipeline_batches} facts batches, "
             f"facts watermark {self.facts_watermark} of {self.last_turn_id}, turn index {self.fts_turn_docs} docs, "
             f"{len(self.pipeline_errors)} failed runs",
-            f"assembly during the burst and the projection of its backlog: {len(self.assembly_ms)} prompts, p50 {self.percentile(50):.1f} ms, "
+            f"assembly during the burst and the projection of its backlog: {len(self.assembly_ms)} prompts, "
+            f"p50 {self.percentile(50):.1f} ms, "
             f"p95 {self.percentile(95):.1f} ms, p99 {self.percentile(99):.1f} ms, "
             f"max {max(self.assembly_ms, default=float('nan')):.1f} ms, {self.assembly_errors} errors",
         ]

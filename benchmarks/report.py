@@ -152,7 +152,8 @@ def markdown(report: dict) -> str:
                   f"1 s apart: p50 **{f['freshness_p50_s']} s**, p95 **{f['freshness_p95_s']} s**.", ""]
     if "scale" in report:
         lines += ["### Many familiars (`benchmarks/scale.py`, one message every 2 s per familiar)", "",
-                  "| familiars | messages/s | freshness p50 / p95 s | backlog | runs | busy CPU-s per 1,000 turns | peak RSS MiB | run start s (median) | load at end |",
+                  "| familiars | messages/s | freshness p50 / p95 s | backlog | runs | busy CPU-s per 1,000 turns | peak RSS MiB "
+                  "| run start s (median) | load at end |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in report["scale"]:
             start = r["phases"].get("start (spawn, imports, load)", {}).get("median_s", "-")

@@ -228,7 +228,9 @@ def run_breakdown(dagster_home: Path) -> dict:
                 elif kind == "STEP_START":
                     step_start[event.step_key] = entry.timestamp
                 if kind in (failure, "STEP_FAILURE") and len(failures) < 3:
-                    failures.append(f"{run.tags.get('dagster/partition', '?')}: {kind} {event.step_key or ''} {(getattr(getattr(event.event_specific_data, 'error', None), 'message', None) or entry.message)[:400]}")
+                    error = getattr(event.event_specific_data, "error", None)
+                    message = (getattr(error, "message", None) or entry.message)[:400]
+                    failures.append(f"{run.tags.get('dagster/partition', '?')}: {kind} {event.step_key or ''} {message}")
                 if kind in ("STEP_SUCCESS", "STEP_FAILURE") and event.step_key in step_start:
                     phases[f"step {event.step_key}"].append(entry.timestamp - step_start[event.step_key])
                     times["last_step_end"] = max(times.get("last_step_end", 0), entry.timestamp)

@@ -83,7 +83,7 @@ def breakdown(profile: cProfile.Profile) -> tuple[float, dict[str, dict]]:
     out: dict[str, dict] = {}
     for label, match in BREAKDOWN:
         cum = calls = 0.0
-        for (file, _line, fn), (cc, nc, _tt, ct, callers) in stats.items():
+        for (file, _line, fn), (_cc, nc, _tt, ct, callers) in stats.items():
             if match(file, fn):
                 # cumulative time once per outermost call: skip recursive entries (callers that match too)
                 if any(match(cf, cfn) for (cf, _cl, cfn) in callers):

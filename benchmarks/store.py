@@ -26,8 +26,8 @@ from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot
 from familiar_pipeline.projectors.facts.store import FactDraft  # noqa: E402
 from familiar_pipeline.storage.store import ProjectionStore  # noqa: E402
 from familiar_pipeline.projectors.facts.tables import Subject  # noqa: E402
-from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
-from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors  # noqa: E402
+from familiar_pipeline.projectors.facts import store as facts_db  # noqa: E402
 
 WORDS = (
     "tea coffee hiking berlin lisbon cello bakery cat dog plants album concert job moved sister brother "

@@ -68,6 +68,7 @@ def submit(familiar_id: str, asset: str, *, rebuild: bool, url: str) -> str:
     from dagster_graphql import DagsterGraphQLClient
 
     address = urlsplit(url)
+    assert address.hostname is not None  # a verified webserver's http://host:port
     client = DagsterGraphQLClient(address.hostname, port_number=address.port, timeout=30)
     return client.submit_job_execution(
         PROJECTION_JOB,
@@ -146,4 +147,5 @@ def backfill(
     meta = {}
     for event in result.get_asset_materialization_events():
         meta = {k: v.value for k, v in event.materialization.metadata.items()}
-    return BackfillOutcome("in-process", result.run_id, f"{asset} for {familiar_id}: {meta.get('status', 'done')}, rows written {meta.get('rows_written', 0)}")
+    return BackfillOutcome("in-process", result.run_id,
+                           f"{asset} for {familiar_id}: {meta.get('status', 'done')}, rows written {meta.get('rows_written', 0)}")

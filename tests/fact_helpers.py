@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dagster as dg
-
-
 from familiar_pipeline.defs.assets import FACT_DRIVEN, TURN_DRIVEN
 from familiar_pipeline.defs.jobs import materializations, materialize_in_process
 from familiar_pipeline.models.llm import LlmUsage

@@ -66,7 +66,7 @@ def backfill_lines() -> list[list[str]]:
     return [cli_args(line) for line in command_lines("familiar backfill")]
 
 
-def test_backfill_sends_nothing_to_a_webserver_that_is_not_this_checkouts(built, dummy, monkeypatch, tmp_path, capsys):
+def test_backfill_sends_nothing_to_a_webserver_that_is_not_this_checkouts(built, dummy, monkeypatch, tmp_path, capsys):  # noqa: F811  (`built` is the fixture imported above)
     import os
 
     home = os.environ["DAGSTER_HOME"]
@@ -104,7 +104,7 @@ def test_backfill_sends_nothing_to_a_webserver_that_is_not_this_checkouts(built,
     assert dummy.requests == []  # type: ignore[attr-defined]
 
 
-def test_backfill_submits_to_this_checkouts_own_familiar_up(built, dummy, capsys):
+def test_backfill_submits_to_this_checkouts_own_familiar_up(built, dummy, capsys):  # noqa: F811  (`built` is the fixture imported above)
     """The control: with a verified marker the run goes to that address (the dummy sees it)."""
     import os
 
@@ -126,7 +126,7 @@ def test_marker_is_removed_only_by_its_writer(tmp_path):
     assert webserver.read_marker(tmp_path) is None
 
 
-def test_backfill_of_a_disabled_projection_is_refused_with_the_setting(built, capsys):
+def test_backfill_of_a_disabled_projection_is_refused_with_the_setting(built, capsys):  # noqa: F811  (`built` is the fixture imported above)
     built.character_toml.write_text(built.character_toml.read_text().replace('"reflection", ', "").replace(', "reflection"', ""))
     from familiar_pipeline.config import load_config
 

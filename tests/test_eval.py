@@ -154,7 +154,8 @@ def test_eval_extracted_facts_run_the_facts_asset_with_the_background_model(tmp_
     assert setup["facts"] == "extracted" and "oracle_upper_bound" not in setup
     extraction = setup["extraction"]
     assert extraction["model"] == "fake/careful"
-    # Ten turns make one full extraction batch (the shipped batch_size); the scripted model answered the facts asset's real prompts: calls and tokens were counted.
+    # Ten turns make one full extraction batch (the shipped batch_size); the scripted model answered
+    # the facts asset's real prompts: calls and tokens were counted.
     assert extraction["calls"] >= 1 and extraction["prompt_tokens"] > 0 and extraction["completion_tokens"] > 0
     assert setup["facts_loaded"] >= 1 and len(fake_llm.calls) >= extraction["calls"]
     assert "model fake/careful" in printed

@@ -99,7 +99,7 @@ def test_rebuild_a_projection_from_the_ui_run_config_and_the_cli(built, tmp_path
     assert facts_and_dossiers(built)[0] == before[0]
 
     # The CLI recipe (no webserver here, so it runs in-process; --local would force it).
-    [line] = [l for l in command_lines("backfill") if "--projection facts" in l]
+    [line] = [ln for ln in command_lines("backfill") if "--projection facts" in ln]
     assert main(cli_args(line)) == 0
     assert "in-process" in capsys.readouterr().out
     assert facts_and_dossiers(built)[0] == before[0]
@@ -107,7 +107,7 @@ def test_rebuild_a_projection_from_the_ui_run_config_and_the_cli(built, tmp_path
 
 def test_force_a_dossier_refold(built, capsys, monkeypatch):
     before = facts_and_dossiers(built)[1]
-    plain, no_cache = [l for l in command_lines("people_dossier") if "backfill" in l]
+    plain, no_cache = [ln for ln in command_lines("people_dossier") if "backfill" in ln]
     assert main(cli_args(plain)) == 0
     assert "in-process" in capsys.readouterr().out
     assert facts_and_dossiers(built)[1] == before  # replayed from the cache: same text
@@ -147,7 +147,7 @@ def test_change_a_threshold_and_the_sensor_cadence(built, monkeypatch):
 
     # The snapshot manifest carries the watermarks the sensor reads.
     assert not facts_requested()
-    threshold, cadence = [l for l in command_lines("FAMILIAR__") if "familiar up" in l]
+    threshold, cadence = [ln for ln in command_lines("FAMILIAR__") if "familiar up" in ln]
     for line in (threshold, cadence):
         name, value = line.split(" ", 1)[0].split("=")
         monkeypatch.setenv(name, value)
@@ -194,7 +194,7 @@ def duck_current(paths):
 
 
 def test_inspect_the_prompt_cli_and_console_context(built, capsys):
-    [line] = [l for l in command_lines("familiar prompt") if "--channel 1 " in l]
+    [line] = [ln for ln in command_lines("familiar prompt") if "--channel 1 " in ln]
     assert main(cli_args(line)) == 0
     report = capsys.readouterr().out
     assert "=== character_card:" in report and "=== total:" in report

@@ -16,7 +16,6 @@ from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
 from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
 from familiar_pipeline.projectors.vectors import set_vectors
 from familiar_pipeline.projectors.spec import FACTS, NoKnobs, ProjectorSpec
-from familiar_pipeline.storage import store_schema
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.projectors.dossiers import tables as dossier_db
 from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
@@ -69,12 +68,14 @@ def _populated(store: ProjectionStore) -> None:
     from familiar_pipeline.projectors.facts.store import FactDraft
     from familiar_pipeline.projectors.facts.tables import Subject
 
-    [(a, _)] = facts_db.append_facts(store, [FactDraft("Cass likes tea.", source_turn_ids=(1,), subjects=(Subject("discord:1", "Cass"),))])
-    [(b, _)] = facts_db.append_facts(store, [FactDraft("Cass likes coffee now.", source_turn_ids=(2,), subjects=(Subject("discord:1", "Cass"),))])
+    cass = (Subject("discord:1", "Cass"),)
+    [(a, _)] = facts_db.append_facts(store, [FactDraft("Cass likes tea.", source_turn_ids=(1,), subjects=cass)])
+    [(b, _)] = facts_db.append_facts(store, [FactDraft("Cass likes coffee now.", source_turn_ids=(2,), subjects=cass)])
     supersede_db.supersede(store, [a.id], b.id)
     dossier_db.put_dossier(store, "discord:1", "Cass.", b.id)
     summary_db.put_summary(store, "Summary.", 2)
-    reflection_db.append_reflection(store, channel_id=1, text="R.", cited_turn_ids=[1], cited_fact_ids=[a.id], last_turn_id=2, last_fact_id=b.id)
+    reflection_db.append_reflection(store, channel_id=1, text="R.", cited_turn_ids=[1], cited_fact_ids=[a.id],
+                                    last_turn_id=2, last_fact_id=b.id)
     fact_vectors.set_fact_embedding(store, b.id, "m", [1.0])
     set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [1.0])])
     set_vectors(store, TURN_WINDOW_EMBEDDINGS, "m", [(1, [1.0])])

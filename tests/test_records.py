@@ -16,7 +16,7 @@ import pytest
 
 from familiar_pipeline.storage.identity import check_key
 from familiar_pipeline.projectors.facts.tables import Fact, FactView
-from familiar_pipeline.storage.snapshots import Snapshot, SnapshotReader, publish_snapshot
+from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot
 from familiar_pipeline.projectors.facts.store import FactDraft
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.projectors.facts.tables import Subject
@@ -41,7 +41,7 @@ def random_rows(store: ProjectionStore, rng: random.Random, count: int) -> None:
         start = rng.randint(0, 30)
         end = rng.choice([None, None, start + rng.randint(1, 12)])
         subjects = tuple(Subject(k, k.upper()) for k in rng.sample(KEYS, rng.randint(0, 2)))
-        facts_db.append_fact(store, 
+        facts_db.append_fact(store,
             FactDraft(f"fact {n}", (n + 1,), subjects, valid_from=hour(start),
                       valid_to=None if end is None else hour(end)),
             now=hour(rng.randint(0, 20)),

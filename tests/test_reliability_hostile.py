@@ -192,7 +192,7 @@ def test_a_display_name_twin_is_shown_to_the_model_as_someone_else(tmp_path, ins
 
 def gullible_model(messages):
     """A model that obeys the injections: invents keys, cites other turns, tags the familiar."""
-    system, user = messages[0]["content"], messages[-1]["content"]
+    system = messages[0]["content"]
     if "atomic facts" not in system:
         return careful_model(messages)
     return json.dumps([

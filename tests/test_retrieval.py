@@ -1,15 +1,14 @@
 """Retrieval: fusion arithmetic, the embedding paths, turn exclusion, neighbours, rendering."""
 
 from __future__ import annotations
-from familiar_pipeline.projectors.vectors import delete_vectors, set_vectors, vector_count, vectors_for
+from familiar_pipeline.projectors.vectors import set_vectors
 from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
-from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
 from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
 from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 import logging
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from familiar_bot.prompt.assembly import Assembler
 from familiar_bot.prompt.layers.rag_context import RagContextLayer
 from familiar_bot.prompt.retrieval import GROUP_SLACK_TOKENS, Weights, fit_by_rank, fuse_facts, render
 from familiar_bot.prompt.tokens import estimate_tokens
-from tests.test_assembly import BO, CASS, World, ctx, section
+from tests.test_assembly import CASS, World, ctx, section
 
 EMBED_ON = {"FAMILIAR__PROVIDERS__EMBEDDING__BACKEND": '"hash"',
             "FAMILIAR__PROVIDERS__MEMORY__PROJECTORS": '["rich_note", "fact_embedding"]'}

@@ -171,7 +171,8 @@ def test_due_assets_reads_published_watermarks(tmp_path):
     append_chat(paths, 30)
     paths.serving_dir.mkdir(parents=True)
     (paths.serving_dir / "manifest.json").write_text(
-        json.dumps({"version": 3, "store_watermark": {"projectors": {"rich_note": {"turn_id": 25}, "turns_fts": {"turn_id": 30, "change_seq": 0}, "rolling_summary": {"turn_id": 10}}}})
+        json.dumps({"version": 3, "store_watermark": {"projectors": {
+            "rich_note": {"turn_id": 25}, "turns_fts": {"turn_id": 30, "change_seq": 0}, "rolling_summary": {"turn_id": 10}}}})
     )
     from familiar_pipeline.config import load_config
 

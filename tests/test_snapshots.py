@@ -450,7 +450,7 @@ def test_publish_from_a_real_projection_store_agrees_with_its_reads(tmp_path):
     try:
         cass, bo = Subject("discord:1", "Cass"), Subject("discord:11", "Bo")
         first, _ = facts_db.append_fact(store, FactDraft("Cass lives in Lyon.", (1,), (cass,), channel_id=5), now=T0)
-        second, _ = facts_db.append_fact(store, 
+        second, _ = facts_db.append_fact(store,
             FactDraft("Cass moved to Oslo.", (2, 3), (cass, bo), channel_id=5, importance=8),
             now=T0 + timedelta(days=1),
         )
@@ -473,7 +473,7 @@ def test_publish_from_a_real_projection_store_agrees_with_its_reads(tmp_path):
         assert fact_reads.current_facts(reader, now=later) == facts_db.current_facts(store, now=later)
         assert fact_reads.current_facts(reader, now=later, ids=[second.id, 999]) == facts_db.facts_by_ids(store, [second.id])
         assert fact_reads.facts_for_subject(reader, "discord:1", as_of=T0) == facts_db.facts_for_subject(store, "discord:1", as_of=T0)
-        assert fact_reads.recent_facts(reader, 9, include_superseded=True, now=later) == facts_db.recent_facts(store, 
+        assert fact_reads.recent_facts(reader, 9, include_superseded=True, now=later) == facts_db.recent_facts(store,
             9, include_superseded=True, now=later)
         assert fact_reads.superseded_fact_ids(reader, all_ids) == facts_db.superseded_fact_ids(store, all_ids) == {first.id}
         assert fact_reads.latest_fact_id(reader) == facts_db.latest_fact_id(store)

@@ -10,15 +10,13 @@ from datetime import date, datetime, timedelta, timezone
 import duckdb
 import pytest
 
-from familiar_pipeline.projectors.vectors import delete_vectors, set_vectors, vector_count, vectors_for
+from familiar_pipeline.projectors.vectors import set_vectors
 from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
 from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
-from familiar_pipeline.storage import store_schema
 from familiar_pipeline.projectors.registry import BUILTIN_PROJECTORS as PROJECTIONS
 from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.storage.times import as_utc
 from familiar_pipeline.projectors.dossiers import tables as dossier_db
-from familiar_pipeline.projectors.facts import reads as fact_reads
 from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
 from familiar_pipeline.projectors.facts import store as facts_db
 from familiar_pipeline.projectors.reflections import tables as reflection_db
@@ -86,7 +84,7 @@ def test_normalisation_treats_composed_and_decomposed_accents_alike():
 
 
 def test_append_round_trips_every_field(store):
-    fact, inserted = facts_db.append_fact(store, 
+    fact, inserted = facts_db.append_fact(store,
         FactDraft(
             "Cass adopted a cat.", source_turn_ids=[7, 9, 11], subjects=[CASS, ARIA],
             channel_id=1, importance=9, valid_from="2025-05-01T08:00:00+02:00",
@@ -118,7 +116,7 @@ def test_importance_is_clamped_and_booleans_are_unknown(store, given, stored):
 def test_dedup_returns_the_existing_fact_for_cor_variants(store):
     first = add(store, "Postbirb Prime is called Cor.", CASS, source_turn_ids=[1])
     for variant in ['  "postbirb   prime is called cor"  ', "Postbirb Prime is called 'Cor'.", "Postbirb Prime is called “Cor”."]:
-        again, inserted = facts_db.append_fact(store, 
+        again, inserted = facts_db.append_fact(store,
             FactDraft(variant, subjects=[Subject("discord:1", "Cassidy")], source_turn_ids=[99], importance=3),
             now=T0 + timedelta(days=1),
         )
@@ -278,7 +276,7 @@ def test_merge_mints_one_fact_with_union_provenance(store):
     a = add(store, "Cass has a cat.", CASS, source_turn_ids=[1, 2])
     b = add(store, "Cass's cat is grey.", CASS, source_turn_ids=[2, 3])
     c = add(store, "Cass has a cat.", CASS, ARIA, source_turn_ids=[4])
-    result = supersede_db.supersede(store, 
+    result = supersede_db.supersede(store,
         [a.id, b.id, c.id], FactDraft("Cass has a cat.", subjects=[CASS], source_turn_ids=[5], channel_id=3), now=T0
     )
     minted = result.minted
@@ -353,7 +351,7 @@ def test_supersede_and_upserts_twice_on_the_same_keys_in_one_transaction(tmp_pat
 
 def test_supersede_decisions_are_logged(store):
     new = add(store, "n", CASS)
-    decision_id = supersede_db.record_supersede_decision(store, 
+    decision_id = supersede_db.record_supersede_decision(store,
         new_fact_id=new.id, subject_key="discord:1", shown_prior_ids=[1, 2], retired_ids=[2],
         skipped=[(1, "fact id=1 already superseded")], model="fake/model", now=T0,
     )
@@ -441,7 +439,9 @@ def test_as_of_gives_the_world_time_slice_including_superseded_rows(store):
     globex = add(store, "Cass works at Globex.", CASS, valid_from="2025-07-01")
     belief = add(store, "Cass lives in Oslo.", CASS, valid_from="2025-01-15")
     supersede_db.supersede(store, [belief.id], globex.id, now="2025-08-01")
-    ids = lambda facts: [f.id for f in facts]
+    def ids(facts):
+        return [f.id for f in facts]
+
     assert ids(facts_db.recent_facts(store, 10, as_of="2025-03-01")) == [belief.id, acme.id]
     assert ids(facts_db.recent_facts(store, 10, as_of="2025-09-01")) == [belief.id, globex.id]
     assert ids(facts_db.facts_for_subject(store, "discord:1", as_of="2025-07-01")) == [globex.id, belief.id]  # half-open
@@ -807,7 +807,8 @@ def test_notebook_views_work_from_a_plain_read_only_connection(tmp_path):
 
         march = nb.execute("SELECT id, superseded_by FROM facts_as_of('2025-03-01 00:00:00+00') ORDER BY id").fetchall()
         assert march == [(acme.id, None), (old.id, new.id)]  # includes the retired belief
-        assert [r[0] for r in nb.execute("SELECT id FROM facts_as_of(TIMESTAMPTZ '2025-08-15 00:00:00+00') ORDER BY id").fetchall()] == [old.id, new.id]
+        august = nb.execute("SELECT id FROM facts_as_of(TIMESTAMPTZ '2025-08-15 00:00:00+00') ORDER BY id").fetchall()
+        assert [r[0] for r in august] == [old.id, new.id]
 
         lineage = dict((r[0], r[1:]) for r in nb.execute("SELECT id, supersedes, superseded_by FROM fact_lineage").fetchall())
         assert lineage[new.id] == ([old.id], newest.id)

@@ -178,15 +178,19 @@ CASES = [
     # moves
     ("move", [("Cass lives in Berlin.", C)], ("Cass moved to Lisbon.", C), {"Cass lives in Berlin."}),
     ("move back", [("Cass lives in Lisbon.", C)], ("Cass moved back to Berlin.", C), {"Cass lives in Lisbon."}),
-    ("move keeps other topics", [("Cass lives in Berlin.", C), ("Cass loves hiking.", C)], ("Cass relocated to Porto.", C), {"Cass lives in Berlin."}),
+    ("move keeps other topics", [("Cass lives in Berlin.", C), ("Cass loves hiking.", C)],
+     ("Cass relocated to Porto.", C), {"Cass lives in Berlin."}),
     ("same city restated", [("Cass lives in Berlin.", C)], ("Cass is based in Berlin.", C), set()),
-    ("two current homes, one move", [("Cass lives in Berlin.", C), ("Cass has a flat in Lisbon.", C)], ("Cass moved to Tokyo.", C), {"Cass lives in Berlin."}),
-    ("move of another person", [("Cass lives in Berlin.", C), ("Bo lives in Berlin.", B)], ("Bo moved to Oslo.", B), {"Bo lives in Berlin."}),
+    ("two current homes, one move", [("Cass lives in Berlin.", C), ("Cass has a flat in Lisbon.", C)],
+     ("Cass moved to Tokyo.", C), {"Cass lives in Berlin."}),
+    ("move of another person", [("Cass lives in Berlin.", C), ("Bo lives in Berlin.", B)],
+     ("Bo moved to Oslo.", B), {"Bo lives in Berlin."}),
     # job changes
     ("new job", [("Cass works at the bakery.", C)], ("Cass now works at the library.", C), {"Cass works at the bakery."}),
     ("job title change", [("Bo works as a nurse.", B)], ("Bo works as a paramedic.", B), {"Bo works as a nurse."}),
     ("second job is additive", [("Cass works at the bakery.", C)], ("Cass also works at a cafe on weekends.", C), set()),
-    ("quit the job", [("Mia works at the bank.", M), ("Mia loves jazz.", M)], ("Mia no longer works at the bank.", M), {"Mia works at the bank."}),
+    ("quit the job", [("Mia works at the bank.", M), ("Mia loves jazz.", M)],
+     ("Mia no longer works at the bank.", M), {"Mia works at the bank."}),
     ("quit a different job", [("Mia works at the bank.", M)], ("Mia no longer works at the museum.", M), set()),
     ("job does not touch home", [("Cass lives in Berlin.", C)], ("Cass works at the library.", C), set()),
     # preference flips
@@ -195,10 +199,12 @@ CASES = [
     ("dislike flipped", [("Mia dislikes sushi.", M)], ("Mia really enjoys sushi.", M), {"Mia dislikes sushi."}),
     ("stronger same polarity", [("Cass likes tea.", C)], ("Cass loves tea.", C), set()),
     ("other object coexists", [("Cass loves hiking.", C)], ("Cass hates running.", C), set()),
-    ("flip only the matching preference", [("Cass loves hiking.", C), ("Cass loves tea.", C)], ("Cass hates hiking.", C), {"Cass loves hiking."}),
+    ("flip only the matching preference", [("Cass loves hiking.", C), ("Cass loves tea.", C)],
+     ("Cass hates hiking.", C), {"Cass loves hiking."}),
     # negations
     ("no longer eats", [("Cass eats meat.", C)], ("Cass no longer eats meat.", C), {"Cass eats meat."}),
-    ("stopped playing", [("Bo plays chess.", B)], ("Bo stopped playing chess.", B), set()),  # "playing" is not "plays": a careful model is unsure
+    ("stopped playing", [("Bo plays chess.", B)],
+     ("Bo stopped playing chess.", B), set()),  # "playing" is not "plays": a careful model is unsure
     ("doesn't like anymore", [("Mia likes horror films.", M)], ("Mia doesn't like horror films anymore.", M), {"Mia likes horror films."}),
     ("negation of another thing", [("Cass eats meat.", C)], ("Cass no longer eats sugar.", C), set()),
     ("diet change", [("Bo is vegetarian.", B)], ("Bo went vegan.", B), {"Bo is vegetarian."}),
@@ -212,8 +218,10 @@ CASES = [
     # different people, same wording
     ("same words other person", [("Bo loves hiking.", B)], ("Cass now hates hiking.", C), set()),
     ("same city other person", [("Bo lives in Berlin.", B)], ("Cass moved to Lisbon.", C), set()),
-    ("twins of wording", [("Bo works at the bakery.", B), ("Cass works at the bakery.", C)], ("Cass now works at the library.", C), {"Cass works at the bakery."}),
-    ("shared fact, one subject moves", [("Cass and Bo live in Berlin.", (C, B))], ("Cass moved to Lisbon.", C), {"Cass and Bo live in Berlin."}),
+    ("twins of wording", [("Bo works at the bakery.", B), ("Cass works at the bakery.", C)],
+     ("Cass now works at the library.", C), {"Cass works at the bakery."}),
+    ("shared fact, one subject moves", [("Cass and Bo live in Berlin.", (C, B))],
+     ("Cass moved to Lisbon.", C), {"Cass and Bo live in Berlin."}),
     ("no priors at all", [], ("Cass moved to Lisbon.", C), set()),
 ]
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from familiar_bot.prompt.retrieval import RRF_K, _dense_turns, fuse_turns, rrf_turns
-from familiar_pipeline.projectors.vectors import delete_vectors, set_vectors, vector_count, vectors_for
+from familiar_pipeline.projectors.vectors import set_vectors, vector_count, vectors_for
 from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
-from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
 from familiar_pipeline.storage import store_schema
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.models.embedders import HashEmbedder
@@ -247,7 +245,6 @@ def test_without_an_embedder_both_embedding_projectors_skip_naming_the_settings(
 
     from familiar_pipeline.projectors.fact_embeddings import run as embeddings
     from familiar_pipeline.projectors.turn_embeddings import run as turn_embeddings
-    from familiar_pipeline.projectors.report import ProjectionReport
 
     for module in (embeddings, turn_embeddings):
         report = ProjectionReport(module.PROJECTOR)

@@ -11,7 +11,7 @@ import pytest
 
 from familiar_bot.prompt import retrieval as retrieval_module
 from familiar_bot.prompt.retrieval import _dense_turns, top_rows
-from familiar_pipeline.projectors.vectors import delete_vectors, set_vectors, vector_count, vectors_for
+from familiar_pipeline.projectors.vectors import set_vectors, vector_count
 from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
 from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
 from familiar_pipeline.models.embedders import HashEmbedder

@@ -129,8 +129,10 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
         assert marker and marker.url == f"http://127.0.0.1:{port}" and marker.data_root == str(root.resolve())
         assert marker.pid == process.pid and webserver.verified_webserver(home, root) == marker
         backfill = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "backfill", "--familiar", "offline",
-                                   "--projection", "turns_fts", "--rebuild"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        assert backfill.returncode == 0 and backfill.stdout.startswith(f"queued: queued turns_fts for offline: {marker.url}/runs/"), backfill
+                                   "--projection", "turns_fts", "--rebuild"],
+                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        queued = f"queued: queued turns_fts for offline: {marker.url}/runs/"
+        assert backfill.returncode == 0 and backfill.stdout.startswith(queued), backfill
         assert graphql(port, "{ shouldShowNux }")["shouldShowNux"] is False  # no community pop-up
 
         for message in MESSAGES:

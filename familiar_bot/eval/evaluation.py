@@ -112,7 +112,9 @@ def parse_evidence(raw: Iterable[Any]) -> tuple[list[str], int]:
 
 
 def session_of(dia_id: str) -> int:
-    return int(_DIA_ID.match(dia_id).group(1))
+    match = _DIA_ID.match(dia_id)
+    assert match is not None, f"not a LoCoMo dialogue id: {dia_id!r}"
+    return int(match.group(1))
 
 
 def observations_of(sample: dict) -> Iterable[tuple[str, str, list[str]]]:
@@ -202,8 +204,8 @@ def load_gold_facts(sample: dict, paths, turn_of: Mapping[str, int], turns: list
         sources = [turn_of[i] for i in ids if i in turn_of]
         if not text.strip() or not sources:
             continue
-        drafts.append(FactDraft(text=text, source_turn_ids=sources, channel_id=EVAL_CHANNEL,
-                                subjects=[Subject(locomo.speaker_key(speaker), speaker)],
+        drafts.append(FactDraft(text=text, source_turn_ids=tuple(sources), channel_id=EVAL_CHANNEL,
+                                subjects=(Subject(locomo.speaker_key(speaker), speaker),),
                                 valid_from=min(at_turn[i] for i in ids if i in at_turn)))
     with ProjectionStore(paths.memory_db, tables=registry.tables()) as store:
         facts = [f for f, inserted in append_facts(store, drafts) if inserted]
@@ -268,7 +270,8 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     result = materialize_in_process(selected, instance=instance, data_root=root, partition_key=familiar_id,
                                     log_level="WARNING")
     for name in selected:
-        meta = {k: v.value for m in materializations(result, name) for k, v in m.metadata.items()}
+        # What the asset recorded (numbers, strings, a dict of drop reasons), read back as written.
+        meta: dict[str, Any] = {k: v.value for m in materializations(result, name) for k, v in m.metadata.items()}
         status = str(meta.get("status", ""))
         if status.startswith(("skipped", "disabled")):
             raise RuntimeError(f"{name} did not run for {familiar_id}: {status}")
@@ -604,7 +607,7 @@ def run_sweep(prepared: list[PreparedConversation], *, progress: Callable[[str],
     rows: list[dict] = []
     grid_records: dict[str, list[dict]] = {}
 
-    def measure(label: str, retrieval: dict, text_budget: dict) -> dict:
+    def measure(label: str, retrieval: dict, text_budget: dict) -> tuple[dict, list[dict]]:
         records = evaluate(prepared, retrieval=retrieval, text_budget=text_budget or None, embedder_cache=cache)
         overall = summarize(records)["overall"]
         row = {"label": label, "retrieval": retrieval, "text_budget": text_budget,

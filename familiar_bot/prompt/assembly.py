@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
 
@@ -33,6 +33,9 @@ from familiar_bot.prompt.layers.stack import default_layers
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.tokens import estimate_tokens, message_tokens
 from familiar_bot.prompt.types import AssembledPrompt, AssemblyContext, HistoryLayer, Layer, Message, Section
+
+if TYPE_CHECKING:
+    from familiar_pipeline.models.embedders import Embedder
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +192,7 @@ class Assembler:
         return text, False, layer_debug
 
 
-def build_assembler(paths: FamiliarPaths, config: FamiliarConfig, *, embedder=None,
+def build_assembler(paths: FamiliarPaths, config: FamiliarConfig, *, embedder: Embedder | None = None,
                     cache_size: int = 256, memory: MemoryView | None = None) -> Assembler:
     """The default layers in the default order over a fresh :class:`MemoryView`."""
     memory = memory or MemoryView(paths, config, embedder=embedder)

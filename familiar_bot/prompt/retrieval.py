@@ -170,7 +170,8 @@ def retrieve_facts(cue: str, memory, budget) -> tuple[list, dict[str, Any]]:
     max_facts = budget.max_rag_facts
     found, fetched = _current_candidates(cue, memory, retrieval.fact_overfetch * max_facts, max_facts)
     facts = {f.id: f for f, _ in found}
-    similarities, embedded = ({}, False)
+    similarities: dict[int, float] = {}
+    embedded = False
     if weights.embedding > 0 and found:
         similarities, embedded = _similarities(cue, memory, list(facts))
     scored = fuse_facts([(f.id, s, f.importance) for f, s in found], similarities, weights)
@@ -220,7 +221,7 @@ def fuse_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: f
         return {k: ((v - low) / (high - low) if high > low else 1.0) for k, v in values.items()}
 
     nb, nc = normalised(bm25), normalised(cosines)
-    scored = []
+    scored: list[dict[str, Any]] = []
     for index, tid in enumerate(order):
         b = nb.get(tid, 0.0)
         c = nc.get(tid, NEUTRAL) if cosines else NEUTRAL
@@ -239,7 +240,7 @@ def rrf_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: fl
     """Reciprocal rank fusion, ``sum(weight / (60 + rank))``: the alternative that measured worse."""
     rank_b = {t: i for i, t in enumerate(sorted(bm25, key=lambda t: -bm25[t]), start=1)}
     rank_c = {t: i for i, t in enumerate(sorted(cosines, key=lambda t: -cosines[t]), start=1)}
-    scored = []
+    scored: list[dict[str, Any]] = []
     for index, tid in enumerate(order):
         total = ((bm25_weight / (RRF_K + rank_b[tid]) if tid in rank_b else 0.0)
                  + (embedding_weight / (RRF_K + rank_c[tid]) if tid in rank_c else 0.0))
@@ -368,7 +369,7 @@ def _turn_similarities(cue: str, memory, embedder) -> TurnScores | None:
     if retrieval.turn_context > 0 and memory.config.memory.is_active("turn_window_embedding"):
         found = context_turn_matrix(snapshot, embedder.name, retrieval.turn_context)
     blended = found is not None
-    ids, matrix = found if blended else turn_matrix(snapshot, embedder.name)
+    ids, matrix = found if found is not None else turn_matrix(snapshot, embedder.name)
     if len(ids) == 0:
         return None
     cue_vec = np.asarray(memory.cue_vector(cue), dtype=np.float32)

@@ -63,7 +63,7 @@ def person_from(user: discord.abc.User) -> Person:
         key=canonical_key(PLATFORM, user.id),
         username=user.name,
         global_name=getattr(user, "global_name", None),
-        guild_nick=user.nick if member else None,
+        guild_nick=user.nick if isinstance(user, discord.Member) else None,
         nick_known=member,
     )
 
@@ -176,7 +176,9 @@ class FamiliarClient(discord.Client):
             nonlocal first
             reference = message.to_reference(fail_if_not_exists=False) if first and message.guild else None
             first = False
-            sent = await message.channel.send(piece, allowed_mentions=NO_PINGS, reference=reference,
+            # discord.py's send() takes reference=None (its default), but its typing overloads leave None out.
+            sent = await message.channel.send(piece, allowed_mentions=NO_PINGS,
+                                              reference=reference,  # type: ignore[arg-type]
                                               mention_author=False)
             return str(sent.id)
 
@@ -219,9 +221,9 @@ class FamiliarClient(discord.Client):
         """Assemble without recording anything and answer ephemerally (only the caller sees it)."""
         await interaction.response.defer(ephemeral=True, thinking=True)
         try:
-            report = await self.responder.context_report(
-                interaction.channel_id, guild_id=interaction.guild_id, cue=cue
-            )
+            channel_id = interaction.channel_id
+            assert channel_id is not None  # a guild-only command is run in a channel
+            report = await self.responder.context_report(channel_id, guild_id=interaction.guild_id, cue=cue)
         except Exception as exc:  # noqa: BLE001 - tell the operator instead of timing out
             log.exception("/context failed in channel %s", interaction.channel_id)
             report = f"Could not assemble the prompt: {type(exc).__name__}: {exc}"

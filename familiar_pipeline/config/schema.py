@@ -289,6 +289,8 @@ class Secrets:
     """
 
     __slots__ = ("_discord_token", "_api_keys")
+    _discord_token: str | None
+    _api_keys: Mapping[str, str]  # a FrozenDict
 
     def __init__(self, discord_token: str | None = None, api_keys: Mapping[str, str] | None = None):
         object.__setattr__(self, "_discord_token", discord_token or None)

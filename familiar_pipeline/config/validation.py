@@ -22,6 +22,7 @@ import functools
 import re
 import zoneinfo
 from dataclasses import fields, replace
+from types import GenericAlias
 from typing import Annotated, Any, Callable, Mapping, Protocol, get_type_hints
 
 from pydantic import Field, Strict, TypeAdapter, ValidationError, WrapValidator
@@ -87,6 +88,11 @@ def shown(value: Any) -> str:
 
 def _fail(say: Say) -> PydanticCustomError:
     return PydanticCustomError("familiar_config", "invalid configuration", {"say": say})
+
+
+def _fail_at(where: Path, text: str) -> PydanticCustomError:
+    """An error about the key at `where`, wherever pydantic met it."""
+    return _fail(lambda _path: (where, text))
 
 
 def _invalid(value: Any, tail: str, hide: bool = False) -> PydanticCustomError:
@@ -215,9 +221,10 @@ def _table(inner: Any, valid: tuple[str, ...] | None, what: str = "key") -> Any:
         if not isinstance(value, dict):
             raise _fail(lambda path: (path, f"{dotted(path)} = {shown(value)} is invalid: expected a "
                                             f"table {table_name(path)}, got {kind_of(value)}"))
-        for key in value if valid is not None else ():
-            if key not in valid:
-                raise _unknown(key, valid, what)
+        if valid is not None:
+            for key in value:
+                if key not in valid:
+                    raise _unknown(key, valid, what)
         return handler(value)
 
     return Annotated[inner, WrapValidator(check)]
@@ -286,13 +293,13 @@ def _channel_keys(value: Any, handler: Callable[[Any], Any]) -> dict[str, Any]:
     for key in value if isinstance(value, dict) else ():
         where = ("channels", key)
         if not _CHANNEL_ID.fullmatch(key) or int(key) == 0:
-            raise _fail(lambda _path, where=where: (where, (
+            raise _fail_at(where, (
                 f"[channels.{key_text(where[1])}] is invalid: a channel key must be a Discord channel "
-                'id (digits), e.g. [channels."123456789012345678"]')))
+                'id (digits), e.g. [channels."123456789012345678"]'))
         if int(key) in seen:
-            raise _fail(lambda _path, where=where: (where, (
+            raise _fail_at(where, (
                 f"[channels.{key_text(where[1])}] repeats channel {int(where[1])} "
-                "(written differently elsewhere)")))
+                "(written differently elsewhere)"))
         seen.add(int(key))
     return handler(value)
 
@@ -314,9 +321,10 @@ def _root_adapter(knob_tables: tuple[tuple[str, type | None], ...]) -> TypeAdapt
     for name, cls in knob_tables:
         memory[name] = table_type(cls) if cls is not None else _table(dict[str, Any], None)
     llm = {"max_concurrency": _member(LlmConfig, "max_concurrency")}
-    slot = Annotated[table_type(LlmSlotConfig, ("name",)), WrapValidator(_no_api_key)]
+    slot: Any = Annotated[table_type(LlmSlotConfig, ("name",)), WrapValidator(_no_api_key)]
     llm |= dict.fromkeys(_SLOTS, slot)
-    channels = _table(Annotated[dict[str, table_type(ChannelConfig, ("channel_id",))],
+    # dict[str, <channel table>], spelled as the alias it is: the member type is built at run time.
+    channels = _table(Annotated[GenericAlias(dict, (str, table_type(ChannelConfig, ("channel_id",)))),
                                 WrapValidator(_channel_keys)], None)
     root = _typed_table("FamiliarTable", {
         "aliases": Annotated[_STRINGS, WrapValidator(_aliases)],
@@ -391,7 +399,7 @@ def build(tree: Tree, familiar_id: str, secrets_env: Mapping[str, str]) -> Famil
 # --------------------------------------------------------------------------- rules beyond one value
 
 
-_LEGACY_HINTS = {
+_LEGACY_HINTS: dict[Path, str] = {
     ("providers", "history", "window_size"):
         "it was split into voice_window_size and text_window_size",
 }

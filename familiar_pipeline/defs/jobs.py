@@ -28,10 +28,10 @@ def import_plugins(env: dict | None = None) -> list[str]:
     return names
 
 
-def plugin_assets() -> list:
+def plugin_assets() -> list[dg.AssetsDefinition]:
     """Assets of registered third-party projectors: the spec's own factory, else the same shell as a built-in."""
     import_plugins()
-    assets = []
+    assets: list[dg.AssetsDefinition] = []
     for spec in registry.specs():
         if spec.name in registry.BUILTIN_PROJECTORS:
             continue
@@ -95,6 +95,7 @@ def execute_request(
     raise_on_error: bool = True,
 ) -> dg.ExecuteInProcessResult:
     """A sensor's run request, run in this process as the daemon would launch it."""
+    assert request.asset_selection is not None  # the sensors' requests name their assets
     return dg.materialize(
         [turns, MEMORY, *extra_assets],
         selection=list(request.asset_selection),

@@ -29,13 +29,15 @@ import unicodedata
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from hashlib import blake2b
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from familiar_pipeline.config import catalogue
 
 if TYPE_CHECKING:
+    from fastembed import TextEmbedding
+
     from familiar_pipeline.config import EmbeddingConfig
 
 MODEL_PATH_ENV = "FAMILIAR_FASTEMBED_MODEL_PATH"
@@ -87,7 +89,10 @@ def row_dots(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
     return np.einsum("ij,j->i", matrix, np.asarray(vector, dtype=matrix.dtype))
 
 
-def cosines(query: Sequence[float] | np.ndarray, rows: Mapping[Hashable, Sequence[float] | np.ndarray]) -> dict:
+K = TypeVar("K", bound=Hashable)
+
+
+def cosines(query: Sequence[float] | np.ndarray, rows: Mapping[K, Sequence[float] | np.ndarray]) -> dict[K, float]:
     """``{key: cosine(query, row)}`` for every row, as one matrix product.
 
     The same values and rules as :func:`cosine` (0.0 for another length or a zero
@@ -293,12 +298,12 @@ class FastEmbedEmbedder:
                     self._model = self._load()
         return self._model
 
-    def _load(self):
+    def _load(self) -> TextEmbedding:
         try:
             from fastembed import TextEmbedding
         except ImportError as exc:
             raise RuntimeError(FASTEMBED_MISSING) from exc
-        kwargs: dict[str, object] = {}
+        kwargs: dict[str, Any] = {}  # cache_dir and fastembed's own specific_model_path (its **kwargs)
         if self.cache_dir:
             kwargs["cache_dir"] = self.cache_dir
         if self.model_path is not None:
@@ -343,7 +348,7 @@ def quiet_onnx_session(text_embedding) -> bool:
     impl = getattr(text_embedding, "model", None)
     session = getattr(impl, "model", None)
     path = getattr(session, "_model_path", None)
-    if session is None or not isinstance(path, str) or not hasattr(session, "get_session_options"):
+    if impl is None or session is None or not isinstance(path, str) or not hasattr(session, "get_session_options"):
         return False
     import onnxruntime as ort
 

@@ -600,6 +600,7 @@ class LlmClient:
 
     def _count_retry(self, state: tenacity.RetryCallState) -> None:
         """Runs only when a retry will happen: count it and say why."""
+        assert state.outcome is not None  # the failed attempt's
         self.usage.record_retry()
         log.warning(
             "LLM slot %s: %s on attempt %d/%d; retrying in %.2fs",

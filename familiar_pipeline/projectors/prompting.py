@@ -15,12 +15,20 @@ from typing import Iterable, Protocol
 
 
 class TurnLike(Protocol):
-    id: int
-    channel_id: int
-    role: str
-    author_key: str | None
-    author_display: str | None
-    content: str
+    """What a prompt reads of a turn (read-only: a `Turn` is a frozen dataclass)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def channel_id(self) -> int: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def author_key(self) -> str | None: ...
+    @property
+    def author_display(self) -> str | None: ...
+    @property
+    def content(self) -> str: ...
 
 
 # Longest prose (summary, dossier) and single fact a reply may store. A reply past

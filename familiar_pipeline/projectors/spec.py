@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from familiar_pipeline.config.knobs import NoKnobs, knob
@@ -118,7 +119,7 @@ class ProjectorSpec:
     run: ProjectorRun | None = None
     description: str = ""
     group: str = "projections"
-    kinds: frozenset[str] = frozenset({"duckdb"})
+    kinds: AbstractSet[str] = frozenset({"duckdb"})  # any set of names; stored as a frozenset
     inputs: tuple[str, ...] = ("turns",)
     trigger: str | None = None
     batch_knob: str | None = None

@@ -91,9 +91,10 @@ def delete_vectors(store: ProjectionStore, table: Table, ids: Iterable[int]) -> 
     if not wanted:
         return 0
     with store.transaction():
-        count = store.sql(f"SELECT count(*) FROM {table.name} WHERE {key} IN (SELECT unnest(?))", [wanted]).fetchone()[0]
+        row = store.sql(f"SELECT count(*) FROM {table.name} WHERE {key} IN (SELECT unnest(?))", [wanted]).fetchone()
+        assert row is not None  # an aggregate returns one row
         store.sql(f"DELETE FROM {table.name} WHERE {key} IN (SELECT unnest(?))", [wanted])
-    return int(count)
+    return int(row[0])
 
 
 def vectors_for(store: ProjectionStore, table: Table, model: str, ids: Iterable[int]) -> dict[int, list[float]]:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Self
+from typing import Any, Self, cast
 
 import tantivy
 import tenacity
@@ -151,10 +151,12 @@ def retry_transient(
     delays = list(delays)
 
     def log_retry(state: tenacity.RetryCallState) -> None:
+        assert state.next_action is not None and state.outcome is not None  # set before a retry's sleep
         log.warning("[FTS] commit_retry=%d delay_s=%.2f err=%s", state.attempt_number,
                     state.next_action.sleep, state.outcome.exception())
 
     def give_up(state: tenacity.RetryCallState) -> bool:
+        assert state.outcome is not None  # the last attempt's
         log.warning("[FTS] commit skipped after %d attempts err=%s", state.attempt_number, state.outcome.exception())
         return False
 
@@ -166,7 +168,12 @@ def retry_transient(
         before_sleep=log_retry,
         retry_error_callback=give_up,
     )
-    return retrying(lambda: attempt() or True)
+
+    def succeed() -> bool:
+        attempt()
+        return True
+
+    return retrying(succeed)
 
 
 # Tests replace this to run the retry policy without waiting.
@@ -184,9 +191,9 @@ def _check_row_id(row_id: object) -> int:
     return row_id
 
 
-def _check_row(row: object) -> tuple[int, str]:
+def _check_row(row: Any) -> tuple[int, str]:
     try:
-        row_id, text = row  # type: ignore[misc]
+        row_id, text = row
     except (TypeError, ValueError):
         raise TypeError(f"rows must be (row_id, text) pairs, got {row!r:.80}") from None
     if not isinstance(text, str):
@@ -225,7 +232,7 @@ class FtsIndex:
         self._journal: list[tuple] = []
         self._dirty = False  # the writer's buffer can no longer be trusted
         self._schema = _schema()
-        self._index = self._open_index()
+        self._index: tantivy.Index | None = self._open_index()
         self._index.register_tokenizer(ANALYZER_NAME, _ANALYZER)
         # Readers move to a new commit only when asked, so one prompt assembly
         # never mixes two snapshots and no file-watcher thread runs per index.
@@ -246,7 +253,7 @@ class FtsIndex:
 
     def _open_writer(self) -> tantivy.IndexWriter:
         try:
-            return self._index.writer(heap_size=WRITER_HEAP_BYTES, num_threads=WRITER_THREADS)
+            return self._live_index().writer(heap_size=WRITER_HEAP_BYTES, num_threads=WRITER_THREADS)
         except ValueError as exc:
             if "LockBusy" in str(exc):
                 raise FtsLockedError(
@@ -274,6 +281,7 @@ class FtsIndex:
 
     def _apply(self, op: tuple) -> None:
         writer = self._writer
+        assert writer is not None  # callers hold a writer (_require_writer)
         kind = op[0]
         if kind in ("upsert", "add"):
             _, row_id, text = op
@@ -361,11 +369,13 @@ class FtsIndex:
     def _commit_once(self) -> None:
         """One commit attempt, first repairing the writer if an earlier error broke it."""
         try:
+            writer = self._writer
+            assert writer is not None  # commit() checked (_require_writer)
             if self._dirty:
-                self._writer.rollback()
+                writer.rollback()
                 for op in self._journal:
                     self._apply(op)
-            self._writer.commit()
+            writer.commit()
         except Exception:
             self._dirty = True
             raise
@@ -391,7 +401,7 @@ class FtsIndex:
                 raise FtsError(f"commit of the full-text index at {self.path} failed: {exc}") from exc
             if ok:
                 self._journal.clear()
-                self._index.reload()
+                self._live_index().reload()
             return ok
 
     # -- reading ------------------------------------------------------------
@@ -454,7 +464,8 @@ class FtsIndex:
         while fetch < total and _ties_may_continue(hits, fetch, limit):
             fetch = min(fetch * 2, total)
             hits = searcher.search(tantivy_query, fetch, count=False).hits
-        ids = searcher.fast_field_values(ROW_ID, [address for _, address in hits])
+        # ROW_ID is an unsigned fast field every document has; the stub's value type covers every field kind.
+        ids = cast("list[int]", searcher.fast_field_values(ROW_ID, [address for _, address in hits]))
         ranked = sorted(zip(ids, (score for score, _ in hits)), key=lambda p: (-p[1], -p[0]))
         return [(int(row_id), float(score)) for row_id, score in ranked[:limit]]
 

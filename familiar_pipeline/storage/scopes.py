@@ -22,8 +22,12 @@ FAMILIAR_WIDE = "familiar"
 
 
 class Located(Protocol):
-    guild_id: int | None
-    channel_id: int
+    """Where a turn was said (read-only: a `Turn` is a frozen dataclass)."""
+
+    @property
+    def guild_id(self) -> int | None: ...
+    @property
+    def channel_id(self) -> int: ...
 
 
 def turn_scope(turn: Located) -> str:

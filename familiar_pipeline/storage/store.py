@@ -86,15 +86,17 @@ class _AttachedFiles:
         with cls._lock:
             if cls._pid != os.getpid():
                 cls._pid, cls._host, cls._files, cls._count = os.getpid(), duckdb.connect(":memory:"), {}, 0
+            host = cls._host
+            assert host is not None  # this process's instance, started above
             entry = cls._files.get(key)
             if entry is None:
                 cls._count += 1
                 alias = f"familiar_store_{cls._count}"
-                with cls._host.cursor() as cursor:
+                with host.cursor() as cursor:
                     cursor.execute(f"ATTACH '{key.replace(chr(39), chr(39) * 2)}' AS {alias}")
                 entry = cls._files[key] = [alias, 0]
             entry[1] += 1
-            conn = cls._host.cursor()
+            conn = host.cursor()
         try:
             conn.execute(f"USE {entry[0]}")
         except BaseException:
@@ -114,6 +116,7 @@ class _AttachedFiles:
             if entry[1] > 0:
                 return
             del cls._files[key]
+            assert cls._host is not None  # the file was attached to this process's instance
             with cls._host.cursor() as cursor:
                 cursor.execute(f"DETACH {entry[0]}")
 
@@ -376,7 +379,9 @@ class ProjectionStore:
 
     def count(self, table: Table, where: str = "", params: Sequence[Any] = ()) -> int:
         sql = f"SELECT count(*) FROM {table.name} t" + (f" WHERE {where}" if where else "")
-        return int(self.sql(sql, params).fetchone()[0])
+        row = self.sql(sql, params).fetchone()
+        assert row is not None  # an aggregate returns one row
+        return int(row[0])
 
     # ----------------------------------------------------------------- rebuilds and comparison
 

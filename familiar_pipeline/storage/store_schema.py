@@ -83,8 +83,9 @@ def open_state(conn: duckdb.DuckDBPyConnection) -> tuple[int, int, dict[str, str
         return 0, len(rows), {}, None
     versions = "(SELECT map(list(name), list(fingerprint)) FROM table_versions)" if "table_versions" in names else "NULL"
     views = f"(SELECT max(fingerprint) FROM {VIEWS_TABLE})" if VIEWS_TABLE in names else "NULL"
-    version, fingerprints, view_print = conn.execute(
-        f"SELECT (SELECT max(version) FROM schema_version), {versions}, {views}").fetchone()
+    row = conn.execute(f"SELECT (SELECT max(version) FROM schema_version), {versions}, {views}").fetchone()
+    assert row is not None  # a SELECT without FROM returns one row
+    version, fingerprints, view_print = row
     return int(version or 0), len(rows), dict(fingerprints or {}), view_print
 
 
@@ -129,7 +130,9 @@ def reconcile(conn: duckdb.DuckDBPyConnection, tables: Iterable[Table]) -> list[
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-    version = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+    assert row is not None  # an aggregate returns one row
+    version = row[0]
     if version < SCHEMA_VERSION:
         conn.execute("INSERT INTO schema_version VALUES (?, now())", [SCHEMA_VERSION])
         changed.append(f"schema v{version} -> v{SCHEMA_VERSION}")

@@ -10,11 +10,17 @@ everything the project writes is UTC, so a naive value can only be UTC.
 from __future__ import annotations
 
 from datetime import date, datetime, timezone
-from typing import Any
+from typing import Any, overload
 
 UTC = timezone.utc
 
 
+@overload
+def as_utc(value: datetime | date | str, *, what: str = ...) -> datetime: ...
+@overload
+def as_utc(value: None, *, what: str = ...) -> None: ...
+@overload
+def as_utc(value: datetime | date | str | None, *, what: str = ...) -> datetime | None: ...
 def as_utc(value: datetime | date | str | None, *, what: str = "timestamp") -> datetime | None:
     """``value`` as an aware UTC datetime (None stays None).
 

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, overload
 
 from familiar_pipeline.storage.identity import check_key, is_ego_key
 from familiar_pipeline.storage.times import utc_text
@@ -210,6 +210,10 @@ assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 # --------------------------------------------------------------------------- validation
 
 
+@overload
+def _check_int(value: Any, field: str, *, optional: Literal[False] = ...) -> int: ...
+@overload
+def _check_int(value: Any, field: str, *, optional: bool) -> int | None: ...
 def _check_int(value: Any, field: str, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
@@ -262,7 +266,7 @@ def _check_key(key: Any, field: str = "canonical key") -> str:
 
 
 def _check_ids(ids: Iterable[Any], field: str) -> list[int]:
-    return sorted({_check_int(i, field) for i in ids})  # type: ignore[misc]
+    return sorted({_check_int(i, field) for i in ids})
 
 
 def _utc_text(value: Any, field: str) -> str:
@@ -299,14 +303,21 @@ _INSERT_TURN = (
 )
 
 
-def _turn_from_row(row: tuple) -> Turn:
+# A row of _TURN_COLUMNS / _PARTICIPANT_COLUMNS as SQLite returns it (times as ISO text).
+_TurnRow = tuple[int, int, int | None, str, str | None, str | None, str, str | None, str | None, str | None,
+                 str, int, str | None, str | None]
+_ParticipantRow = tuple[str, str, str, str | None, str | None, str | None, str | None, str, str]
+
+
+def _turn_from_row(row: _TurnRow) -> Turn:
     # Columns in _TURN_COLUMNS order, which is Turn's field order.
     return Turn(*row[:10], created_at=datetime.fromisoformat(row[10]), revision=row[11],
                 edited_at=_parse_time(row[12]), deleted_at=_parse_time(row[13]))
 
 
-def _participant_from_row(row: tuple) -> Participant:
-    return Participant(*row[:7], first_seen_at=_parse_time(row[7]), last_seen_at=_parse_time(row[8]))
+def _participant_from_row(row: _ParticipantRow) -> Participant:
+    # Columns in _PARTICIPANT_COLUMNS order, which is Participant's field order; both times are NOT NULL.
+    return Participant(*row[:7], first_seen_at=datetime.fromisoformat(row[7]), last_seen_at=datetime.fromisoformat(row[8]))
 
 
 @dataclass(frozen=True)
@@ -588,6 +599,7 @@ class TurnLog:
     @staticmethod
     def _insert(conn: sqlite3.Connection, pending: _PendingTurn) -> int:
         turn_id = conn.execute(_INSERT_TURN, pending.params).lastrowid
+        assert turn_id is not None  # set by the INSERT
         if pending.mentions:
             conn.executemany(
                 "INSERT OR IGNORE INTO turn_mentions (turn_id, canonical_key) VALUES (?, ?)",
@@ -851,7 +863,7 @@ class TurnLog:
     ) -> list[Turn]:
         """The channel's last ``limit`` turns (below ``before_id`` if given), oldest first."""
         _check_int(channel_id, "channel_id")
-        if _check_int(limit, "limit") <= 0:  # type: ignore[operator]
+        if _check_int(limit, "limit") <= 0:
             return []
         where, params = "channel_id = ?", [channel_id]
         if before_id is not None:
@@ -865,7 +877,7 @@ class TurnLog:
 
     def recent_cross_channel(self, limit: int, *, include_deleted: bool = False) -> list[Turn]:
         """The last ``limit`` turns over every channel, oldest first."""
-        if _check_int(limit, "limit") <= 0:  # type: ignore[operator]
+        if _check_int(limit, "limit") <= 0:
             return []
         where = "1" if include_deleted else "deleted_at IS NULL"
         turns = self._turns(where, [limit], "ORDER BY id DESC LIMIT ?")
@@ -927,7 +939,7 @@ class TurnLog:
         Assistant turns and deleted turns do not count.
         """
         _check_int(channel_id, "channel_id")
-        if _check_int(limit, "limit") <= 0:  # type: ignore[operator]
+        if _check_int(limit, "limit") <= 0:
             return []
         found: list[str] = []
         seen: set[str] = set()
@@ -954,7 +966,7 @@ def _sql_limit(limit: Any) -> int:
     """None means no limit (SQLite's LIMIT -1); a negative limit is a caller bug."""
     if limit is None:
         return -1
-    if _check_int(limit, "limit") < 0:  # type: ignore[operator]
+    if _check_int(limit, "limit") < 0:
         raise TurnLogError(f"limit must be >= 0 or None, got {limit}")
     return limit
 

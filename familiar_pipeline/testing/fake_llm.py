@@ -303,8 +303,9 @@ _handler: Any = None
 
 def _make_handler(fake: FakeLLM) -> Any:
     litellm = import_litellm()
+    custom_llm: Any = litellm.CustomLLM  # litellm is imported lazily (import_litellm), so untyped here
 
-    class FakeProvider(litellm.CustomLLM):
+    class FakeProvider(custom_llm):
         """The litellm side: turns a request into a ModelResponse via the script."""
 
         def completion(self, model, messages, api_base, custom_prompt_dict, model_response, print_verbose,

@@ -20,7 +20,8 @@ def run(args: argparse.Namespace) -> int:
     from familiar_pipeline.storage.paths import FamiliarPaths
 
     if not FamiliarPaths.for_id(args.familiar).turns_db.exists():
-        raise CliError(f"no familiar {args.familiar!r} (no turn log at {FamiliarPaths.for_id(args.familiar).turns_db}); create it with `familiar init {args.familiar}`")
+        raise CliError(f"no familiar {args.familiar!r} (no turn log at {FamiliarPaths.for_id(args.familiar).turns_db}); "
+                       f"create it with `familiar init {args.familiar}`")
     try:
         outcome = backfill(args.familiar, args.projection, rebuild=args.rebuild, allow_local=True, force_local=args.local)
     except ProjectionDisabled as exc:

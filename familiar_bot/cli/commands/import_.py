@@ -136,8 +136,8 @@ def parse_line(raw: str, line_no: int, default_channel: int) -> tuple[Transcript
             key = canonical_key(platform, user)
         except ValueError as exc:
             raise BadLine(f"user_id: {exc}") from None
-    channel, name = (default_channel, None) if record.get("channel") is None else channel_number(record["channel"])
-    return TranscriptLine(line_no, speaker, key, text, at, channel), name
+    channel, channel_name = (default_channel, None) if record.get("channel") is None else channel_number(record["channel"])
+    return TranscriptLine(line_no, speaker, key, text, at, channel), channel_name
 
 
 def read_transcript(lines: Iterable[str], result: ImportResult, default_channel: int) -> Iterator[TranscriptLine]:

@@ -8,13 +8,18 @@ from ``_default/character.toml``), so a freshly created familiar has a persona.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from familiar_pipeline.storage import paths as paths_module
 
 from familiar_bot.prompt.layers.common import content_hash
 
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.prompt.types import AssemblyContext
 
-def card_path(memory) -> Path | None:
+
+def card_path(memory: MemoryView) -> Path | None:
     own = memory.paths.character_md
     if own.is_file():
         return own
@@ -22,7 +27,7 @@ def card_path(memory) -> Path | None:
     return fallback if fallback.is_file() else None
 
 
-def _read(memory) -> bytes | None:
+def _read(memory: MemoryView) -> bytes | None:
     path = card_path(memory)
     if path is None:
         return None
@@ -35,10 +40,10 @@ def _read(memory) -> bytes | None:
 class CharacterCardLayer:
     name = "character_card"
 
-    def invalidation_key(self, ctx, memory) -> str:
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         data = _read(memory)
         return "missing" if data is None else content_hash(data)
 
-    def build(self, ctx, memory) -> str:
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         data = _read(memory)
         return "" if data is None else data.decode("utf-8", "replace").strip()

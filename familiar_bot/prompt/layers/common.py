@@ -15,8 +15,13 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import datetime, tzinfo
+from typing import TYPE_CHECKING
 
 from familiar_pipeline.storage.identity import is_ego_key
+
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_pipeline.storage.turns import Turn
 
 _WS = re.compile(r"\s+")
 _MENTION = re.compile(r"<@!?([0-9]{1,25})>")
@@ -77,7 +82,7 @@ class Labels:
     Names are user-controlled, so every label is collapsed to one line.
     """
 
-    def __init__(self, memory, guild_id: int | None):
+    def __init__(self, memory: MemoryView, guild_id: int | None) -> None:
         self._log = memory.turn_log
         self._guild = guild_id
         self._ego = memory.config.display_name
@@ -98,7 +103,7 @@ class Labels:
             self._seen[key] = one_line(label) or key
         return self._seen[key]
 
-    def for_turn(self, turn) -> str:
+    def for_turn(self, turn: Turn) -> str:
         if turn.author_key:
             return self(turn.author_key)
         if turn.role == "assistant":

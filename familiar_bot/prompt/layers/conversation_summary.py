@@ -6,14 +6,20 @@ same text. It is LLM output derived from user turns: header lines are escaped.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from familiar_bot.prompt.layers.common import neutralise_headers
 from familiar_bot.prompt.tokens import truncate_to_tokens
-from familiar_pipeline.projectors.summary.tables import summary
+from familiar_pipeline.projectors.summary.tables import Summary, summary
+
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.prompt.types import AssemblyContext
 
 HEADER = "## Conversation so far"
 
 
-def _summary(memory):
+def _summary(memory: MemoryView) -> Summary | None:
     snapshot = memory.snapshot
     return memory.memo(("summary", snapshot.version), lambda: summary(snapshot))
 
@@ -21,14 +27,14 @@ def _summary(memory):
 class ConversationSummaryLayer:
     name = "conversation_summary"
 
-    def invalidation_key(self, ctx, memory) -> str:
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         row = _summary(memory)
         if not row:
             return "none"
         cap = memory.config.budget_for(ctx.tier).summary_tokens
         return f"t{row.last_turn_id}|{row.created_at.isoformat()}|cap{cap}"
 
-    def build(self, ctx, memory) -> str:
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         row = _summary(memory)
         text = row.summary_text if row else ""
         text = neutralise_headers(text.strip())

@@ -10,11 +10,16 @@ that message is logged. Capped by ``max_lorebook_entries`` then
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from familiar_bot.prompt.layers.common import content_hash
 from familiar_bot.prompt.layers.recent_history import window_size
-from familiar_bot.prompt.lorebook import Lorebook, select_entries
+from familiar_bot.prompt.lorebook import LoreEntry, Lorebook, select_entries
 from familiar_bot.prompt.tokens import cap_blocks
+
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.prompt.types import AssemblyContext
 
 HEADER = "## Lorebook"
 
@@ -26,7 +31,7 @@ class LorebookLayer:
         self._books: dict[str, Lorebook] = {}
         self._lock = threading.Lock()
 
-    def book(self, memory) -> Lorebook:
+    def book(self, memory: MemoryView) -> Lorebook:
         path = memory.paths.lorebook_toml
         with self._lock:
             book = self._books.get(str(path))
@@ -34,7 +39,7 @@ class LorebookLayer:
                 book = self._books[str(path)] = Lorebook(path)
             return book
 
-    def _matched(self, ctx, memory):
+    def _matched(self, ctx: AssemblyContext, memory: MemoryView) -> tuple[str, list[LoreEntry]]:
         file_hash, entries = self.book(memory).current()
         if not entries:
             return file_hash, []
@@ -42,7 +47,7 @@ class LorebookLayer:
         token = memory.window_token(ctx.channel_id) if ctx.channel_id is not None else None
         size = window_size(ctx, memory)
 
-        def compute():
+        def compute() -> list[LoreEntry]:
             turns = memory.channel_window(ctx.channel_id, size) if ctx.channel_id is not None else ()
             haystack = "\n".join([t.content for t in turns] + [ctx.cue])
             return select_entries(entries, haystack, max_entries=max_entries)
@@ -50,12 +55,12 @@ class LorebookLayer:
         key = ("lore", file_hash, ctx.channel_id, token, size, max_entries, content_hash(ctx.cue))
         return file_hash, memory.memo(key, compute)
 
-    def invalidation_key(self, ctx, memory) -> str:
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         file_hash, hits = self._matched(ctx, memory)
         tokens = memory.config.budget_for(ctx.tier).lorebook_tokens
         return f"f{file_hash}|m{','.join(str(e.index) for e in hits)}|tok{tokens}"
 
-    def build(self, ctx, memory) -> str:
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         _, hits = self._matched(ctx, memory)
         kept = cap_blocks([e.content for e in hits], memory.config.budget_for(ctx.tier).lorebook_tokens)
         if not kept:

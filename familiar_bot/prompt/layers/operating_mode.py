@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.prompt.types import AssemblyContext
+
 MODES = {
     "voice": "You are speaking aloud. Keep replies short, one or two sentences, and avoid markdown.",
     "text": "You are chatting in a text channel. Markdown and multi-line replies are fine.",
@@ -12,8 +18,8 @@ MODES = {
 class OperatingModeLayer:
     name = "operating_mode"
 
-    def invalidation_key(self, ctx, memory) -> str:
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         return ctx.tier
 
-    def build(self, ctx, memory) -> str:
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         return MODES.get(ctx.tier, "")

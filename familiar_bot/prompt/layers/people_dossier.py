@@ -14,6 +14,9 @@ header lines in the prose are escaped and names are collapsed to one line.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,11 +28,15 @@ from familiar_bot.prompt.layers.common import neutralise_headers, one_line
 from familiar_bot.prompt.layers.recent_history import window_size
 from familiar_bot.prompt.tokens import cap_blocks
 
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.prompt.types import AssemblyContext
+
 HEADER = "## People in this conversation"
 BIO_CHARS = 240
 
 
-def source_index(snapshot) -> tuple[np.ndarray, np.ndarray]:
+def source_index(snapshot: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(turn ids, fact rows)`` sorted by turn id: every (source turn, fact) pair of the snapshot.
 
     Built once per published snapshot, so each reply looks up its window with a
@@ -45,7 +52,8 @@ def source_index(snapshot) -> tuple[np.ndarray, np.ndarray]:
     return flat[order], rows[order]
 
 
-def fact_mentions(snapshot, turn_ids, index=None) -> dict[int, list[str]]:
+def fact_mentions(snapshot: Any, turn_ids: Iterable[int],
+                  index: tuple[np.ndarray, np.ndarray] | None = None) -> dict[int, list[str]]:
     """``{turn_id: subject keys}`` from facts citing those turns."""
     turn_ids_sorted, rows = index if index is not None else source_index(snapshot)
     wanted = np.asarray(sorted(set(turn_ids)), dtype=np.int64)
@@ -66,7 +74,7 @@ def fact_mentions(snapshot, turn_ids, index=None) -> dict[int, list[str]]:
     return found
 
 
-def candidate_keys(ctx, memory) -> list[str]:
+def candidate_keys(ctx: AssemblyContext, memory: MemoryView) -> list[str]:
     """People of the channel window, most recent first (authors, then mentions), ego excluded."""
     if ctx.channel_id is None:
         return []
@@ -89,7 +97,7 @@ def candidate_keys(ctx, memory) -> list[str]:
     return list(seen)
 
 
-def _profile_lines(memory, key: str) -> list[str]:
+def _profile_lines(memory: MemoryView, key: str) -> list[str]:
     person = memory.turn_log.participant(key)
     if person is None:
         return []
@@ -107,13 +115,13 @@ def _profile_lines(memory, key: str) -> list[str]:
 class PeopleDossierLayer:
     name = "people_dossier"
 
-    def invalidation_key(self, ctx, memory) -> str:
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         budget = memory.config.budget_for(ctx.tier)
         window = memory.window_token(ctx.channel_id) if ctx.channel_id is not None else None
         return (f"ch{ctx.channel_id}|g{ctx.guild_id}|w{window}|s{memory.snapshot.version}"
                 f"|cap{budget.max_dossier_people},{budget.dossier_tokens},{window_size(ctx, memory)}")
 
-    def build(self, ctx, memory) -> str:
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         budget = memory.config.budget_for(ctx.tier)
         ego = ego_key(memory.config.familiar_id)
         people = candidate_keys(ctx, memory)

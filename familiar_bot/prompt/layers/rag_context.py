@@ -6,12 +6,18 @@ stays out of the stable prefix a provider's prompt cache can reuse.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from familiar_bot.prompt.layers.common import content_hash
 from familiar_bot.prompt.layers.recent_history import history_view
 from familiar_bot.prompt.retrieval import needs_cue_vector, retrieve
 
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.prompt.types import AssemblyContext
 
-def excluded_turns(ctx, memory) -> frozenset[int]:
+
+def excluded_turns(ctx: AssemblyContext, memory: MemoryView) -> frozenset[int]:
     """What the prompt already shows: the history's turns, or at least the message being answered."""
     if ctx.channel_id is None:
         return frozenset()
@@ -23,7 +29,7 @@ def excluded_turns(ctx, memory) -> frozenset[int]:
 class RagContextLayer:
     name = "rag_context"
 
-    def invalidation_key(self, ctx, memory) -> str:
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         cue = ctx.cue.strip()
         if not cue:
             return "no-cue"
@@ -33,14 +39,14 @@ class RagContextLayer:
                 f"|s{memory.snapshot.version}|ft{memory.fts_turns.generation}"
                 f"|ff{memory.fts_facts.generation}|e{embedder}")
 
-    def prefetch(self, ctx, memory) -> None:
+    def prefetch(self, ctx: AssemblyContext, memory: MemoryView) -> None:
         """Start embedding the cue on the memory view's worker while the other layers build."""
         cue = ctx.cue.strip()
         if cue and needs_cue_vector(memory):
             memory.prefetch_cue_vector(cue)
 
-    def build_with_debug(self, ctx, memory) -> tuple[str, dict]:
+    def build_with_debug(self, ctx: AssemblyContext, memory: MemoryView) -> tuple[str, dict[str, Any]]:
         return retrieve(ctx, memory, excluded_turns(ctx, memory))
 
-    def build(self, ctx, memory) -> str:
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         return self.build_with_debug(ctx, memory)[0]

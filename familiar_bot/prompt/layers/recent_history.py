@@ -25,11 +25,19 @@ the turns shown here, after merging, folding and trimming.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import date, datetime, tzinfo
+from typing import TYPE_CHECKING
 
 from familiar_bot.prompt.layers.common import Labels, clock_24h, one_line, sanitize_name
 from familiar_bot.prompt.tokens import message_tokens
 from familiar_bot.prompt.types import Message
+
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.prompt.types import AssemblyContext
+    from familiar_pipeline.storage.turns import Turn
 
 REPLY_SNIPPET_CHARS = 80
 # A fragment ending like this ends a sentence: the next one starts a new message.
@@ -40,10 +48,10 @@ _SENTENCE_END = re.compile(r"[.!?…]['\"’”)\]]*\s*$")
 class _Run:
     """One message-to-be: a turn, or several merged voice fragments."""
 
-    turn: object  # the first turn of the run (its time and author)
+    turn: Turn  # the first turn of the run (its time and author)
     ids: tuple[int, ...]
     content: str
-    last_at: object  # time of the latest fragment: a long monologue keeps merging
+    last_at: datetime  # time of the latest fragment: a long monologue keeps merging
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class HistoryView:
     window_ids: frozenset[int]  # every turn id the window read, before folding and trimming
 
 
-def window_size(ctx, memory) -> int:
+def window_size(ctx: AssemblyContext, memory: MemoryView) -> int:
     cfg = memory.config
     budget = cfg.budget_for(ctx.tier)
     size = cfg.history.voice_window_size if ctx.tier == "voice" else cfg.history.text_window_size
@@ -64,7 +72,7 @@ def window_size(ctx, memory) -> int:
     return max(1, min(size, budget.max_history_turns))
 
 
-def _coalesce(turns, max_gap: float) -> list[_Run]:
+def _coalesce(turns: Iterable[Turn], max_gap: float) -> list[_Run]:
     runs: list[_Run] = []
     for t in turns:
         prev = runs[-1] if runs else None
@@ -96,14 +104,15 @@ def _fold_silence(runs: list[_Run], threshold: float) -> list[_Run]:
     return runs[start:]
 
 
-def _stamp(moment, tz, today) -> str:
+def _stamp(moment: datetime, tz: tzinfo, today: date | None) -> str:
     """``HH:MM`` on `today` (the newest turn's local date), else ``YYYY-MM-DD HH:MM``."""
     local = moment.astimezone(tz)
     clock = clock_24h(moment, tz)
     return clock if local.date() == today else f"{local.date().isoformat()} {clock}"
 
 
-def _render(run: _Run, labels: Labels, tz, rendering: str, by_message_id: dict, today=None) -> Message:
+def _render(run: _Run, labels: Labels, tz: tzinfo, rendering: str, by_message_id: dict[str, Turn],
+            today: date | None = None) -> Message:
     t = run.turn
     content = labels.rewrite_mentions(run.content)
     if t.revision:
@@ -127,7 +136,8 @@ def _render(run: _Run, labels: Labels, tz, rendering: str, by_message_id: dict, 
     return Message("user", f"[{_stamp(t.created_at, tz, today)} {labels.for_turn(t)}] {prefix}{content}", name)
 
 
-def _compute(ctx, memory) -> HistoryView:
+def _compute(ctx: AssemblyContext, memory: MemoryView) -> HistoryView:
+    assert ctx.channel_id is not None  # history_view answers a context without a channel itself
     cfg = memory.config
     # The window is the newest turns by id (arrival); shown in timestamp order.
     turns = sorted(memory.channel_window(ctx.channel_id, window_size(ctx, memory)),
@@ -170,7 +180,7 @@ def _compute(ctx, memory) -> HistoryView:
     )
 
 
-def history_view(ctx, memory) -> HistoryView:
+def history_view(ctx: AssemblyContext, memory: MemoryView) -> HistoryView:
     """The channel's rendered history (memoised per channel state and tier)."""
     if ctx.channel_id is None:
         return HistoryView((), frozenset(), frozenset())
@@ -182,13 +192,13 @@ def history_view(ctx, memory) -> HistoryView:
 class RecentHistoryLayer:
     name = "recent_history"
 
-    def invalidation_key(self, ctx, memory) -> str:
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         return "always-rebuild"
 
-    def build(self, ctx, memory) -> str:
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         return ""  # contributes messages, not system-prompt text
 
-    def messages(self, ctx, memory) -> list:
+    def messages(self, ctx: AssemblyContext, memory: MemoryView) -> list[Message]:
         return list(history_view(ctx, memory).messages)
 
 

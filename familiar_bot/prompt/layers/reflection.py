@@ -9,19 +9,25 @@ next reflection was written.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from familiar_bot.prompt.layers.common import one_line
 from familiar_bot.prompt.tokens import cap_blocks
 from familiar_pipeline.projectors.facts.reads import superseded_fact_ids
-from familiar_pipeline.projectors.reflections.tables import recent_reflections_in
+from familiar_pipeline.projectors.reflections.tables import Reflection, recent_reflections_in
+
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.prompt.types import AssemblyContext
 
 HEADER = "## Recent reflections"
 
 
-def _rows(ctx, memory):
+def _rows(ctx: AssemblyContext, memory: MemoryView) -> tuple[list[Reflection], set[int]]:
     limit = memory.config.budget_for(ctx.tier).max_reflections
     snapshot = memory.snapshot
 
-    def compute():
+    def compute() -> tuple[list[Reflection], set[int]]:
         rows = recent_reflections_in(snapshot, ctx.channel_id, limit)
         cited = {f for r in rows for f in r.cited_fact_ids}
         return rows, (superseded_fact_ids(snapshot, cited) if cited else set())
@@ -30,7 +36,7 @@ def _rows(ctx, memory):
     return memory.memo(("reflections", snapshot.version, ctx.channel_id, limit), compute)
 
 
-def reflection_line(row, stale: set[int]) -> str:
+def reflection_line(row: Reflection, stale: set[int]) -> str:
     """One ``Reflection`` as a bullet with its citations."""
     turns, facts = row.cited_turn_ids, row.cited_fact_ids
     line = f"- {one_line(row.text)}"
@@ -45,7 +51,7 @@ def reflection_line(row, stale: set[int]) -> str:
 class ReflectionLayer:
     name = "reflection"
 
-    def invalidation_key(self, ctx, memory) -> str:
+    def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         budget = memory.config.budget_for(ctx.tier)
         rows, stale = _rows(ctx, memory)
         newest = rows[0].id if rows else 0
@@ -53,7 +59,7 @@ class ReflectionLayer:
         return (f"ch{ctx.channel_id}|r{newest}|n{len(rows)}|stale{stale_part}"
                 f"|cap{budget.max_reflections},{budget.reflection_tokens}")
 
-    def build(self, ctx, memory) -> str:
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         rows, stale = _rows(ctx, memory)
         lines = [reflection_line(r, stale) for r in rows if one_line(r.text)]
         kept = cap_blocks(lines, memory.config.budget_for(ctx.tier).reflection_tokens)

@@ -12,11 +12,12 @@ from familiar_bot.prompt.layers.people_dossier import PeopleDossierLayer
 from familiar_bot.prompt.layers.rag_context import RagContextLayer
 from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
 from familiar_bot.prompt.layers.reflection import ReflectionLayer
+from familiar_bot.prompt.types import Layer
 
 
-def default_layers() -> list:
+def default_layers() -> list[Layer]:
     """One instance of every layer, in ``config.LAYER_NAMES`` order (most stable first)."""
-    layers = [
+    layers: list[Layer] = [
         CharacterCardLayer(), OperatingModeLayer(), LorebookLayer(), ConversationSummaryLayer(),
         ReflectionLayer(), PeopleDossierLayer(), RagContextLayer(), RecentHistoryLayer(),
     ]

@@ -115,7 +115,8 @@ def steps_pending(rt: FamiliarRuntime, store: ProjectionStore, watermark_turn: i
     supersede_ready = store.get_watermark("fact_supersede").fact_id if cfg.memory.is_active("fact_supersede") else None
     per_fold = cfg.memory.people_dossier.batches_per_fold
     turn_log = rt.turn_log()
-    steps, after, horizon, walked = [], watermark_turn, watermark_fact, 0
+    steps: list[Step] = []
+    after, horizon, walked = watermark_turn, watermark_fact, 0
     while len(steps) < cfg.pipeline.max_batches_per_run:
         batch = processed_batch(turn_log, after, rich, cfg.memory.rich_note)
         if not batch:

@@ -72,7 +72,9 @@ def is_self_capability(text: str, self_name: str) -> bool:
     return bool(name) and re.match(rf"^\s*{name}\s+{_INABILITY}", text, re.IGNORECASE) is not None
 
 
-def build_manifest(batch: Sequence[Turn], turn_log: TurnLog, *, participants_max: int, self_key: str, self_name: str) -> list[ManifestEntry]:
+def build_manifest(
+    batch: Sequence[Turn], turn_log: TurnLog, *, participants_max: int, self_key: str, self_name: str
+) -> list[ManifestEntry]:
     """Who the model may tag: the batch's authors, widened per channel up to participants_max, then the familiar.
 
     Labels come from each author's display snapshot on their latest turn up to the

@@ -50,7 +50,8 @@ SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="facts",
     run=run,
-    description="""Atomic, attributed facts extracted from batches of `batch_size` turns, or fewer at a quiet gap of `quiet_s` (projector `rich_note`).
+    description="""Atomic, attributed facts extracted from batches of `batch_size` turns, or fewer at a quiet gap
+    of `quiet_s` (projector `rich_note`).
 
     Claims stay attributed, roleplay is recorded as bits, identity is the participant's canonical key;
     near-duplicates are suppressed at insert; fts/facts is updated. The watermark always advances past

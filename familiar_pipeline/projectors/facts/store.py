@@ -97,7 +97,7 @@ def clamp_importance(value: Any) -> int | None:
     if isinstance(value, numbers.Integral):
         score = int(value)
     elif isinstance(value, numbers.Real) and math.isfinite(value):
-        score = int(value)
+        score = int(math.trunc(value))  # what int() does to a Real, spelled so the stubs follow
     else:
         raise ValueError(f"importance must be a number 1-10, got {value!r}")
     return max(1, min(10, score))
@@ -328,7 +328,9 @@ def subjects_with_facts(store: ProjectionStore, *, now: Any = None) -> dict[str,
 
 def latest_fact_id(store: ProjectionStore) -> int:
     """The highest fact id present, retired rows included; 0 when there are none."""
-    return int(store.sql("SELECT coalesce(max(id), 0) FROM facts").fetchone()[0])
+    row = store.sql("SELECT coalesce(max(id), 0) FROM facts").fetchone()
+    assert row is not None  # an aggregate returns one row
+    return int(row[0])
 
 
 def all_fact_ids(store: ProjectionStore) -> set[int]:
@@ -366,6 +368,7 @@ def fact_horizon(store: ProjectionStore, turn_id: int) -> int:
         "SELECT coalesce(max(id), 0) FROM facts WHERE len(source_turn_ids) > 0 AND list_max(source_turn_ids) <= ?",
         [values.as_int(turn_id, "turn_id")],
     ).fetchone()
+    assert row is not None  # an aggregate returns one row
     return int(row[0])
 
 

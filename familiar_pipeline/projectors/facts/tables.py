@@ -255,7 +255,7 @@ class FactView:
     @classmethod
     def of(cls, *, as_of: Any = None, include_superseded: bool = False, now: Any = None) -> "FactView":
         if as_of is not None:
-            return cls(as_utc(as_of, what="as_of"), as_of=True)  # type: ignore[arg-type]
+            return cls(as_utc(as_of, what="as_of"), as_of=True)
         return cls(now_or(now), include_superseded=bool(include_superseded))
 
     def admits(self, fact: Fact) -> bool:

@@ -45,7 +45,7 @@ def window_channel(turns) -> int | None:
 
 def filter_items(items, *, shown_turn_ids: set[int], known_fact_ids: set[int], limit: int, report):
     """Reflections worth keeping: non-empty text, at least one valid citation, at most `limit`."""
-    kept = []
+    kept: list[tuple[str, list[int], list[int]]] = []  # (text, cited turn ids, cited fact ids)
     for item in items:
         turns = [i for i in item.cited_turn_ids if i in shown_turn_ids]
         facts = [i for i in item.cited_fact_ids if i in known_fact_ids]

@@ -20,9 +20,12 @@ _NEGATION = re.compile(r"\b(?:no longer|not anymore|doesn't|does not|don't|do no
 
 # Exclusive slots: a person has one value at a time. Each pattern captures the value.
 _SLOTS: list[tuple[str, re.Pattern]] = [
-    ("home", re.compile(r"\b(?:lives?|living|moved|relocated|resides|is based|settled)\b(?: back)?(?: \w+)?? (?:in|to) (?P<v>[A-Z][\w'-]*(?: [A-Z][\w'-]*)*)")),
-    ("job", re.compile(r"\b(?:works|working|worked|got a job|took a job|started a job|started working|is employed|employed)\b(?: now)?(?: as| at| for)(?: an?| the)? (?P<v>[\w' -]+?)(?:[.,;]|$)")),
-    ("relationship", re.compile(r"\b(?:is dating|is married to|is engaged to|is in a relationship with|is single)\b ?(?P<v>[\w' -]*?)(?:[.,;]|$)")),
+    ("home", re.compile(r"\b(?:lives?|living|moved|relocated|resides|is based|settled)\b(?: back)?(?: \w+)?? (?:in|to) "
+                        r"(?P<v>[A-Z][\w'-]*(?: [A-Z][\w'-]*)*)")),
+    ("job", re.compile(r"\b(?:works|working|worked|got a job|took a job|started a job|started working|is employed|employed)\b"
+                       r"(?: now)?(?: as| at| for)(?: an?| the)? (?P<v>[\w' -]+?)(?:[.,;]|$)")),
+    ("relationship", re.compile(r"\b(?:is dating|is married to|is engaged to|is in a relationship with|is single)\b"
+                                r" ?(?P<v>[\w' -]*?)(?:[.,;]|$)")),
     ("diet", re.compile(r"\b(?:is|became|went) (?P<v>vegan|vegetarian|pescatarian|carnivore)\b")),
 ]
 _PREFERENCE = re.compile(
@@ -77,7 +80,8 @@ def retires(new_text: str, prior_text: str) -> bool:
 
 def decide_supersession(user_text: str) -> dict:
     """Each NEW fact retires the earlier facts (PRIOR, or NEW above it) that `retires` says it replaces."""
-    earlier, decisions = [], []
+    earlier: list[tuple[int, str]] = []  # (fact id, text)
+    decisions: list[dict] = []
     for line in user_text.splitlines():
         if match := _NEW_FACT.match(line):
             new_id, new_text = int(match.group(1)), json.loads(match.group(2))

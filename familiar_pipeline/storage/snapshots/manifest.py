@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -112,7 +112,7 @@ class Manifest:
                 raise SnapshotFormatError(f"manifest entry for table {name!r} is not an object")
             file, rows, size = entry.get("file"), entry.get("rows"), entry.get("bytes")
             match = VERSIONED_FILE.match(file) if isinstance(file, str) else None
-            if (not TABLE_NAME.match(str(name)) or match is None or match["table"] != name
+            if (not isinstance(file, str) or not TABLE_NAME.match(str(name)) or match is None or match["table"] != name
                     or match["kind"] != "parquet"):
                 raise SnapshotFormatError(f"manifest entry for table {name!r} names a bad file {file!r}")
             if not _is_int(rows) or rows < 0 or not _is_int(size) or size < 0:
@@ -165,6 +165,6 @@ def read_manifest(serving_dir: str | Path) -> Manifest | None:
     return Manifest.from_json(data)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -214,7 +214,9 @@ def _copy_tables(
     # transaction gives every COPY the same committed state, and a failure here
     # cannot abort a transaction the caller may have open on ``conn``.
     # Its default database is the caller's (a store's file may be attached under an alias).
-    (database,) = conn.execute("SELECT current_database()").fetchone()
+    row = conn.execute("SELECT current_database()").fetchone()
+    assert row is not None  # a SELECT without FROM returns one row
+    (database,) = row
     cursor = conn.cursor()
     try:
         cursor.execute(f'USE "{database}"')
