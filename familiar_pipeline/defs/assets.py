@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 import dagster as dg
 from pydantic import Field
 
-from dagster._core.definitions.data_version import DATA_VERSION_TAG, extract_data_version_from_entry
-
 from familiar_pipeline.defs.checks import MemoryCheck, combine_check_results, memory_checks
 from familiar_pipeline.defs.partitions import familiars_partitions, projection_run_queued
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
@@ -40,6 +38,10 @@ from familiar_pipeline.projectors.schedule import BUSY_WAIT_S, QueueWatch, WorkO
 from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec
 
 PREVIEW_ROWS = 20
+
+# The tag of a materialization's data version: the one Dagster writes for an asset's output and
+# compares in `AutomationCondition.data_version_changed` (its value is not exported publicly).
+DATA_VERSION_TAG = "dagster/data_version"
 
 # Dagster 1.13 marks `backfill_policy` on @asset as beta and warns at every definition;
 # acknowledged here, where we opt in, so CLI commands do not print it on each start.
@@ -339,8 +341,8 @@ def data_version_tags(context: dg.AssetExecutionContext, asset: str, familiar_id
     if changed:
         return {DATA_VERSION_TAG: context.run.run_id}
     record = context.instance.get_latest_data_version_record(dg.AssetKey(asset), partition_key=familiar_id)
-    previous = extract_data_version_from_entry(record.event_log_entry) if record else None
-    return {DATA_VERSION_TAG: previous.value if previous else "empty"}
+    previous = (record.event_log_entry.tags or {}).get(DATA_VERSION_TAG) if record else None
+    return {DATA_VERSION_TAG: previous or "empty"}
 
 
 # Run after `facts` (or supersession) changed, for that familiar's partition only:
