@@ -181,7 +181,8 @@ LAYERS = (
     ("familiar_pipeline.projectors",),
     ("familiar_pipeline.testing", "familiar_pipeline.defs", "familiar_pipeline.event_log"),
     ("familiar_pipeline.definitions",),
-    ("familiar_pipeline.run_worker", "familiar_pipeline.run_launcher", "familiar_pipeline.backfill"),
+    ("familiar_pipeline.run_worker", "familiar_pipeline.run_launcher", "familiar_pipeline.backfill",
+     "familiar_pipeline.webserver"),
 )
 
 
