@@ -177,7 +177,7 @@ def in_flight_runs(instance: dg.DagsterInstance, order: list[str], records=None)
     return in_flight
 
 
-# The daemon's sensor loop wakes every 5 s (dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME) and
+# The daemon's sensor loop wakes every 5 s (MIN_INTERVAL_LOOP_TIME in Dagster's sensor daemon) and
 # measures a sensor's elapsed time from the *end* of its previous tick, so an interval equal to a
 # multiple of the loop period misses every other wake-up now and then (measured: a 5 s interval
 # ticked after 10 s in 1 of 5 gaps). The minimum handed to Dagster is one loop-jitter less.
