@@ -32,8 +32,6 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterable
 
 import dagster as dg
 
@@ -41,7 +39,7 @@ from familiar_pipeline.config import ConfigError, PipelineConfig, load_config
 from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG, op_name
 from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG, WAITING_STATUSES, familiars_partitions
 from familiar_pipeline.projectors.schedule import (
-    MAX_RANGE_GAP, FamiliarState, InFlightRun, plan_tick, triggered,
+    MAX_RANGE_GAP, FamiliarState, InFlightRun, TickPlan, plan_tick, triggered,
 )
 from familiar_pipeline.projectors.spec import FACTS
 from familiar_pipeline.storage.paths import data_root, list_familiars
@@ -61,30 +59,12 @@ RANGE_START_TAG = "dagster/asset_partition_range_start"  # what RunRequest.parti
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 
 
-def evaluate_tick(
-    cursor: dict,
-    familiars: list[str],
-    known_partitions: Iterable[str],
-    *,
-    root: Path,
-    in_flight: dict[str, InFlightRun],
-    max_requests: int,
-    model_assets: frozenset[str] = frozenset(),
-    ops: dict[str, str] | None = None,
-    lanes: int = 1,
-    max_gap: int | None = MAX_RANGE_GAP,
-    queue_waiting: bool = False,
-) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
-    """Pure tick logic: (run requests, new partitions, new cursor, log lines).
+def run_requests(plan: TickPlan, ops: dict[str, str] | None = None) -> list[dg.RunRequest]:
+    """One request per run of a tick's plan (`schedule.plan_tick`), each over a partition range.
 
-    The decisions are `schedule.plan_tick`'s (see it for the arguments); each of its runs
-    becomes one request over a partition range. `ops`: asset -> the step that materializes
-    it (default: `op_name`).
+    `ops`: asset -> the step that materializes it (default: `op_name`).
     """
-    plan = plan_tick(cursor, familiars, known_partitions, root=root, in_flight=in_flight, max_requests=max_requests,
-                     model_assets=model_assets, lanes=lanes, max_gap=max_gap, queue_waiting=queue_waiting)
-    requests = [range_request(run, {f: plan.states[f] for f in run}, ops) for run in plan.runs]
-    return requests, plan.new_partitions, plan.cursor, plan.notes
+    return [range_request(run, {f: plan.states[f] for f in run}, ops) for run in plan.runs]
 
 
 def run_lanes(instance: dg.DagsterInstance) -> int:
@@ -249,16 +229,18 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         except ConfigError:
             max_requests = PipelineConfig.max_familiars_per_tick
         per_partition = not context.instance.event_log_storage.supports_partition_subset_in_asset_materialization_planned_events
-        requests, new_partitions, new_cursor, notes = evaluate_tick(
+        plan = plan_tick(
             cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests,
-            model_assets=model_assets, ops=ops, lanes=run_lanes(context.instance),
+            model_assets=model_assets, lanes=run_lanes(context.instance),
             max_gap=MAX_RANGE_GAP if per_partition else None, queue_waiting=projection_run_waiting(records),
         )
-        for note in notes:
+        requests = run_requests(plan, ops)
+        for note in plan.notes:
             context.log.info(note)
+        new_partitions = plan.new_partitions
         return dg.SensorResult(
             run_requests=requests,
-            cursor=json.dumps(new_cursor, sort_keys=True),
+            cursor=json.dumps(plan.cursor, sort_keys=True),
             dynamic_partitions_requests=[familiars_partitions.build_add_request(new_partitions)] if new_partitions else [],
             skip_reason=None if requests or new_partitions else "no familiar has pending work",
         )

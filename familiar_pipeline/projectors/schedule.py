@@ -359,7 +359,7 @@ def plan_tick(
     max_gap: int | None = MAX_RANGE_GAP,
     queue_waiting: bool = False,
 ) -> TickPlan:
-    """One tick's decisions (`defs/sensors.py: evaluate_tick` makes them run requests).
+    """One tick's decisions (`defs/sensors.py: run_requests` makes them run requests).
 
     `known_partitions`: the dynamic partitions in their order (Dagster's: insertion);
     the new ones are added after them in `familiars` order. At most `max_requests`
