@@ -36,14 +36,19 @@ def spec(asset: str):
     return next(s for s in SPECS if s.asset == asset)
 
 
-def trace(order: WorkOrder, react=lambda order, visit: None) -> list[tuple[str, int, float]]:
-    """Walk the order, `react` standing in for the step; (familiar, pass, lock wait) of each visit."""
+def walk(order: WorkOrder, react=lambda order, visit: None) -> list[Visit]:
+    """Every visit of the order, `react` standing in for the step; each published unless it was requeued."""
     seen = []
     for visit in order:
-        seen.append((visit.familiar_id, visit.step, visit.lock_wait_s))
+        seen.append(visit)
         if react(order, visit) != "requeued":
             order.done(visit, published=True)
     return seen
+
+
+def trace(order: WorkOrder, react=lambda order, visit: None) -> list[tuple[str, int, float]]:
+    """(familiar, pass, lock wait) of each visit."""
+    return [(v.familiar_id, v.step, v.lock_wait_s) for v in walk(order, react)]
 
 
 # --- the step's work order ---------------------------------------------------------------
@@ -77,7 +82,7 @@ def test_one_familiar_is_one_pass_and_several_are_two():
 def test_a_visit_runs_what_the_plan_has_for_its_familiar_and_names_its_later_passes():
     planned = {"facts": {"a", "b"}, "reflections": {"a"}}
     order = WorkOrder(SPECS, ["a", "b"], planned=lambda asset, f: f in planned.get(asset, ()))
-    visits = {(v.familiar_id, v.step): v for v in order if order.done(v, published=False) is None}
+    visits = {(v.familiar_id, v.step): v for v in walk(order)}
     assert [s.asset for s in visits["a", 0].specs] == ["facts"] and visits["a", 0].later == ("reflections",)
     assert visits["b", 0].later == () and visits["b", 1].specs == []
     assert [s.asset for s in visits["a", 1].specs] == ["reflections"]
@@ -146,7 +151,7 @@ def test_while_a_run_waits_only_familiars_published_in_the_first_pass_leave_thei
 def test_no_run_waiting_or_a_rebuild_takes_every_pass():
     for run_waiting in (lambda: False, None):
         order = WorkOrder(SPECS, ["a", "b"], run_waiting=run_waiting)
-        assert [v.step for v in order if order.done(v, published=True) is None] == [0, 0, 1, 1]
+        assert [v.step for v in walk(order)] == [0, 0, 1, 1]
         assert order.left == []
 
 
