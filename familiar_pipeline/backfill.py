@@ -1,7 +1,7 @@
 """Rebuild or catch up one projection for one familiar, through Dagster so the run shows in the UI.
 
 With this checkout's `familiar up` running (verified by the marker it leaves in
-DAGSTER_HOME, see :mod:`familiar_pipeline.defs.webserver`), the run is submitted over
+DAGSTER_HOME, see :mod:`familiar_pipeline.webserver`), the run is submitted over
 GraphQL and goes through the run queue, so it never overlaps another run of the
 same familiar. Otherwise it runs in this process against the same instance
 (DAGSTER_HOME), after checking that no run of that familiar is in flight. A
@@ -25,7 +25,7 @@ from familiar_pipeline.defs.assets import op_name
 from familiar_pipeline.defs.jobs import PROJECTION_JOB
 from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.defs.sensors import in_flight_runs
-from familiar_pipeline.defs.webserver import UnverifiedWebserver, verified_webserver
+from familiar_pipeline.webserver import UnverifiedWebserver, verified_webserver
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.storage.paths import REPO_ROOT, FamiliarPaths, validate_familiar_id
 

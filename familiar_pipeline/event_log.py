@@ -35,12 +35,13 @@ from typing import Iterator
 
 import sqlalchemy as db
 from dagster import Field, StringSource
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
+
+from familiar_pipeline.dagster_internals import (
     INDEX_SHARD_NAME,
     SQLITE_BUSY_TIMEOUT_SECONDS,
     SqliteEventLogStorage,
+    create_engine,
 )
-from dagster._core.storage.sql import create_engine
 
 # Run shards whose engines stay open besides the index: a run worker writes one; the
 # webserver and daemon read a few at a time.

@@ -38,9 +38,9 @@ import threading
 import time
 from typing import Any, Mapping, NamedTuple
 
-from dagster import DefaultRunLauncher
-from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus
-from dagster._serdes import ConfigurableClassData, serialize_value
+from dagster import DefaultRunLauncher, serialize_value
+
+from familiar_pipeline.dagster_internals import CheckRunHealthResult, ConfigurableClassData, LaunchRunContext, WorkerStatus
 
 log = logging.getLogger(__name__)
 

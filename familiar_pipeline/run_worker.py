@@ -36,14 +36,15 @@ import traceback
 
 def preload_projection_run() -> None:
     """What a projection run imports: the code location, Dagster's run execution, litellm (offline), DuckDB, tantivy, Parquet."""
-    import dagster._cli.api  # noqa: F401  (the run worker's entry point and what it executes with)
-    import dagster._core.executor.in_process  # noqa: F401
+    # lazy: the preload is the point: imported once here, before the worker forks a run per request
+    from familiar_pipeline.dagster_internals import preload_run_execution
+
+    preload_run_execution()  # the run worker's entry point and what it executes with
     import duckdb  # noqa: F401
     import pyarrow.parquet  # noqa: F401
     import tantivy  # noqa: F401
 
-    # lazy: the preload is the point: imported once here, before the worker forks a run per request
-    import familiar_pipeline.definitions  # noqa: F401
+    import familiar_pipeline.definitions  # noqa: F401  # lazy: as above
     from familiar_pipeline.models.litellm_import import import_litellm  # lazy: as above
 
     import_litellm()
@@ -60,9 +61,9 @@ def preload(entries: list[str]) -> None:
 
 def warm_instance(instance_ref: str) -> None:
     """Open and close the instance once: its storage classes, SQLAlchemy and the schema checks get imported here."""
-    from dagster._core.instance import DagsterInstance
-    from dagster._core.instance.ref import InstanceRef
-    from dagster._serdes import deserialize_value
+    from dagster import DagsterInstance, deserialize_value
+
+    from familiar_pipeline.dagster_internals import InstanceRef  # lazy: the worker imports Dagster in its preload
 
     with DagsterInstance.from_ref(deserialize_value(instance_ref, InstanceRef)) as instance:
         instance.get_run_by_id("0" * 32)
@@ -73,15 +74,9 @@ def warm_instance(instance_ref: str) -> None:
 
 def execute_run_in_child(run_id: str, instance_ref: str) -> int:
     """In a forked child: run `run_id` as `dagster api execute_run` does; the exit code."""
-    from dagster._cli.api import _execute_run_command_body
-    from dagster._cli.utils import get_instance_for_cli
-    from dagster._core.instance.ref import InstanceRef
-    from dagster._serdes import deserialize_value
-    from dagster._utils.interrupts import capture_interrupts
+    from familiar_pipeline.dagster_internals import execute_run  # lazy: imported by the preload before the fork
 
-    with capture_interrupts():  # SIGINT (the launcher's terminate) interrupts the step at a safe point
-        with get_instance_for_cli(instance_ref=deserialize_value(instance_ref, InstanceRef)) as instance:
-            return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)
+    return execute_run(run_id, instance_ref)
 
 
 def _fork_run(request: dict, channel: int) -> int:

@@ -179,9 +179,11 @@ LAYERS = (
     ("familiar_pipeline.config",),
     ("familiar_pipeline.models",),
     ("familiar_pipeline.projectors",),
-    ("familiar_pipeline.testing", "familiar_pipeline.defs", "familiar_pipeline.event_log"),
+    ("familiar_pipeline.testing", "familiar_pipeline.defs", "familiar_pipeline.event_log",
+     "familiar_pipeline.dagster_internals"),
     ("familiar_pipeline.definitions",),
-    ("familiar_pipeline.run_worker", "familiar_pipeline.run_launcher", "familiar_pipeline.backfill"),
+    ("familiar_pipeline.run_worker", "familiar_pipeline.run_launcher", "familiar_pipeline.backfill",
+     "familiar_pipeline.webserver"),
 )
 
 
@@ -204,6 +206,33 @@ def test_the_pipeline_packages_import_only_downwards():
     assert upward == {}
     assert all(_layer(m) is not None for m in MODULES if m.startswith("familiar_pipeline.")), \
         [m for m in MODULES if m.startswith("familiar_pipeline.") and _layer(m) is None]
+
+
+# Dagster's private modules (`dagster._...`) are imported by one documented adapter only, and only the
+# instance's own pieces (its event log, run launcher and run worker) import the adapter: `defs/` and the
+# rest use Dagster's public API.
+DAGSTER_ADAPTER = "familiar_pipeline.dagster_internals"
+INSTANCE_PIECES = ("familiar_pipeline.event_log", "familiar_pipeline.run_launcher", "familiar_pipeline.run_worker")
+
+
+def private_dagster_imports(module: str) -> list[str]:
+    """Every `dagster._...` module `module` imports, anywhere in its body (TYPE_CHECKING blocks included)."""
+    path, _ = MODULES[module]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append(node.module)
+    return sorted(name for name in found if name.startswith("dagster._"))
+
+
+def test_only_the_adapter_imports_private_dagster_modules():
+    private = {m: private_dagster_imports(m) for m in MODULES}
+    assert {m: found for m, found in private.items() if found and m != DAGSTER_ADAPTER} == {}
+    assert private[DAGSTER_ADAPTER], "the adapter is where they are"
+    users = sorted(m for m, targets in GRAPH.items() if DAGSTER_ADAPTER in targets)
+    assert users == sorted(INSTANCE_PIECES)
 
 
 def test_config_imports_no_projector_and_no_model():

@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from familiar_bot.cli.main import main
-from familiar_pipeline.defs import webserver
+from familiar_pipeline import webserver
 from familiar_pipeline.storage.paths import REPO_ROOT
 from tests.test_playbook import built, cli_args, command_lines, template  # noqa: F401  (fixtures)
 

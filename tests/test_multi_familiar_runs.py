@@ -483,13 +483,14 @@ def test_a_ui_backfill_through_dagsters_backfill_daemon_is_one_run_over_the_rang
 
 def test_passes_put_the_facts_and_what_they_read_first():
     from familiar_pipeline.projectors import registry
+    from familiar_pipeline.projectors.schedule import passes
 
     specs = list(registry.BUILTIN_SPECS)
-    first, rest = assets_module.passes(specs)
+    first, rest = passes(specs)
     assert [s.asset for s in first] == ["facts"]
     assert [s.asset for s in rest] == [s.asset for s in specs if s.asset != "facts"]
     assert not {s.asset for s in rest} & {i for s in first for i in s.inputs}, "nothing in the first pass reads the second"
     only_followers = [s for s in specs if s.asset in ("people_dossiers", "reflections")]
-    assert assets_module.passes(only_followers) == [only_followers]
+    assert passes(only_followers) == [only_followers]
     follower_of_facts = [s for s in specs if s.asset in ("facts", "fact_embeddings")]
-    assert [[s.asset for s in p] for p in assets_module.passes(follower_of_facts)] == [["facts"], ["fact_embeddings"]]
+    assert [[s.asset for s in p] for p in passes(follower_of_facts)] == [["facts"], ["fact_embeddings"]]

@@ -16,7 +16,8 @@ import pytest
 from familiar_bot.cli.main import main
 from familiar_pipeline.defs.assets import MEMORY
 from familiar_pipeline.config import load_config
-from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, evaluate_tick
+from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, run_requests
+from familiar_pipeline.projectors.schedule import plan_tick
 from tests.fact_helpers import ALL_ASSETS, familiar, materialize, metadata
 from tests.helpers import append_chat
 
@@ -142,7 +143,7 @@ def test_change_a_threshold_and_the_sensor_cadence(built, monkeypatch):
 
     more(built, 6, start=30)  # 6 turns past the facts watermark: below batch_size 10
     def facts_requested() -> bool:
-        requests, *_ = evaluate_tick({}, ["demo"], {"demo"}, root=built.root, in_flight={}, max_requests=5)
+        requests = run_requests(plan_tick({}, ["demo"], {"demo"}, root=built.root, in_flight={}, max_requests=5))
         return any(dg.AssetKey("facts") in (r.asset_selection or []) for r in requests)
 
     # The snapshot manifest carries the watermarks the sensor reads.
@@ -170,7 +171,7 @@ def test_which_familiars_have_assets_pending(built):
     manifest["pending_assets"] = ["reflections"]  # as a run that yielded its second pass leaves it
     manifest_path.write_text(json.dumps(manifest))
     assert pending() == [(str(manifest_path), ["reflections"])]
-    requests, *_ = evaluate_tick({}, ["demo"], {"demo"}, root=built.root, in_flight={}, max_requests=5)
+    requests = run_requests(plan_tick({}, ["demo"], {"demo"}, root=built.root, in_flight={}, max_requests=5))
     assert [[k.path[-1] for k in r.asset_selection] for r in requests] == [["reflections"]], "the next tick asks for it"
 
 

@@ -8,9 +8,8 @@ import dagster as dg
 import pytest
 
 from familiar_pipeline.defs.assets import MEMORY
-from familiar_pipeline.defs.sensors import (
-    MAX_RANGE_GAP, blocks, build_turn_watermark_sensor, due_assets, read_state, run_lanes, split_lanes,
-)
+from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, run_lanes
+from familiar_pipeline.projectors.schedule import MAX_RANGE_GAP, blocks, due_assets, read_state, split_lanes
 
 from familiar_pipeline.storage.paths import FamiliarPaths
 

@@ -18,7 +18,7 @@ from familiar_pipeline.models.embedders import HashEmbedder
 from familiar_pipeline.projectors.turn_embeddings import run as turn_embeddings
 from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.projectors.report import ProjectionReport
-from familiar_pipeline.defs.sensors import FamiliarState, due_assets
+from familiar_pipeline.projectors.schedule import FamiliarState, due_assets
 from familiar_pipeline.storage.snapshots import Snapshot, SnapshotReader
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from familiar_pipeline.defs import webserver
+from familiar_pipeline import webserver
 from familiar_bot.supervisor import child_sessions, free_port, group_alive
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.projectors.facts import reads as fact_reads

@@ -14,18 +14,18 @@ run inside that step, on the connection that wrote. The run config `rebuild: tru
 drops the selected projections' rows and watermarks first and rebuilds them from the
 turn log. LLM replies are cached by prompt, so a rebuild of unchanged prompts costs
 no tokens and yields the same rows.
+
+The order of that work (two passes, a busy familiar requeued, blocked followers, yielding
+to a waiting run) is decided in `familiar_pipeline.projectors.schedule`, without Dagster;
+this module runs it and reports it as Dagster events.
 """
 
 import dataclasses
-import time
 import warnings
-from collections import deque
 from dataclasses import dataclass, field
 
 import dagster as dg
 from pydantic import Field
-
-from dagster._core.definitions.data_version import DATA_VERSION_TAG, extract_data_version_from_entry
 
 from familiar_pipeline.defs.checks import MemoryCheck, combine_check_results, memory_checks
 from familiar_pipeline.defs.partitions import familiars_partitions, projection_run_queued
@@ -34,20 +34,14 @@ from familiar_pipeline.models.llm import LlmUsage
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.report import ProjectionReport
 from familiar_pipeline.projectors.runtime import FamiliarBusy, NoModelConfigured
+from familiar_pipeline.projectors.schedule import BUSY_WAIT_S, QueueWatch, WorkOrder, hold_followers
 from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec
 
 PREVIEW_ROWS = 20
 
-# A familiar whose writer lock another process holds (another run, a rebuild) is left to
-# the end of the run, then waited for this long before it is reported failed (FamiliarBusy).
-BUSY_WAIT_S = 60.0
-
-# What the bot needs soonest from a new batch: its facts (recent turns are in the prompt's
-# history anyway, so the turn index can follow). A run over several familiars takes these (and
-# whatever they read) for every familiar first, each published as it is done, then the rest
-# (turn index, summaries, supersession, dossiers, reflections): the last familiar's facts reach
-# the bot after one short pass over the run, not after every familiar's full work.
-FIRST_PASS = ("facts",)
+# The tag of a materialization's data version: the one Dagster writes for an asset's output and
+# compares in `AutomationCondition.data_version_changed` (its value is not exported publicly).
+DATA_VERSION_TAG = "dagster/data_version"
 
 # Dagster 1.13 marks `backfill_policy` on @asset as beta and warns at every definition;
 # acknowledged here, where we opt in, so CLI commands do not print it on each start.
@@ -207,14 +201,14 @@ def project_familiar(
                 out.results[spec.asset] = run_projector(spec, runtime, cfg, rebuild=rebuild)
             except Exception as exc:  # this familiar's followers of the asset wait; its other projectors run
                 out.failed[spec.asset] = exc
-                _block(blocked, spec, f"blocked: {spec.asset} failed for this familiar ({type(exc).__name__})")
+                hold_followers(blocked, spec, f"blocked: {spec.asset} failed for this familiar ({type(exc).__name__})")
                 continue
             for check in checks:
                 if check.asset == spec.asset and check.find is not None:
                     result = check.evaluate(runtime, familiar_id)
                     out.checks[check.key] = result
                     if check.blocking and not result.passed and result.severity == dg.AssetCheckSeverity.ERROR:
-                        _block(blocked, spec, f"blocked: check {check.name} on {spec.asset} failed")
+                        hold_followers(blocked, spec, f"blocked: check {check.name} on {spec.asset} failed")
         runtime.pending_assets = later
         runtime.flush()
         snapshot = None  # the snapshot check is one comparison for all of the familiar's assets
@@ -228,51 +222,9 @@ def project_familiar(
     return out
 
 
-def _block(blocked: dict[str, str], spec: ProjectorSpec, why: str) -> None:
-    for follower in registry.dependants(spec.name):
-        blocked.setdefault(follower.asset, why)
-
-
 def _skip_blocked(out: FamiliarPass, spec: ProjectorSpec, blocked: dict[str, str]) -> None:
     report = ProjectionReport(spec.name, status="skipped", reason=blocked[spec.asset])
     out.results[spec.asset] = {"report": report, "metadata": report_metadata(report, None, {})}
-
-
-# How often a run between its passes asks whether another projection run waits in the queue.
-QUEUE_CHECK_S = 1.0
-
-
-class QueueWatch:
-    """Whether another projection run waits for a lane: asked at most every QUEUE_CHECK_S, sticky once seen."""
-
-    def __init__(self, instance: dg.DagsterInstance, *, enabled: bool):
-        self.instance, self.enabled = instance, enabled
-        self.waiting, self._checked = False, float("-inf")
-
-    def run_waiting(self) -> bool:
-        if self.enabled and not self.waiting and time.monotonic() - self._checked >= QUEUE_CHECK_S:
-            self._checked = time.monotonic()
-            self.waiting = projection_run_queued(self.instance)
-        return self.waiting
-
-
-def passes(specs: list[ProjectorSpec]) -> list[list[ProjectorSpec]]:
-    """The selected specs in the order a run over several familiars takes them: two passes.
-
-    First the FIRST_PASS assets and every selected spec they read (transitively), then the
-    rest; each pass keeps the given dependency order, and nothing in the first reads the
-    second. An empty pass is left out.
-    """
-    by_asset = {s.asset: s for s in specs}
-    first: set[str] = set()
-    todo = [a for a in FIRST_PASS if a in by_asset]
-    while todo:
-        asset = todo.pop()
-        if asset not in first:
-            first.add(asset)
-            todo += [i for i in by_asset[asset].inputs if i in by_asset]
-    split = [[s for s in specs if s.asset in first], [s for s in specs if s.asset not in first]]
-    return [p for p in split if p]
 
 
 def materialize_projections(
@@ -289,7 +241,7 @@ def materialize_projections(
     single-run backfill). Each familiar gets its own writer lock, store connection,
     projector runs and publish, and each asset it went through gets a materialization
     of that familiar's partition with its figures. A run over several familiars takes
-    them in two passes (`passes`): every familiar's facts first, then everything else,
+    them in two passes (`schedule.passes`): every familiar's facts first, then everything else,
     so facts reach the bot without waiting for other familiars' followers; what a
     failure in the first pass holds back stays held in the second. A familiar in the
     range that the run's plan leaves out is not opened and gets no materialization:
@@ -303,7 +255,7 @@ def materialize_projections(
     another projection run waits in the queue (every lane busy: new facts are due
     elsewhere), a run that is not a rebuild leaves the second pass of each familiar it
     published in the first to a later run: their snapshots list those assets as pending,
-    and the turn sensor requests them (`sensors.due_assets`). An
+    and the turn sensor requests them (`schedule.due_assets`). An
     asset fails (and with it the step, after the rest is recorded) only when every
     familiar it processed failed, so a run of one familiar fails as it always did.
     """
@@ -315,47 +267,26 @@ def materialize_projections(
     done: dict[str, int] = {s.asset: 0 for s in specs}
     failed: dict[str, dict[str, Exception]] = {s.asset: {} for s in specs}
     check_results: dict[dg.AssetCheckKey, dict[str, dg.AssetCheckResult]] = {c.key: {} for c in checks}
-    # A run over several familiars takes them in two passes (`passes`): each familiar's facts are
-    # published before any familiar's followers run. One familiar: one pass, one open, one publish.
-    steps = passes(specs) if len(context.partition_keys) > 1 else [specs]
-    blocked: dict[str, dict[str, str]] = {f: {} for f in context.partition_keys}
-    # (familiar, pass, lock wait): a familiar's next pass is queued once this one is done, and a
-    # familiar another writer holds comes back at the end of the queue.
-    work = deque((f, 0, 0.0) for f in context.partition_keys)
-    queue = QueueWatch(context.instance, enabled=len(steps) > 1 and not config.rebuild)
-    # Familiars this run published a snapshot for in an earlier pass: only their rest can be left
-    # to a later run. Their manifest changed since the sensor asked for this run and lists what is
-    # left, so its next tick requests it; a familiar not published here (its first pass had nothing,
-    # or wrote nothing) would look unchanged to the sensor and wait for its next turn.
-    published: set[str] = set()
-    left: list[str] = []  # familiars whose later passes this run leaves to a later one
-    while work:
-        familiar_id, step, lock_wait_s = work.popleft()
-        if step and familiar_id in published and queue.run_waiting():
-            left.append(familiar_id)
-            continue
-        due = [s for s in steps[step] if config.due(s.asset, familiar_id)]
-        later = tuple(s.asset for p in steps[step + 1:] for s in p if config.due(s.asset, familiar_id))
+    # A rebuild never yields: its followers must be rebuilt in the same run.
+    waiting = None if config.rebuild else QueueWatch(lambda: projection_run_queued(context.instance)).run_waiting
+    order = WorkOrder(specs, context.partition_keys, planned=config.due, run_waiting=waiting, busy_wait_s=BUSY_WAIT_S)
+    for visit in order:
+        familiar_id = visit.familiar_id
         outcome = None
-        if due:
+        if visit.specs:
             try:
-                outcome = project_familiar(due, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data,
+                outcome = project_familiar(visit.specs, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data,
                                            llm=llm, embedder=embedder, checks=checks, embedders=embedders,
-                                           lock_wait_s=lock_wait_s, blocked=blocked[familiar_id], later=later)
+                                           lock_wait_s=visit.lock_wait_s, blocked=visit.blocked, later=visit.later)
             except Exception as exc:  # the familiar could not be opened at all (config, lock, storage)
-                if isinstance(exc, FamiliarBusy) and not lock_wait_s:
+                if isinstance(exc, FamiliarBusy) and order.busy(visit):
                     context.log.info(f"[{familiar_id}] another writer holds it; back to it at the end of this run")
-                    work.append((familiar_id, step, BUSY_WAIT_S))
                     continue
-                outcome = FamiliarPass(failed={s.asset: exc for s in due})
-                for asset in later:  # its later passes would not open it either
-                    blocked[familiar_id].setdefault(asset, f"blocked: familiar not opened ({type(exc).__name__})")
-        if step + 1 < len(steps):
-            work.append((familiar_id, step + 1, 0.0))
+                outcome = FamiliarPass(failed={s.asset: exc for s in visit.specs})
+                order.not_opened(visit, exc)
+        order.done(visit, published=outcome is not None and outcome.published)
         if outcome is None:
             continue
-        if outcome.published:
-            published.add(familiar_id)
         for asset, exc in outcome.failed.items():
             failed[asset][familiar_id] = exc
             context.log.error(f"[{familiar_id}] {asset} failed: {type(exc).__name__}: {exc}", exc_info=exc)
@@ -374,7 +305,7 @@ def materialize_projections(
             context.log.info(f"[{familiar_id}] " + "; ".join(r.summary_line() for r in worked))
         for key, result in outcome.checks.items():
             check_results[key][familiar_id] = result
-    if left:
+    if left := order.left:
         context.log.info(
             f"A projection run is waiting in the queue: the rest of {len(left)} familiar(s) "
             f"({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}) is left to a later run; "
@@ -410,8 +341,8 @@ def data_version_tags(context: dg.AssetExecutionContext, asset: str, familiar_id
     if changed:
         return {DATA_VERSION_TAG: context.run.run_id}
     record = context.instance.get_latest_data_version_record(dg.AssetKey(asset), partition_key=familiar_id)
-    previous = extract_data_version_from_entry(record.event_log_entry) if record else None
-    return {DATA_VERSION_TAG: previous.value if previous else "empty"}
+    previous = (record.event_log_entry.tags or {}).get(DATA_VERSION_TAG) if record else None
+    return {DATA_VERSION_TAG: previous or "empty"}
 
 
 # Run after `facts` (or supersession) changed, for that familiar's partition only:

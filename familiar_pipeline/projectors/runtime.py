@@ -145,7 +145,7 @@ class FamiliarRuntime:
     published_version: int = field(default=0, init=False)
     # What the run has planned for this familiar and not run yet (the step sets it as it goes):
     # each publish records it in the manifest, so a run that stops early leaves the rest to the
-    # turn sensor (`defs.sensors.due_assets`). None: not known (nothing recorded, nothing cleared).
+    # turn sensor (`schedule.due_assets`). None: not known (nothing recorded, nothing cleared).
     pending_assets: tuple[str, ...] | None = field(default=None, init=False)
     _published_pending: tuple[str, ...] | None = field(default=None, init=False, repr=False)
 

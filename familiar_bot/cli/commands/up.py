@@ -29,7 +29,7 @@ from pathlib import Path
 
 from familiar_bot import supervisor
 from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
-from familiar_pipeline.defs import webserver
+from familiar_pipeline import webserver
 
 EXIT_CHILD_DIED = 1
 POLL_S = 0.2
