@@ -34,6 +34,14 @@ def _find(folder: Path, name: str) -> Path:
     return folder / name
 
 
+def _rooted(name: str) -> Path:
+    """A path with folders: from the repository root, else from a package's (`projectors/schedule.py`)."""
+    for base in (REPO, REPO / "familiar_pipeline", REPO / "familiar_bot"):
+        if (base / name).exists():
+            return base / name
+    return REPO / name
+
+
 def named_paths(row: str) -> list[Path]:
     """The files and folders one table row names, resolved against the row's own folder."""
     first, rest = row.split("|")[1:3]
@@ -43,7 +51,7 @@ def named_paths(row: str) -> list[Path]:
     found = list(heads)
     for name in PATH.findall(rest):
         if name.endswith(".py") or name.endswith("/"):
-            found.append(REPO / name if "/" in name.rstrip("/") else _find(folder, name))
+            found.append(_rooted(name) if "/" in name.rstrip("/") else _find(folder, name))
     return found
 
 

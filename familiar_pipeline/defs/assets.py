@@ -130,7 +130,7 @@ class FamiliarPass:
 def run_projector(spec: ProjectorSpec, runtime, cfg, *, rebuild: bool) -> dict:
     """One projector over one familiar's open runtime: drop first on `rebuild`, run; its report and metadata."""
     knobs_obj = cfg.memory.knobs(spec.name) if not spec.always_on else None
-    knobs = dataclasses.asdict(knobs_obj) if dataclasses.is_dataclass(knobs_obj) else {}
+    knobs = dataclasses.asdict(knobs_obj) if dataclasses.is_dataclass(knobs_obj) and not isinstance(knobs_obj, type) else {}
     knobs["max_batches_per_run"] = cfg.pipeline.max_batches_per_run
     report = ProjectionReport(spec.name)
     usage = None
@@ -140,7 +140,7 @@ def run_projector(spec: ProjectorSpec, runtime, cfg, *, rebuild: bool) -> dict:
     elif spec.needs_llm and runtime.llm_client is None:
         report.status = "skipped"
         try:
-            runtime.llm
+            _ = runtime.llm  # raises NoModelConfigured, whose message names the setting to change
         except NoModelConfigured as exc:
             report.reason = str(exc)
     else:
@@ -149,6 +149,7 @@ def run_projector(spec: ProjectorSpec, runtime, cfg, *, rebuild: bool) -> dict:
         if rebuild and not (spec.needs_embedder and runtime.embedder is None):
             with runtime.store() as store:
                 registry.drop_projection(store, spec.name)
+        assert spec.run is not None, f"projector {spec.name!r} has a factory of its own, not the step's shell"
         spec.run(runtime, report, rebuild=rebuild)
     return {"report": report, "metadata": report_metadata(report, usage, knobs)}
 
@@ -287,11 +288,11 @@ def materialize_projections(
         order.done(visit, published=outcome is not None and outcome.published)
         if outcome is None:
             continue
-        for asset, exc in outcome.failed.items():
-            failed[asset][familiar_id] = exc
-            context.log.error(f"[{familiar_id}] {asset} failed: {type(exc).__name__}: {exc}", exc_info=exc)
+        for asset, error in outcome.failed.items():
+            failed[asset][familiar_id] = error
+            context.log.error(f"[{familiar_id}] {asset} failed: {type(error).__name__}: {error}", exc_info=error)
             yield dg.AssetMaterialization(asset, partition=familiar_id,
-                                          metadata={"status": f"failed: {type(exc).__name__}: {exc}"},
+                                          metadata={"status": f"failed: {type(error).__name__}: {error}"},
                                           tags=data_version_tags(context, asset, familiar_id, changed=False))
         for asset, result in outcome.results.items():
             done[asset] += 1
@@ -303,8 +304,8 @@ def materialize_projections(
         worked = [r["report"] for r in outcome.results.values() if r["report"].status not in ("no-op", "disabled")]
         if worked:
             context.log.info(f"[{familiar_id}] " + "; ".join(r.summary_line() for r in worked))
-        for key, result in outcome.checks.items():
-            check_results[key][familiar_id] = result
+        for key, check_result in outcome.checks.items():
+            check_results[key][familiar_id] = check_result
     if left := order.left:
         context.log.info(
             f"A projection run is waiting in the queue: the rest of {len(left)} familiar(s) "

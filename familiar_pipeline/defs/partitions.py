@@ -2,7 +2,8 @@
 
 import dagster as dg
 
-familiars_partitions = dg.DynamicPartitionsDefinition(name="familiars")
+FAMILIARS = "familiars"  # the dynamic partitions: one per familiar
+familiars_partitions = dg.DynamicPartitionsDefinition(name=FAMILIARS)
 
 # Runs that may serve many familiars (the turn sensor's, declarative automation's, the CLI
 # backfill's) carry this tag, and the run queue (dagster_home/dagster.yaml) starts a fixed

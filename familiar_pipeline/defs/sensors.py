@@ -37,7 +37,7 @@ import dagster as dg
 
 from familiar_pipeline.config import ConfigError, PipelineConfig, load_config
 from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG, op_name
-from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG, WAITING_STATUSES, familiars_partitions
+from familiar_pipeline.defs.partitions import FAMILIARS, PROJECTION_QUEUE_TAG, WAITING_STATUSES, familiars_partitions
 from familiar_pipeline.projectors.schedule import (
     MAX_RANGE_GAP, FamiliarState, InFlightRun, TickPlan, plan_tick, triggered,
 )
@@ -70,9 +70,12 @@ def run_requests(plan: TickPlan, ops: dict[str, str] | None = None) -> list[dg.R
 def run_lanes(instance: dg.DagsterInstance) -> int:
     """How many runs with PROJECTION_QUEUE_TAG the instance's run queue starts at once (1 if unsaid)."""
     try:
-        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+        queue = instance.get_concurrency_config().run_queue_config
     except Exception:  # no queued run coordinator: one at a time is the safe reading
         return 1
+    if queue is None:
+        return 1
+    limits = queue.tag_concurrency_limits
     (key, value), = PROJECTION_QUEUE_TAG.items()
     for limit in limits or ():
         if limit.get("key") == key and limit.get("value") in (None, value):
@@ -221,7 +224,7 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
         root = data_root()
         cursor = json.loads(context.cursor) if context.cursor else {}
         familiars = list_familiars(root)
-        known = list(context.instance.get_dynamic_partitions(familiars_partitions.name))
+        known = list(context.instance.get_dynamic_partitions(FAMILIARS))
         records = in_flight_records(context.instance)
         in_flight = in_flight_runs(context.instance, known, records)
         try:

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from familiar_pipeline.config import ConfigError, FamiliarConfig, load_config, render_config
 from familiar_pipeline.projectors import registry
@@ -258,7 +258,9 @@ def triggered(trigger: str | None) -> list[ProjectorSpec]:
 
 def read_state(paths: FamiliarPaths, config: FamiliarConfig | None = None) -> FamiliarState:
     """The familiar's turn log and published watermarks; with its config, also which short batches have closed."""
-    version, marks, pending = 0, {}, ()
+    version: int = 0
+    marks: dict = {}
+    pending: tuple[str, ...] = ()
     try:
         manifest = json.loads((paths.serving_dir / "manifest.json").read_text())
         version = int(manifest.get("version", 0))
@@ -275,6 +277,12 @@ def read_state(paths: FamiliarPaths, config: FamiliarConfig | None = None) -> Fa
     return FamiliarState(latest, change, age, version, marks, closed, log_id, pending)
 
 
+def batch_size(spec: ProjectorSpec, knobs: Any) -> int:
+    """How many new turns make a turn-driven projector due (its `batch_knob`, which its spec must name)."""
+    assert spec.batch_knob is not None, f"turn-driven projector {spec.name!r} names no batch_knob"
+    return int(getattr(knobs, spec.batch_knob))
+
+
 def _closed_early(turn_log: TurnLog, config: FamiliarConfig, latest: int, marks: dict, now: datetime) -> Iterator[str]:
     """Active turn-driven projectors whose next batch, though short of their batch knob, is complete."""
     for spec in triggered(TURNS):
@@ -282,7 +290,7 @@ def _closed_early(turn_log: TurnLog, config: FamiliarConfig, latest: int, marks:
             continue
         knobs = config.memory.knobs(spec.name)
         mark = int(marks.get(spec.name, {}).get("turn_id", 0))
-        if 0 < latest - mark < getattr(knobs, spec.batch_knob) and spec.batch_closed(turn_log, knobs, mark, now):
+        if 0 < latest - mark < batch_size(spec, knobs) and spec.batch_closed(turn_log, knobs, mark, now):
             yield spec.name
 
 
@@ -295,7 +303,7 @@ def due_assets(config: FamiliarConfig, state: FamiliarState, *, hold: frozenset[
     active = set(config.memory.projectors)
     for spec in triggered(TURNS):
         pending = state.latest_turn_id - state.turn_watermark(spec.name)
-        if spec.name in active and spec.asset not in hold and (pending >= getattr(config.memory.knobs(spec.name), spec.batch_knob)
+        if spec.name in active and spec.asset not in hold and (pending >= batch_size(spec, config.memory.knobs(spec.name))
                                     or spec.name in state.closed):
             due.append(spec.asset)
     if "facts" in due:
@@ -401,7 +409,7 @@ def plan_tick(
         if len(plan) >= max_requests:
             notes.append(f"{familiar_id}: deferred by the flood guard (max {max_requests} familiars per run)")
             continue
-        knobs = {f"{s.name}.{s.batch_knob}": getattr(config.memory.knobs(s.name), s.batch_knob) for s in triggered(TURNS)}
+        knobs = {f"{s.name}.{s.batch_knob}": batch_size(s, config.memory.knobs(s.name)) for s in triggered(TURNS)}
         notes.append(f"{familiar_id}: turns up to {state.latest_turn_id} -> {', '.join(assets)} ({knobs})")
         plan[familiar_id], states[familiar_id] = assets, state
         new_cursor[familiar_id] = state.signature()
