@@ -9,7 +9,6 @@ own partition while the others commit, and the writer lock refusing a second wri
 
 from __future__ import annotations
 
-import threading
 import time
 
 import dagster as dg
@@ -172,7 +171,14 @@ def test_a_familiar_another_writer_holds_is_taken_up_after_the_others_once_free(
     fams = familiars(root, instance, [("a1", 10), ("a2", 10), ("a3", 10)])
     other = WriterLock(fams["a1"])
     other.acquire()
-    threading.Timer(1.5, other.release).start()  # the other run finishes a1 while this one does a2, a3
+    real = assets_module.project_familiar
+
+    def the_other_run_finishes_a1_meanwhile(specs, familiar_id, **kwargs):
+        if familiar_id == "a3":  # this run does a2 and a3 while the other one still holds a1
+            other.release()
+        return real(specs, familiar_id, **kwargs)
+
+    monkeypatch.setattr(assets_module, "project_familiar", the_other_run_finishes_a1_meanwhile)
     result = run_range(root, instance, ["facts"], "a1", "a3")
     assert result.success
     facts = by_partition(result, "facts")
