@@ -17,10 +17,8 @@ from .helpers import make_familiar
 ALL_ASSETS = [*TURN_DRIVEN, *FACT_DRIVEN]
 CASS, BO, MIA = Subject("discord:111", "Cass"), Subject("discord:222", "Bo"), Subject("discord:333", "Mia")
 
-GRAPH_TOML = """
-[llm.background]
-model = "fake/careful"
-
+# Every default projector and fact embeddings, on the hash embedder: the whole fact-driven graph.
+GRAPH_MEMORY_TOML = """
 [providers.embedding]
 backend = "hash"
 dim = 64
@@ -28,6 +26,7 @@ dim = 64
 [providers.memory]
 projectors = ["rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection", "fact_embedding"]
 """
+GRAPH_TOML = '[llm.background]\nmodel = "fake/careful"\n' + GRAPH_MEMORY_TOML
 
 
 def familiar(root, familiar_id: str = "fam", toml: str = GRAPH_TOML):
@@ -80,3 +79,36 @@ def metadata(result, asset_name: str) -> dict:
     mats = list(materializations(result, asset_name))
     assert mats, f"{asset_name} did not materialize"
     return {k: v.value for k, v in mats[-1].metadata.items()}
+
+
+def populate_every_table(store: ProjectionStore) -> tuple:
+    """One row or more in every built-in table (a fact retired by another, its decision, dossiers, a
+    summary, a reflection, vectors) and every projector's watermark: for drop and rebuild tests."""
+    from familiar_pipeline.projectors.dossiers import tables as dossier_db
+    from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
+    from familiar_pipeline.projectors.reflections import tables as reflection_db
+    from familiar_pipeline.projectors.registry import BUILTIN_PROJECTORS
+    from familiar_pipeline.projectors.summary import tables as summary_db
+    from familiar_pipeline.projectors.supersede import tables as supersede_db
+    from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
+    from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
+    from familiar_pipeline.projectors.vectors import set_vectors
+
+    cass, aria = Subject("discord:1", "Cass"), Subject("discord:2", "Aria")
+    a, b, c = (facts_db.append_fact(store, FactDraft(text, source_turn_ids=(turn,), subjects=(who,)))[0]
+               for text, turn, who in (("Cass likes tea.", 1, cass), ("Cass likes coffee now.", 2, cass),
+                                       ("Aria sings.", 3, aria)))
+    supersede_db.supersede(store, [a.id], b.id)
+    supersede_db.record_supersede_decision(store, new_fact_id=b.id, subject_key="discord:1", shown_prior_ids=[a.id],
+                                           retired_ids=[a.id], skipped=[], model="m")
+    dossier_db.put_dossier(store, "discord:1", "Cass.", b.id)
+    dossier_db.put_dossier(store, "discord:2", "Aria.", c.id)
+    summary_db.put_summary(store, "Summary.", 3)
+    reflection_db.append_reflection(store, channel_id=1, text="R.", cited_turn_ids=[1], cited_fact_ids=[a.id],
+                                    last_turn_id=3, last_fact_id=c.id)
+    fact_vectors.set_fact_embedding(store, b.id, "m", [1.0])
+    set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [1.0])])
+    set_vectors(store, TURN_WINDOW_EMBEDDINGS, "m", [(1, [1.0])])
+    for name in BUILTIN_PROJECTORS:
+        store.set_watermark(name, turn_id=3, fact_id=c.id)
+    return a, b, c

@@ -36,7 +36,7 @@ from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 from familiar_pipeline.projectors.facts import store as facts_db
 
-from .fact_helpers import ALL_ASSETS, materialize, metadata
+from .fact_helpers import ALL_ASSETS, GRAPH_MEMORY_TOML, materialize, metadata
 from .helpers import make_familiar
 
 DATA = os.environ.get("FAMILIAR_LOCOMO_DEV", "")
@@ -118,14 +118,7 @@ temperature = 0.0
 timeout_s = 900
 max_retries = 1
 structured = "{STRUCTURED}"
-
-[providers.embedding]
-backend = "hash"
-dim = 64
-
-[providers.memory]
-projectors = ["rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection", "fact_embedding"]
-"""
+""" + GRAPH_MEMORY_TOML
 
 
 def _import_turns(paths: FamiliarPaths) -> int:

@@ -70,34 +70,3 @@ def test_unregistered_projector_name_fails_at_config_load(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config("fam", root=tmp_path)
     assert "word_counts" in str(err.value) and "rich_note" in str(err.value)
-
-
-@pytest.fixture
-def speaker_words_plugin(monkeypatch):
-    """The example plugin module, imported through FAMILIAR_PLUGINS as the code location does."""
-    monkeypatch.setenv("FAMILIAR_PLUGINS", "tests.speaker_words_plugin")
-    yield
-    registry.unregister_projector("speaker_words")
-    sys.modules.pop("tests.speaker_words_plugin", None)
-
-
-def test_a_spec_plugin_gets_the_builtin_shell_knobs_and_backfill_name(tmp_path, speaker_words_plugin):
-    assets = plugin_assets()
-    assert [a.key.path[-1] for a in assets] == ["speaker_words"]
-    assert registry.resolve("speaker_words").knobs.__name__ == "SpeakerWordsConfig"
-    paths = make_familiar(tmp_path, extra_toml='[providers.memory]\nprojectors = ["speaker_words"]\n'
-                          '[providers.memory.speaker_words]\nmin_words = 12\n')
-    append_chat(paths, 3)
-    assert load_config("fam", root=tmp_path).memory.speaker_words.min_words == 12
-    with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("familiars", ["fam"])
-        result = dg.materialize(
-            [turns, *assets], partition_key="fam", instance=instance, selection=["speaker_words"],
-            resources={"familiar_data": FamiliarData(data_root=str(tmp_path)), "llm": LlmResource()},
-        )
-    meta = result.asset_materializations_for_node("speaker_words")[0].metadata
-    assert meta["counts"].value == {"Cass": 13, "Mia": 13}  # Bo's 11 words are under min_words
-    assert meta["effective_config"].value["min_words"] == 12
-    bad = make_familiar(tmp_path, "bad", '[providers.memory.speaker_words]\nmin_words = 0\n')
-    with pytest.raises(ConfigError, match=r"\[providers.memory.speaker_words\].min_words = 0 is invalid"):
-        load_config(bad.dir.name, root=tmp_path)

@@ -12,18 +12,10 @@ from familiar_pipeline.config import MemoryConfig
 from familiar_pipeline.backfill import BackfillError, resolve_asset
 from familiar_pipeline.definitions import defs
 from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
-from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
-from familiar_pipeline.projectors.vectors import set_vectors
 from familiar_pipeline.projectors.spec import FACTS, NoKnobs, ProjectorSpec
 from familiar_pipeline.storage.store import ProjectionStore
-from familiar_pipeline.projectors.dossiers import tables as dossier_db
-from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
-from familiar_pipeline.projectors.facts import store as facts_db
-from familiar_pipeline.projectors.reflections import tables as reflection_db
-from familiar_pipeline.projectors.summary import tables as summary_db
-from familiar_pipeline.projectors.supersede import tables as supersede_db
 
+from .fact_helpers import populate_every_table
 from .helpers import append_chat, make_familiar
 
 SPECS = registry.specs()
@@ -64,29 +56,10 @@ def test_every_projector_has_knobs_that_config_finds_through_the_registry(spec):
     assert spec.always_on == (spec.name not in registry.known_projectors())
 
 
-def _populated(store: ProjectionStore) -> None:
-    from familiar_pipeline.projectors.facts.store import FactDraft
-    from familiar_pipeline.projectors.facts.tables import Subject
-
-    cass = (Subject("discord:1", "Cass"),)
-    [(a, _)] = facts_db.append_facts(store, [FactDraft("Cass likes tea.", source_turn_ids=(1,), subjects=cass)])
-    [(b, _)] = facts_db.append_facts(store, [FactDraft("Cass likes coffee now.", source_turn_ids=(2,), subjects=cass)])
-    supersede_db.supersede(store, [a.id], b.id)
-    dossier_db.put_dossier(store, "discord:1", "Cass.", b.id)
-    summary_db.put_summary(store, "Summary.", 2)
-    reflection_db.append_reflection(store, channel_id=1, text="R.", cited_turn_ids=[1], cited_fact_ids=[a.id],
-                                    last_turn_id=2, last_fact_id=b.id)
-    fact_vectors.set_fact_embedding(store, b.id, "m", [1.0])
-    set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [1.0])])
-    set_vectors(store, TURN_WINDOW_EMBEDDINGS, "m", [(1, [1.0])])
-    for spec in SPECS:
-        store.set_watermark(spec.name, turn_id=2, fact_id=b.id)
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_every_projector_has_a_drop_rule_that_clears_its_rows_and_watermark(tmp_path, spec):
     with ProjectionStore(tmp_path / "m.duckdb") as store:
-        _populated(store)
+        populate_every_table(store)
         registry.drop_projection(store, spec.name)
         marks = {row[0] for row in store.table_rows("watermarks")}
         gone = {spec.name} | ({d.name for d in registry.dependants(spec.name)} if spec.drop.cascade else set())

@@ -10,9 +10,6 @@ from datetime import date, datetime, timedelta, timezone
 import duckdb
 import pytest
 
-from familiar_pipeline.projectors.vectors import set_vectors
-from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
-from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
 from familiar_pipeline.projectors.registry import BUILTIN_PROJECTORS as PROJECTIONS
 from familiar_pipeline.projectors.registry import drop_projection
 from familiar_pipeline.storage.times import as_utc
@@ -26,6 +23,8 @@ from familiar_pipeline.storage.store import ProjectionStore, ReadOnlyStoreError,
 from familiar_pipeline.projectors.facts.tables import Fact, Subject
 from familiar_pipeline.projectors.facts.store import FactDraft, clamp_importance, normalize_fact_text
 from familiar_pipeline.storage.records import Watermark
+
+from .fact_helpers import populate_every_table
 
 UTC = timezone.utc
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -626,26 +625,6 @@ def test_nested_transactions_join_the_outer_one(store):
 # ------------------------------------------------------------------ drop_projection and table_rows
 
 
-def populated(store):
-    a = add(store, "Cass likes tea.", CASS, source_turn_ids=[1])
-    b = add(store, "Cass likes coffee now.", CASS, source_turn_ids=[2])
-    c = add(store, "Aria sings.", ARIA, source_turn_ids=[3])
-    supersede_db.supersede(store, [a.id], b.id)
-    supersede_db.record_supersede_decision(store, new_fact_id=b.id, subject_key="discord:1", shown_prior_ids=[a.id],
-                                    retired_ids=[a.id], skipped=[], model="m")
-    dossier_db.put_dossier(store, "discord:1", "Cass.", b.id)
-    dossier_db.put_dossier(store, "discord:2", "Aria.", c.id)
-    summary_db.put_summary(store, "Summary.", 3)
-    reflection_db.append_reflection(store, channel_id=1, text="R.", cited_turn_ids=[1], cited_fact_ids=[a.id],
-                            last_turn_id=3, last_fact_id=c.id)
-    fact_vectors.set_fact_embedding(store, b.id, "m", [1.0])
-    set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [1.0])])
-    set_vectors(store, TURN_WINDOW_EMBEDDINGS, "m", [(1, [1.0])])
-    for name in PROJECTIONS:
-        store.set_watermark(name, turn_id=3, fact_id=c.id)
-    return a, b, c
-
-
 def row_counts(store):
     return {t: len(store.table_rows(t)) for t in [*store.tables, "watermarks"]}
 
@@ -655,7 +634,7 @@ def remaining_watermarks(store):
 
 
 def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
-    a, b, c = populated(store)
+    a, b, c = populate_every_table(store)
     drop_projection(store, "rich_note")
     assert row_counts(store) == {
         "facts": 0, "fact_subjects": 0, "summaries": 1, "people_dossiers": 0, "reflections": 0,
@@ -668,7 +647,7 @@ def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
 
 
 def test_drop_fact_supersede_unretires_and_drops_affected_dossiers(store):
-    a, b, c = populated(store)
+    a, b, c = populate_every_table(store)
     drop_projection(store, "fact_supersede")
     assert {f.id for f in facts_db.current_facts(store)} == {a.id, b.id, c.id}
     assert store.table_rows("supersede_decisions") == []
@@ -682,7 +661,7 @@ def test_drop_fact_supersede_unretires_and_drops_affected_dossiers(store):
      ("reflection", "reflections"), ("fact_embedding", "fact_embeddings")],
 )
 def test_drop_single_table_projections(store, name, table):
-    populated(store)
+    populate_every_table(store)
     before = row_counts(store)
     drop_projection(store, name)
     after = row_counts(store)
@@ -699,7 +678,7 @@ def test_drop_unknown_projection_lists_the_known_ones(store):
 
 
 def test_table_rows_are_ordered_and_can_leave_out_system_time(store):
-    populated(store)
+    populate_every_table(store)
     rows = store.table_rows("facts", exclude=store.system_time_columns())
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
     assert len(rows[0]) == len(store.table_rows("facts")[0]) - 2  # created_at, superseded_at

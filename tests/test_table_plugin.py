@@ -15,6 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.defs.jobs import import_plugins, materialize_in_process, plugin_assets
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.storage import tables as declarations
@@ -100,3 +101,18 @@ def test_unregistering_it_forgets_its_table(word_tally):
     assert declarations.declared("word_tallies") is None
     registry.register_projector(importlib.import_module(f"{PLUGIN}.spec").SPEC)  # the fixture unregisters it
     declarations.register(word_tally.WORD_TALLIES)
+
+
+def test_its_knobs_are_validated_and_reported_and_its_name_resolves(tmp_path, word_tally):
+    assert registry.resolve("word_tally").asset == "word_tallies" == registry.resolve("word_tallies").asset
+    paths = make_familiar(tmp_path, extra_toml=TOML + "min_words = 40\n")
+    assert load_config("fam", root=tmp_path).memory.word_tally.min_words == 40
+    append_chat(paths, 4)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("familiars", ["fam"])
+        meta = run(tmp_path, instance).asset_materializations_for_node("word_tallies")[0].metadata
+    assert meta["effective_config"].value == {"batch_size": 4, "min_words": 40, "max_batches_per_run": 20}
+    assert meta["rows_written"].value == 0  # no one said 40 words in four turns
+    bad = make_familiar(tmp_path, "bad", '[providers.memory.word_tally]\nmin_words = 0\n')
+    with pytest.raises(ConfigError, match=r"\[providers.memory.word_tally\].min_words = 0 is invalid"):
+        load_config(bad.dir.name, root=tmp_path)

@@ -461,10 +461,13 @@ class LlmClient:
     def complete(self, messages: list[dict[str, Any]], **params: Any) -> LlmReply:
         started = time.perf_counter()
         request, cache_key = self._prepare(messages, params)
-        if cache_key is not None:
-            hit = self.cache.get(cache_key)  # type: ignore[union-attr]
-            if hit is not None:
-                return self._from_cache(hit, started)
+        hit = self._cached(cache_key, started)
+        if hit is not None:
+            return hit
+        return self._finish(self._call(request), cache_key, started)
+
+    def _call(self, request: dict[str, Any]) -> Any:
+        """The provider's response, through the retries and the process-wide cap."""
         api_key = self._api_key()
         litellm = import_litellm()
         attempts = 0
@@ -476,17 +479,24 @@ class LlmClient:
                         response = litellm.completion(**request, api_key=api_key)
         except Exception as exc:  # noqa: BLE001 - classified in _failure, never swallowed
             raise self._failure(exc, attempts, api_key) from None
-        return self._finish(response, cache_key, started)
+        return response
 
     # -- async --------------------------------------------------------------
 
     async def acomplete(self, messages: list[dict[str, Any]], **params: Any) -> LlmReply:
         started = time.perf_counter()
         request, cache_key = self._prepare(messages, params)
-        if cache_key is not None:
-            hit = await asyncio.to_thread(self.cache.get, cache_key)  # type: ignore[union-attr]
-            if hit is not None:
-                return self._from_cache(hit, started)
+        hit = await asyncio.to_thread(self._cached, cache_key, started)
+        if hit is not None:
+            return hit
+        reply = self._reply(await self._acall(request), started)
+        if cache_key is not None and reply.text:
+            await asyncio.to_thread(self._store, cache_key, reply)
+        self.usage.record_reply(reply)
+        return reply
+
+    async def _acall(self, request: dict[str, Any]) -> Any:
+        """`_call` on the event loop: the same retries, the async cap."""
         api_key = self._api_key()
         litellm = import_litellm()
         attempts = 0
@@ -498,11 +508,14 @@ class LlmClient:
                         response = await litellm.acompletion(**request, api_key=api_key)
         except Exception as exc:  # noqa: BLE001 - classified in _failure, never swallowed
             raise self._failure(exc, attempts, api_key) from None
-        reply = self._reply(response, started)
-        if cache_key is not None and reply.text:
-            await asyncio.to_thread(self._store, cache_key, reply)
-        self.usage.record_reply(reply)
-        return reply
+        return response
+
+    def _cached(self, cache_key: str | None, started: float) -> LlmReply | None:
+        """The cached reply to this request, if the slot caches and has one."""
+        if cache_key is None or self.cache is None:
+            return None
+        hit = self.cache.get(cache_key)
+        return None if hit is None else self._from_cache(hit, started)
 
     # -- shared steps -------------------------------------------------------
 

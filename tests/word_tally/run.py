@@ -11,20 +11,22 @@ from .tables import WordTally, write_tallies
 PROJECTOR = "word_tally"
 
 
-def tally(batch: list) -> list[WordTally]:
-    """The batch's rows: per user speaker, words said in live turns, citing those turns."""
+def tally(batch: list, min_words: int = 1) -> list[WordTally]:
+    """The batch's rows: per user speaker with at least ``min_words``, words said in live turns, citing those turns."""
     by_speaker: dict[str, list] = {}
     for turn in batch:
         if turn.role == "user" and turn.author_key and not turn.deleted:
             by_speaker.setdefault(turn.author_key, []).append(turn)
     end = batch[-1].id
-    return [WordTally(end, key, sum(len(t.content.split()) for t in turns), tuple(t.id for t in turns),
+    rows = [WordTally(end, key, sum(len(t.content.split()) for t in turns), tuple(t.id for t in turns),
                       scope_of_turns(turns))
             for key, turns in sorted(by_speaker.items())]
+    return [row for row in rows if row.words >= min_words]
 
 
 def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:
-    size = rt.config.memory.knobs(PROJECTOR).batch_size
+    knobs = rt.config.memory.knobs(PROJECTOR)
+    size = knobs.batch_size
     with rt.store() as store:
         watermark = store.get_watermark(PROJECTOR).turn_id
     report.watermark_before = {"turn_id": watermark}
@@ -32,7 +34,7 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
         batch = rt.turn_log().turns_after(watermark, limit=size)
         if len(batch) < size:
             break
-        rows = tally(batch)
+        rows = tally(batch, knobs.min_words)
         with rt.store() as store:
             with store.transaction():
                 write_tallies(store, rows)

@@ -14,7 +14,8 @@ from .tables import WORD_TALLIES
 class WordTallyConfig:
     """[providers.memory.word_tally]"""
 
-    batch_size: int = knob(5, minimum=1)
+    batch_size: int = knob(5, minimum=1)  # turns per batch
+    min_words: int = knob(1, minimum=1)  # a speaker's tally is kept from this many words in the batch
 
 
 SPEC = ProjectorSpec(

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 
 from familiar_pipeline.storage.snapshots import where
 from familiar_pipeline.storage.store import ProjectionStore
-from familiar_pipeline.storage.tables import Provenance, Table, col
+from familiar_pipeline.storage.tables import Index, Provenance, Table, col
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ WORD_TALLIES = Table(
     WordTally,
     key=("batch_end", "speaker_key"),
     provenance=Provenance(turns=("source_turn_ids",)),
+    indexes=(Index("word_tallies_speaker", "speaker_key"),),  # a reader asks for one speaker's tallies
     description="Words said per speaker per batch of turns (an example plugin projector).",
 )
 

@@ -14,17 +14,8 @@ projector's folder; here are only the kernel's parts:
 * ``vectors``: unit-row matrices and the precombined turn-and-window matrix.
 """
 
-from .manifest import (
-    LOCK_NAME,
-    MANIFEST_FORMAT,
-    MANIFEST_NAME,
-    Manifest,
-    MatrixFile,
-    SnapshotFormatError,
-    SnapshotPublishError,
-    TableFile,
-    read_manifest,
-)
+from .manifest import LOCK_NAME, MANIFEST_FORMAT, MANIFEST_NAME, Manifest, MatrixFile, TableFile
+from .manifest import SnapshotFormatError, SnapshotPublishError, read_manifest
 from .publish import WATERMARKS_SQL, publish_snapshot, served_tables
 from .reader import SnapshotReader
 from .snapshot import Snapshot, empty_table, load_snapshot, served_schema
