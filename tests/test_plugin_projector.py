@@ -4,7 +4,6 @@ This is the documented example: a tiny projector counting words per speaker.
 """
 
 
-import sys
 
 import dagster as dg
 import pytest
