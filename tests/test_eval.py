@@ -172,12 +172,18 @@ def test_eval_refuses_a_missing_file(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_sweep_measures_the_grid_then_variations_around_the_best(tmp_path, capsys):
+def eval_hash(tmp_path, *flags: str):
+    """`familiar eval locomo` on the tiny fixture with the hash embedder and ``flags``; its --out folder."""
     data = tmp_path / "tiny-locomo.json"
     data.write_text(json.dumps(fixture()))
     out = tmp_path / "out"
-    assert main(["eval", "locomo", "--data", str(data), "--embedder", "hash", "--out", str(out), "--sweep",
+    assert main(["eval", "locomo", "--data", str(data), "--embedder", "hash", "--out", str(out), *flags,
                  "--workdir", str(tmp_path / "work")]) == 0
+    return out
+
+
+def test_sweep_measures_the_grid_then_variations_around_the_best(tmp_path, capsys):
+    out = eval_hash(tmp_path, "--sweep")
     sweep = json.loads((out / "sweep.json").read_text())
     grid = len(evaluation.SWEEP_TURN_WEIGHTS) * len(evaluation.SWEEP_TURN_CONTEXT)
     assert len(sweep["rows"]) == grid + len(evaluation.sweep_variations())
@@ -333,11 +339,7 @@ def test_paired_bootstrap_gain_and_interval():
 def test_ablation_measures_each_change_against_the_ranking_before_it(tmp_path, capsys):
     from familiar_bot.eval import ablation
 
-    data = tmp_path / "tiny-locomo.json"
-    data.write_text(json.dumps(fixture()))
-    out = tmp_path / "out"
-    assert main(["eval", "locomo", "--data", str(data), "--embedder", "hash", "--out", str(out), "--ablation",
-                 "--workdir", str(tmp_path / "work")]) == 0
+    out = eval_hash(tmp_path, "--ablation")
     result = json.loads((out / "ablation.json").read_text())
     labels = [r["label"] for r in result["rows"]]
     assert labels == [label for label, _, _ in ablation.variants()]

@@ -8,13 +8,14 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from familiar_pipeline.config import RetrievalConfig
 from familiar_pipeline.projectors.turns_index import search_text
 from familiar_pipeline.storage.fts import FtsIndex
 
 from familiar_bot.prompt.assembly import AssemblyContext
 from familiar_bot.prompt.cue_people import Directory, PeopleCue, addressed, read_people
 from familiar_bot.prompt.cue_time import TimeCue, has_time_words, parse_time_cue
-from familiar_bot.prompt.turn_signals import (CueSignals, SignalWeights, add_signals, credit_replies,
+from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
                                               next_replies, window_id_ranges)
 from tests.hostile import hostile_messages
 from tests.test_assembly import BO, CASS, MIA, World, section
@@ -206,11 +207,12 @@ def test_speaker_and_time_boosts_reorder_the_candidates():
     fused = [{"turn_id": i, "total": 2.0 - i / 10, "candidate_index": i} for i in (1, 2, 3)]
     people = read_people("Which event did Calvin attend on 4 March 2023?", DIRECTORY)
     when = parse_time_cue("Which event did Calvin attend on 4 March 2023?", NOW, UTC)
-    signals = CueSignals(people, when, UTC, SignalWeights(speaker=0.5, mention_share=0.5, time=1.0))
+    knobs = RetrievalConfig(turn_speaker_weight=0.5, turn_mention_share=0.5, turn_time_weight=1.0)
+    signals = CueSignals(people, when, UTC, knobs)
     out = add_signals([dict(f) for f in fused], rows, signals)
     assert [f["turn_id"] for f in out] == [3, 1, 2]
     assert out[0]["speaker"] == 1.0 and out[0]["time"] == 1.0 and out[2]["speaker"] == 0.0
-    off = CueSignals(PeopleCue(), TimeCue(), UTC, SignalWeights())
+    off = CueSignals(PeopleCue(), TimeCue(), UTC, RetrievalConfig(turn_speaker_weight=0.0, turn_time_weight=0.0))
     assert [f["turn_id"] for f in add_signals([dict(f) for f in fused], rows, off)] == [1, 2, 3]
 
 

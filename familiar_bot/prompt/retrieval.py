@@ -56,7 +56,7 @@ from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
-from familiar_bot.prompt.turn_signals import (CueSignals, SignalWeights, add_signals, credit_replies,
+from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
                                               next_replies, window_id_ranges)
 
 FACTS_HEADER = "## Possibly relevant facts"
@@ -533,27 +533,27 @@ def read_cue(cue: str, memory, ctx) -> CueSignals | None:
 
     Never raises: a cue that cannot be read (or a turn log that cannot be) ranks
     by its words alone, with a warning once."""
-    weights = SignalWeights.from_config(memory.config.memory.retrieval)
-    if not (weights.speaker > 0 or weights.time > 0 or weights.reply_credit > 0):
+    knobs = memory.config.memory.retrieval
+    if not (knobs.turn_speaker_weight > 0 or knobs.turn_time_weight > 0 or knobs.turn_reply_credit > 0):
         return None
     tz = memory.config.tz
     try:
-        people = read_people(cue, memory.people_directory()) if weights.speaker > 0 else PeopleCue()
+        people = read_people(cue, memory.people_directory()) if knobs.turn_speaker_weight > 0 else PeopleCue()
         now = getattr(ctx, "now", None) or datetime.now(timezone.utc)
-        when = parse_time_cue(cue, now, tz) if weights.time > 0 else TimeCue()
+        when = parse_time_cue(cue, now, tz) if knobs.turn_time_weight > 0 else TimeCue()
     except Exception as exc:  # a reply must not fail because of its cue
         memory.warn_once("cue-signals", "reading who and when the cue names failed (%s: %s); "
                          "ranking turns by their words alone", type(exc).__name__, exc)
         return None
-    return CueSignals(people, when, tz, weights)
+    return CueSignals(people, when, tz, knobs)
 
 
 def _time_id_ranges(signals: CueSignals, memory) -> list[tuple[int, int]]:
     """Turn-id ranges of the windows the cue names (empty without a weighted, dated cue)."""
-    if signals.weights.time <= 0 or not signals.time.windows:
+    if signals.knobs.turn_time_weight <= 0 or not signals.time.windows:
         return []
     try:
-        return window_id_ranges(memory.turn_log, signals.time.windows, signals.tz, signals.weights.time_slack_days)
+        return window_id_ranges(memory.turn_log, signals.time.windows, signals.tz, signals.knobs.turn_time_slack_days)
     except Exception as exc:
         memory.warn_once("cue-time-ids", "finding the turns of the cue's dates failed (%s: %s)",
                          type(exc).__name__, exc)
@@ -565,7 +565,7 @@ def _with_signals(fused: list[dict], signals: CueSignals, memory, rows_of: "_Tur
     """``fused`` with the replies' credit and the speaker and time boosts (:mod:`turn_signals`)."""
     rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in fused)}
     fused = credit_replies(fused, rows, lambda questions: next_replies(
-        questions, memory.turn_log.live_channels, rows_of.get), signals.weights.reply_credit)
+        questions, memory.turn_log.live_channels, rows_of.get), signals.knobs.turn_reply_credit)
     fused = [f for f in fused if f["turn_id"] not in exclude]
     rows.update((t.id, t) for t in rows_of.get(f["turn_id"] for f in fused if f["turn_id"] not in rows))
     return add_signals(fused, rows, signals)

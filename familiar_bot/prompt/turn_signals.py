@@ -38,34 +38,20 @@ REPLY_REACH = 4  # how far (in ids) after a question its reply is looked for
 
 
 @dataclass(frozen=True)
-class SignalWeights:
-    speaker: float = 0.0
-    mention_share: float = 0.0
-    time: float = 0.0
-    time_slack_days: float = 0.0
-    when_share: float = 0.0
-    reply_credit: float = 0.0
-
-    @classmethod
-    def from_config(cls, retrieval) -> "SignalWeights":
-        return cls(retrieval.turn_speaker_weight, retrieval.turn_mention_share, retrieval.turn_time_weight,
-                   retrieval.turn_time_slack_days, retrieval.turn_when_share, retrieval.turn_reply_credit)
-
-
-@dataclass(frozen=True)
 class CueSignals:
     """What one cue asks about beyond its words, read once per reply."""
 
     people: PeopleCue
     time: TimeCue
     tz: tzinfo
-    weights: SignalWeights
+    knobs: Any  # the familiar's RetrievalConfig: the turn_* weights named in the module docstring
 
     @property
     def active(self) -> bool:
-        w = self.weights
-        return bool((w.speaker > 0 and self.people) or (w.time > 0 and self.time.dated)
-                    or (w.time > 0 and w.when_share > 0 and self.time.asks_when) or w.reply_credit > 0)
+        k = self.knobs
+        return bool((k.turn_speaker_weight > 0 and self.people) or (k.turn_time_weight > 0 and self.time.dated)
+                    or (k.turn_time_weight > 0 and k.turn_when_share > 0 and self.time.asks_when)
+                    or k.turn_reply_credit > 0)
 
     def debug(self) -> dict[str, Any]:
         return {"people": sorted(self.people.actors), "people_objects": sorted(self.people.objects),
@@ -138,26 +124,26 @@ def _same_speaker(a, b) -> bool:
 
 def add_signals(fused: list[dict], rows: dict[int, Any], signals: CueSignals) -> list[dict]:
     """``fused`` with the speaker and time boosts added to each total, re-sorted (ties keep the order)."""
-    w = signals.weights
-    people = signals.people if w.speaker > 0 else None
-    dated = w.time > 0 and signals.time.dated
-    when = w.time > 0 and w.when_share > 0 and signals.time.asks_when and not dated
+    k = signals.knobs
+    people = signals.people if k.turn_speaker_weight > 0 else None
+    dated = k.turn_time_weight > 0 and signals.time.dated
+    when = k.turn_time_weight > 0 and k.turn_when_share > 0 and signals.time.asks_when and not dated
     for f in fused:
         turn = rows.get(f["turn_id"])
         if turn is None:
             continue
         boost = 0.0
         if people:
-            speaker = people.relation(turn.author_key, turn.content, w.mention_share)
+            speaker = people.relation(turn.author_key, turn.content, k.turn_mention_share)
             f["speaker"] = speaker
-            boost += w.speaker * speaker
+            boost += k.turn_speaker_weight * speaker
         if dated:
-            at = signals.time.strength(_aware(turn.created_at), signals.tz, w.time_slack_days)
+            at = signals.time.strength(_aware(turn.created_at), signals.tz, k.turn_time_slack_days)
             f["time"] = at
-            boost += w.time * at
+            boost += k.turn_time_weight * at
         elif when and has_time_words(turn.content):
-            f["time"] = w.when_share
-            boost += w.time * w.when_share
+            f["time"] = k.turn_when_share
+            boost += k.turn_time_weight * k.turn_when_share
         f["total"] += boost
     return sorted(fused, key=lambda f: (-f["total"], f["candidate_index"]))
 
