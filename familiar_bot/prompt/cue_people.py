@@ -24,6 +24,7 @@ Calvin!" (a turn *addressed* to him, which says nothing about him). BM25 over
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -32,6 +33,8 @@ from familiar_pipeline.storage.fts import STOPWORDS
 MAX_CUE_CHARS = 2000
 MAX_TEXT_CHARS = 4000  # of a turn, when looking for names in it
 MIN_SHORT_FORM = 3  # letters of a capitalised short form ("Mel")
+MAX_NAME_WORDS = 6  # a longer display name is matched by its first word only
+MAX_PEOPLE = 8  # people of one cue looked for in the candidates' texts
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*", re.UNICODE)
 # Words a clause may hold before a name that it addresses ("hey", "thanks", "wow").
 GREETINGS = frozenset("""
@@ -54,6 +57,7 @@ class Directory:
     aliases: Mapping[tuple[str, ...], frozenset[str]]
     words: Mapping[str, frozenset[str]]  # each single name word of 4+ letters, for short forms
     longest: int = 1
+    ordered: tuple[str, ...] = ()  # ``words`` sorted, so a short form's names are one bisect away
 
     @classmethod
     def build(cls, names: Iterable[tuple[str, str]]) -> "Directory":
@@ -69,13 +73,21 @@ class Directory:
             for part in parts:
                 if len(part) > MIN_SHORT_FORM and part.isalpha():
                     words.setdefault(part, set()).add(key)
+        aliases = {k: v for k, v in aliases.items() if len(k) <= MAX_NAME_WORDS}
         return cls({k: frozenset(v) for k, v in aliases.items()}, {k: frozenset(v) for k, v in words.items()},
-                   max((len(k) for k in aliases), default=1))
+                   max((len(k) for k in aliases), default=1), tuple(sorted(words)))
 
     def short_form(self, word: str) -> frozenset[str]:
         """Keys with a name word that ``word`` begins ("mel" -> melanie), if exactly one person has one."""
-        keys = {k for name, ks in self.words.items() if name.startswith(word) and name != word for k in ks}
-        return frozenset(keys) if len(keys) == 1 else frozenset()
+        keys: set[str] = set()
+        at = bisect_left(self.ordered, word)
+        while at < len(self.ordered) and self.ordered[at].startswith(word):
+            if self.ordered[at] != word:
+                keys |= self.words[self.ordered[at]]
+                if len(keys) > 1:
+                    return frozenset()
+            at += 1
+        return frozenset(keys)
 
 
 @dataclass(frozen=True)
@@ -182,6 +194,9 @@ def read_people(cue: str, directory: Directory) -> PeopleCue:
         i += matched
     if not found:
         return PeopleCue()
+    if len(found) > MAX_PEOPLE:  # a cue naming a crowd singles nobody out; keep the first few (dicts keep order)
+        found = dict(list(found.items())[:MAX_PEOPLE])
+        forms = {k: forms[k] for k in found}
     plain = {k for k, marks in found.items() if not all(marks)}
     actors = frozenset(plain) if plain else frozenset(found)
     for key, names in directory_names(directory, found).items():
