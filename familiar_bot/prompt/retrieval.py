@@ -27,12 +27,17 @@ of its context window (``turn_context``: the turn and its ``turn_context_span``
 nearest same-channel turns each side). Over the union each signal is min-max
 normalised and the two are summed with ``bm25_weight`` and
 ``turn_embedding_weight`` (``turn_fusion = "rrf"`` swaps in reciprocal rank
-fusion, which measured worse on LoCoMo: docs/benchmarks.md). The ranked turns
+fusion, which measured worse on LoCoMo: docs/benchmarks.md). What the words
+cannot say is added next (:mod:`familiar_bot.prompt.turn_signals`): who the cue
+names (their turns count, turns addressed to them do not), when (turns said in a
+window the cue names; those turns also join the candidates by cosine), and the
+reply after a matching question. The ranked turns
 are then filtered: minus the turns ``recent_history`` already shows
 (the ids actually in that window, not id arithmetic: ids are global across
 channels) and minus deleted turns; in a guild channel only that guild's turns
-(a direct message is never quoted into a server). Each hit brings its
-``turn_neighbours`` nearest neighbours before and after in the same channel;
+(a direct message is never quoted into a server). Each of the best
+``turn_neighbour_hits`` hits brings its ``turn_neighbours`` nearest neighbours
+before and after in the same channel (the rest come alone);
 hits join in rank order while they and their neighbours fit the section's
 token budget, and the lot is grouped by date in ``display_tz``. The debug
 structure records which facts and turns survived the token cut
