@@ -153,6 +153,8 @@ def test_discord_pings_count_as_names():
     assert cue.relation("discord:1", "I saw <@222> at the park", 0.5) == 0.5
     assert cue.relation("discord:1", "<@222> look at this", 0.5) == 0.0  # a ping to get their attention
     assert addressed("hi @Bo!", 4, 6) and not addressed("I asked Bo twice", 8, 10)
+    assert cue.relation("discord:1", "@Bo look at this", 0.5) == 0.0
+    assert cue.relation("discord:1", "I told @Bo about it", 0.5) == 0.5
 
 
 def test_people_hostile_text_never_raises():
@@ -318,3 +320,13 @@ def test_hostile_cues_never_fail_a_reply(world):
 def test_context_now_must_be_aware():
     with pytest.raises(TypeError, match="aware datetime"):
         AssemblyContext("fam", 10, now=datetime(2026, 1, 1))
+
+
+@pytest.mark.parametrize("knob, value", [("TURN_MENTION_SHARE", "1.5"), ("TURN_REPLY_CREDIT", "-0.1"),
+                                         ("TURN_SPEAKER_WEIGHT", "-1"), ("TURN_TIME_SLACK_DAYS", "1000"),
+                                         ("TURN_NEIGHBOUR_HITS", "-2"), ("TURN_WHEN_SHARE", "2")])
+def test_signal_knobs_are_validated(world, knob, value):
+    from familiar_pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match=knob.lower()):
+        world.config({f"FAMILIAR__MEMORY__RETRIEVAL__{knob}": value})

@@ -132,7 +132,7 @@ def _name_pattern(key: str, forms: Iterable[str]) -> re.Pattern | None:
         options.append(rf"<@!?{user_id}>")
     if not options:
         return None
-    return re.compile(r"(?<![\w@])(?:" + "|".join(options) + r")(?!\w)", re.IGNORECASE)
+    return re.compile(r"(?<!\w)(?:" + "|".join(options) + r")(?!\w)", re.IGNORECASE)
 
 
 _CLAUSE_END = re.compile(r"[.!?\n;:]")
@@ -146,12 +146,14 @@ def addressed(text: str, start: int, end: int) -> bool:
         return False
     before = text[max(0, start - 80):start]
     clause = _CLAUSE_END.split(before)[-1]
-    if text.startswith("<@", start) and not clause.strip():
-        return True  # a ping opening the message gets their attention
+    pinged = text.startswith("<@", start) or clause.endswith("@")
+    clause = clause.removesuffix("@")
+    if pinged and not clause.strip():
+        return True  # a ping opening the message ("@Mel look", "<@123> look") gets their attention
     rest = after.lstrip(" ")
     if rest and (rest[0].isalnum() or rest[0] in "'’-"):
         return False  # the sentence goes on through the name: "Mel said", "Mel and I"
-    if clause.rstrip().endswith((",", "@")) or not clause.strip():
+    if clause.rstrip().endswith(",") or not clause.strip():
         return True
     words = [w.casefold() for w in _WORD.findall(clause)]
     return all(w in GREETINGS for w in words)
