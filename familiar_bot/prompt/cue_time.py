@@ -229,14 +229,12 @@ def _resolve(kind: str, g: dict, today: date) -> tuple[Spans, Yearly]:
     if kind == "rel_unit":
         return [_relative_unit(g["rel"], g["unit"], today)], []
     if kind == "weekday":
-        back = (today.weekday() - WEEKDAYS[g["weekday"]]) % 7 or 7
-        day = today - timedelta(days=back)
-        return [(day, day + timedelta(days=1))], []
+        weekday = today - timedelta(days=(today.weekday() - WEEKDAYS[g["weekday"]]) % 7 or 7)
+        return [(weekday, weekday + timedelta(days=1))], []
     word = g["word"]
-    back = {"yesterday": 1, "last night": 1, "the day before yesterday": 2}.get(word, 0)
-    day = today - timedelta(days=back)
+    named = today - timedelta(days={"yesterday": 1, "last night": 1, "the day before yesterday": 2}.get(word, 0))
     # "last night" may be told the next morning: keep the day after in the window.
-    return [(day, day + timedelta(days=2 if word == "last night" else 1))], []
+    return [(named, named + timedelta(days=2 if word == "last night" else 1))], []
 
 
 def _year(text: str) -> int:

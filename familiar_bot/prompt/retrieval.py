@@ -49,7 +49,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -259,7 +259,7 @@ MAX_WINDOW_ROWS = 20000  # turn vectors scored for a time window named in the cu
 
 def _dense_turns(cue: str, memory, limit: int, also: list[int],
                  windows: Callable[[list[int]], dict[int, list[int]]] | None = None,
-                 cache: dict | None = None, id_ranges: list[tuple[int, int]] = ()) -> dict[int, float]:
+                 cache: dict | None = None, id_ranges: Iterable[tuple[int, int]] = ()) -> dict[int, float]:
     """Cosines of the ``limit`` turns nearest to the cue and of the turns ``also`` (the BM25 hits),
     when turn vectors are on and present.
 

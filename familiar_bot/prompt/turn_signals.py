@@ -77,7 +77,7 @@ def credit_replies(fused: list[dict], rows: dict[int, Any], reply_of: Callable[[
         return fused
     replies = reply_of([rows[f["turn_id"]] for f in questions])
     by_id = {f["turn_id"]: f for f in fused}
-    added = []
+    added: list[dict] = []
     for f in questions:
         reply = replies.get(f["turn_id"])
         if reply is None:
