@@ -89,6 +89,23 @@ def chat_line(rng: random.Random) -> str:
     return line
 
 
+def cue_line(rng: random.Random, now: datetime) -> str:
+    """A new message: a chat line ending in a question, and often a person and a time to resolve
+    (a third name someone, a quarter a date in the log's span, a quarter a relative time), so the
+    benchmark pays for retrieval's people and time signals as a real server would."""
+    cue = chat_line(rng) + f" {rng.choice(FACT_OBJECTS)}?"
+    if rng.random() < 1 / 3:
+        cue = f"what did {rng.choice(PEOPLE)[1]} say, {cue}"
+    roll = rng.random()
+    if roll < 0.25:
+        day = now - timedelta(days=rng.randint(1, 300))
+        cue += f" on {day.day} {day:%B %Y}" if rng.random() < 0.5 else f" in {day:%B %Y}"
+    elif roll < 0.5:
+        cue += " " + rng.choice(["yesterday", "last week", "last weekend", "three days ago", "last month",
+                                 "this morning"])
+    return cue
+
+
 def fact_text(rng: random.Random, name: str) -> str:
     return f"{name} {rng.choice(FACT_VERBS)} {rng.choice(FACT_OBJECTS)} {rng.choice(FACT_QUALIFIERS)}".strip()
 
@@ -239,13 +256,16 @@ def run_mode(label: str, paths: FamiliarPaths, env: dict, embedder, iterations: 
     timings: list[float] = []
     layer_ms: dict[str, list[float]] = {}
     embedded = 0
+    at = memory.turn_log.turns_by_ids([memory.turn_log.latest_id()])[0].created_at
     for n in range(warmup + iterations):
         channel = CHANNELS[n % 2]
         key, name = PEOPLE[n % len(PEOPLE)]
-        cue = chat_line(rng) + f" {rng.choice(FACT_OBJECTS)}?"
+        cue = cue_line(rng, at)
+        at += timedelta(seconds=rng.randint(5, 600))
         memory.turn_log.append_turn(channel_id=channel, guild_id=GUILD, role="user", author_key=key,
-                                    author_display=name, content=cue, platform_message_id=10**18 + n)
-        ctx = AssemblyContext(FAMILIAR, channel, GUILD, "text", cue)
+                                    author_display=name, content=cue, platform_message_id=10**18 + n,
+                                    created_at=at)
+        ctx = AssemblyContext(FAMILIAR, channel, GUILD, "text", cue, now=at)
         t0 = time.perf_counter()
         prompt = assembler.assemble(ctx)
         elapsed = (time.perf_counter() - t0) * 1000

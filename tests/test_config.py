@@ -79,7 +79,9 @@ def test_defaults_are_the_documented_values(tmp_path):
         "bm25_weight": 1.0, "recency_weight": 0.0, "importance_weight": 0.6,
         "embedding_weight": 3.0, "fact_overfetch": 4, "turn_embedding_weight": 1.0, "turn_candidates": 50,
         "turn_neighbours": 2, "turn_fusion": "weighted", "turn_context": 0.5, "turn_context_span": 2,
-        "turn_vector_search_rows": 20000}
+        "turn_vector_search_rows": 20000, "turn_neighbour_hits": 8, "turn_speaker_weight": 0.5,
+        "turn_mention_share": 0.5, "turn_time_weight": 1.5, "turn_time_slack_days": 14.0, "turn_when_share": 0.25,
+        "turn_reply_credit": 0.8}
     assert cfg.embedding == EmbeddingConfig(backend="off", dim=256, fastembed_model="BAAI/bge-small-en-v1.5",
                                             fastembed_cache_dir=None, fastembed_model_path=None)
     assert dataclasses.asdict(cfg.history) == {

@@ -173,12 +173,18 @@ def test_eval_refuses_a_missing_file(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_sweep_measures_the_grid_then_variations_around_the_best(tmp_path, capsys):
+def eval_hash(tmp_path, *flags: str):
+    """`familiar eval locomo` on the tiny fixture with the hash embedder and ``flags``; its --out folder."""
     data = tmp_path / "tiny-locomo.json"
     data.write_text(json.dumps(fixture()))
     out = tmp_path / "out"
-    assert main(["eval", "locomo", "--data", str(data), "--embedder", "hash", "--out", str(out), "--sweep",
+    assert main(["eval", "locomo", "--data", str(data), "--embedder", "hash", "--out", str(out), *flags,
                  "--workdir", str(tmp_path / "work")]) == 0
+    return out
+
+
+def test_sweep_measures_the_grid_then_variations_around_the_best(tmp_path, capsys):
+    out = eval_hash(tmp_path, "--sweep")
     sweep = json.loads((out / "sweep.json").read_text())
     grid = len(evaluation.SWEEP_TURN_WEIGHTS) * len(evaluation.SWEEP_TURN_CONTEXT)
     assert len(sweep["rows"]) == grid + len(evaluation.sweep_variations())
@@ -314,3 +320,33 @@ def test_eval_turns_keeps_the_first_turns_and_the_questions_they_answer(tmp_path
     assert sorted(conv.turn_of) == ["D1:1", "D1:2", "D1:3", "D1:4"]
     # The cello question (D1:1) and the Montreal one (D1:3 of D1:3; D2:3) stay; the marathon's D2:4 is gone.
     assert [(q.category, q.evidence) for q in conv.questions] == [(4, ("D1:1",)), (1, ("D1:3",))]
+
+
+def test_paired_bootstrap_gain_and_interval():
+    from familiar_bot.eval.ablation import paired_bootstrap
+
+    def recs(hits):
+        return [{"conversation": "c", "question": i, "any@10": float(h)} for i, h in enumerate(hits)]
+
+    base, better = recs([0] * 50 + [1] * 50), recs([1] * 80 + [0] * 0 + [1] * 20)
+    gain = paired_bootstrap(base, better)
+    assert gain["gain"] == 50.0 and 35 < gain["low"] < 50 < gain["high"] < 65
+    same = paired_bootstrap(base, base)
+    assert same == {"gain": 0.0, "low": 0.0, "high": 0.0}
+    with pytest.raises(ValueError, match="same questions"):
+        paired_bootstrap(base, list(reversed(better)))
+
+
+def test_ablation_measures_each_change_against_the_ranking_before_it(tmp_path, capsys):
+    from familiar_bot.eval import ablation
+
+    out = eval_hash(tmp_path, "--ablation")
+    result = json.loads((out / "ablation.json").read_text())
+    labels = [r["label"] for r in result["rows"]]
+    assert labels == [label for label, _, _ in ablation.variants()]
+    assert labels[0] == "before (all four off)" and "shipped defaults" in labels
+    before = result["rows"][0]
+    assert before["retrieval"]["turn_speaker_weight"] == 0.0 and before["text_budget"] == {"max_rag_turns": 24}
+    assert before["gain"]["any@10"] == {"gain": 0.0, "low": 0.0, "high": 0.0}
+    assert "| shipped defaults |" in (out / "ablation.md").read_text()
+    assert "paired bootstrap" in capsys.readouterr().out

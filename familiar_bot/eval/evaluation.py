@@ -365,6 +365,11 @@ def score_question(units: list[frozenset[int]], gold: set[int], gold_sessions: s
     return out
 
 
+def first_gold_rank(units: list[frozenset[int]], gold: set[int]) -> int | None:
+    """The 1-based rank of the first unit holding a gold turn (None: not in the ranking): near misses show."""
+    return next((rank for rank, unit in enumerate(units, start=1) if unit & gold), None)
+
+
 def evaluate(prepared: list[PreparedConversation], *, retrieval=None, text_budget=None,
              progress: Callable[[int], None] | None = None, embedder_cache: dict | None = None) -> list[dict]:
     """One record per question: its category, 0/1 scores, rendered tokens and latency."""
@@ -398,7 +403,8 @@ def evaluate(prepared: list[PreparedConversation], *, retrieval=None, text_budge
                 fact_top = {t for f in deep_debug["facts"][:10] for t in fact_sources.get(f["fact_id"], ())}
                 scores["turns_any@10"] = float(bool(turn_top & gold))
                 scores["facts_any@10"] = float(bool(fact_top & gold))
-                records.append({"conversation": conv.sample_id, "category": q.category, **scores,
+                records.append({"conversation": conv.sample_id, "question": q.index, "category": q.category, **scores,
+                                "gold_rank": first_gold_rank(ranked_units(deep_debug, fact_sources), gold),
                                 "rendered_tokens": estimate_tokens(text), "latency_ms": latency_ms})
                 if progress is not None:
                     progress(1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +28,7 @@ from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.storage.turns import Turn, TurnLog
 
+from familiar_bot.prompt.cue_people import Directory
 from familiar_bot.prompt.layers.common import Labels, content_hash
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 _MEMO_SIZE = 64
 _BULK_SIZE = 4096  # rendered history messages: a few windows' worth
 _SLIDE_BATCH = 256  # more new turns than this (across channels) since the last read: re-read the window
+PROFILE_NAMES_EVERY_S = 30.0  # how often the participants' profile names and nicknames are re-read
 
 
 class FtsReader:
@@ -138,6 +141,8 @@ class MemoryView:
         # One worker for the cue's model call (``prefetch_cue_vector``), shared by pinned
         # copies; its thread starts at the first prefetch and ends in ``close()``.
         self._cue_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="familiar-cue")
+        # Names people are known by (retrieval's people in the cue): built up as turns arrive.
+        self._names: dict = {"turn_id": 0, "profiles_at": None, "names": set(), "directory": Directory.build(())}
 
     def refresh(self) -> None:
         """Pick up a new snapshot or index commit; never raises."""
@@ -242,6 +247,34 @@ class MemoryView:
             log.warning(message, *args)
 
     # -- the turn log --------------------------------------------------------
+
+    def people_directory(self) -> Directory:
+        """Every name each participant is known by (:meth:`TurnLog.names_known`), kept up to date.
+
+        Display names are read incrementally (only turns newer than the last read);
+        profile names and nicknames are re-read every ``PROFILE_NAMES_EVERY_S``. The
+        directory is rebuilt only when a name was added, so a reply usually costs two
+        small queries. Read once per assembly.
+        """
+        return self.per_assembly(("people",), self._update_people)
+
+    def _update_people(self) -> Directory:
+        state = self._names
+        with self._memo_lock:
+            after, read_at = state["turn_id"], state["profiles_at"]
+        now = time.monotonic()
+        profiles = read_at is None or now - read_at >= PROFILE_NAMES_EVERY_S
+        latest, names = self.turn_log.names_known(after, profiles=profiles)
+        with self._memo_lock:
+            if profiles:
+                state["profiles_at"] = now
+            state["turn_id"] = max(state["turn_id"], latest)
+            # Names only accumulate: a name someone had is still how others may ask about them.
+            new = set(names) - state["names"]
+            if new:
+                state["names"] |= new
+                state["directory"] = Directory.build(state["names"])
+            return state["directory"]
 
     def window_token(self, channel_id: int) -> tuple[int, int]:
         """Changes whenever the channel's recent window could: a new turn, an edit or a delete.

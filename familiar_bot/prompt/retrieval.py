@@ -27,12 +27,17 @@ of its context window (``turn_context``: the turn and its ``turn_context_span``
 nearest same-channel turns each side). Over the union each signal is min-max
 normalised and the two are summed with ``bm25_weight`` and
 ``turn_embedding_weight`` (``turn_fusion = "rrf"`` swaps in reciprocal rank
-fusion, which measured worse on LoCoMo: docs/benchmarks.md). The ranked turns
+fusion, which measured worse on LoCoMo: docs/benchmarks.md). What the words
+cannot say is added next (:mod:`familiar_bot.prompt.turn_signals`): who the cue
+names (their turns count, turns addressed to them do not), when (turns said in a
+window the cue names; those turns also join the candidates by cosine), and the
+reply after a matching question. The ranked turns
 are then filtered: minus the turns ``recent_history`` already shows
 (the ids actually in that window, not id arithmetic: ids are global across
 channels) and minus deleted turns; in a guild channel only that guild's turns
-(a direct message is never quoted into a server). Each hit brings its
-``turn_neighbours`` nearest neighbours before and after in the same channel;
+(a direct message is never quoted into a server). Each of the best
+``turn_neighbour_hits`` hits brings its ``turn_neighbours`` nearest neighbours
+before and after in the same channel (the rest come alone);
 hits join in rank order while they and their neighbours fit the section's
 token budget, and the lot is grouped by date in ``display_tz``. The debug
 structure records which facts and turns survived the token cut
@@ -44,7 +49,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -57,8 +62,12 @@ from familiar_pipeline.projectors.turn_embeddings.tables import turn_matrix
 from familiar_pipeline.projectors.turn_windows.tables import context_turn_matrix
 from familiar_pipeline.storage.turns import context_windows
 
+from familiar_bot.prompt.cue_people import PeopleCue, read_people
+from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
+from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
+                                              next_replies, window_id_ranges)
 
 FACTS_HEADER = "## Possibly relevant facts"
 TURNS_HEADER = "## Possibly relevant earlier turns"
@@ -251,11 +260,12 @@ def rrf_turns(bm25: dict[int, float], cosines: dict[int, float], bm25_weight: fl
 
 
 MAX_CONTEXT_CANDIDATES = 100  # candidates whose cosine is blended with their window (the nearest first)
+MAX_WINDOW_ROWS = 20000  # turn vectors scored for a time window named in the cue (the newest of it)
 
 
 def _dense_turns(cue: str, memory, limit: int, also: list[int],
                  windows: Callable[[list[int]], dict[int, list[int]]] | None = None,
-                 cache: dict | None = None) -> dict[int, float]:
+                 cache: dict | None = None, id_ranges: Iterable[tuple[int, int]] = ()) -> dict[int, float]:
     """Cosines of the ``limit`` turns nearest to the cue and of the turns ``also`` (the BM25 hits),
     when turn vectors are on and present.
 
@@ -270,8 +280,9 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
     ``MAX_CONTEXT_CANDIDATES`` nearest candidates are blended, so a deep
     refetch does not look up thousands of windows. The nearest turns are
     searched among the newest ``turn_vector_search_rows`` vectors (see
-    :class:`TurnScores`); ``also`` gets its cosines wherever it lies. ``cache``
-    keeps the scores for the next refetch round of the same reply.
+    :class:`TurnScores`); ``also`` gets its cosines wherever it lies. Each of
+    ``id_ranges`` (the turns of a time the cue names) adds its own ``limit``
+    nearest. ``cache`` keeps the scores for the next refetch round of the same reply.
     """
     retrieval = memory.config.memory.retrieval
     embedder = memory.embedder
@@ -284,6 +295,8 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
         return {}
     scores: TurnScores = cache["sims"]
     out = scores.nearest(limit)
+    for first, last in id_ranges:
+        out.update(scores.nearest_in(first, last, limit))
     if also:
         out.update(scores.of(also))
     if scores.blended or windows is None or retrieval.turn_context <= 0 or not out:
@@ -346,6 +359,24 @@ class TurnScores:
     def nearest(self, limit: int) -> dict[int, float]:
         """``{turn id: cosine}`` of the ``limit`` best-scoring searched rows."""
         return {int(self.ids[self.start + r]): float(self.sims[r]) for r in top_rows(self.sims, limit)}
+
+    def nearest_in(self, first_id: int, last_id: int, limit: int) -> dict[int, float]:
+        """``{turn id: cosine}`` of the ``limit`` best turns with ids in ``[first_id, last_id]``
+        (a time window's turns: candidates the cue's words may not reach). At most the newest
+        :data:`MAX_WINDOW_ROWS` of the range are scored."""
+        low, high = (int(x) for x in np.searchsorted(self.ids, [first_id, last_id], side="left"))
+        high = min(len(self.ids), high + int(high < len(self.ids) and self.ids[high] == last_id))
+        low = max(low, high - MAX_WINDOW_ROWS)
+        if high <= low:
+            return {}
+        split = max(low, min(high, self.start))
+        parts = []
+        if split > low:
+            parts.append(row_dots(self.matrix[low:split], self.cue))
+        if high > split:
+            parts.append(self.sims[split - self.start:high - self.start])
+        sims = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return {int(self.ids[low + r]): float(sims[r]) for r in top_rows(sims, limit)}
 
     def of(self, wanted) -> dict[int, float]:
         """``{turn id: cosine}`` for the ``wanted`` ids that have a vector (a binary search)."""
@@ -439,17 +470,22 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     rows_of = _TurnRows(memory.turn_log)
     dense_cache: dict = {}
     fetch = turn_fetch(memory, budget)
+    signals = read_cue(cue, memory, ctx)
+    id_ranges = _time_id_ranges(signals, memory) if signals is not None and _dense_turns_on(memory) else []
     kept: list = []
     ranked: list[dict] = []
     for round_ in range(MAX_REFETCH_ROUNDS + 1):
         hits = first_hits if round_ == 0 and first_hits is not None else memory.fts_turns.search(cue, fetch)
         bm25 = dict(hits)
         dense = _dense_turns(cue, memory, fetch, list(bm25),
-                             _same_channel_windows(memory.turn_log, retrieval.turn_context_span, exclude), dense_cache)
+                             _same_channel_windows(memory.turn_log, retrieval.turn_context_span, exclude), dense_cache,
+                             id_ranges)
         order = [tid for tid, _ in hits] + [tid for tid in sorted(dense, key=lambda t: -dense[t]) if tid not in bm25]
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
         fused = [f for f in fused if f["turn_id"] not in exclude]
+        if signals is not None and signals.active:
+            fused = _with_signals(fused, signals, memory, rows_of, exclude)
         kept, ranked = [], []
         # Rows are read in rank order, a few more than still wanted at a time: most
         # candidates rank below the cut and never need their row built.
@@ -473,22 +509,72 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         return [], []
     reach = retrieval.turn_neighbours
     span = max(NEIGHBOUR_SPAN, 3 * reach)
-    around = {i for t in kept for i in range(t.id - span, t.id + span + 1) if i > 0} if reach else set()
+    # Only the best ``turn_neighbour_hits`` hits bring neighbours; the rest come alone.
+    with_context = retrieval.turn_neighbour_hits or len(kept)
+    around = ({i for t in kept[:with_context] for i in range(t.id - span, t.id + span + 1) if i > 0}
+              if reach else set())
     # Ids and channels first (live turns only), then rows for just the neighbours shown.
     by_channel: dict[int, list[int]] = {}
     for tid, ch in sorted(memory.turn_log.live_channels(around).items()):
         if tid not in exclude:
             by_channel.setdefault(ch, []).append(tid)
     shown: list[list[int]] = []
-    for hit in kept:
+    for n, hit in enumerate(kept):
+        if n >= with_context:
+            shown.append([])
+            continue
         same = by_channel.get(hit.channel_id, [])
         below, above = bisect_left(same, hit.id), bisect_right(same, hit.id)
         shown.append(same[max(0, below - reach):below] + same[above:above + reach])
     rows = {t.id: t for t in rows_of.get({tid for ids in shown for tid in ids})}
     groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted] for hit, ids in zip(kept, shown)]
     chosen = fit_by_rank(groups, token_budget)
-    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total")} for f in ranked]
+    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to") if k in f}
+             for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
+
+
+def read_cue(cue: str, memory, ctx) -> CueSignals | None:
+    """Who and when the cue names (:class:`CueSignals`), or None when no signal is weighted.
+
+    Never raises: a cue that cannot be read (or a turn log that cannot be) ranks
+    by its words alone, with a warning once."""
+    knobs = memory.config.memory.retrieval
+    if not (knobs.turn_speaker_weight > 0 or knobs.turn_time_weight > 0 or knobs.turn_reply_credit > 0):
+        return None
+    tz = memory.config.tz
+    try:
+        people = read_people(cue, memory.people_directory()) if knobs.turn_speaker_weight > 0 else PeopleCue()
+        now = getattr(ctx, "now", None) or datetime.now(timezone.utc)
+        when = parse_time_cue(cue, now, tz) if knobs.turn_time_weight > 0 else TimeCue()
+    except Exception as exc:  # a reply must not fail because of its cue
+        memory.warn_once("cue-signals", "reading who and when the cue names failed (%s: %s); "
+                         "ranking turns by their words alone", type(exc).__name__, exc)
+        return None
+    return CueSignals(people, when, tz, knobs)
+
+
+def _time_id_ranges(signals: CueSignals, memory) -> list[tuple[int, int]]:
+    """Turn-id ranges of the windows the cue names (empty without a weighted, dated cue)."""
+    if signals.knobs.turn_time_weight <= 0 or not signals.time.windows:
+        return []
+    try:
+        return window_id_ranges(memory.turn_log, signals.time.windows, signals.tz, signals.knobs.turn_time_slack_days)
+    except Exception as exc:
+        memory.warn_once("cue-time-ids", "finding the turns of the cue's dates failed (%s: %s)",
+                         type(exc).__name__, exc)
+        return []
+
+
+def _with_signals(fused: list[dict], signals: CueSignals, memory, rows_of: "_TurnRows",
+                  exclude: frozenset[int]) -> list[dict]:
+    """``fused`` with the replies' credit and the speaker and time boosts (:mod:`turn_signals`)."""
+    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in fused)}
+    fused = credit_replies(fused, rows, lambda questions: next_replies(
+        questions, memory.turn_log.live_channels, rows_of.get), signals.knobs.turn_reply_credit)
+    fused = [f for f in fused if f["turn_id"] not in exclude]
+    rows.update((t.id, t) for t in rows_of.get(f["turn_id"] for f in fused if f["turn_id"] not in rows))
+    return add_signals(fused, rows, signals)
 
 
 GROUP_SLACK_TOKENS = 8  # a date header and a blank line a hit's group may add

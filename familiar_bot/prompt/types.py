@@ -7,6 +7,7 @@ layers can build `Message`s without importing the assembler that imports them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from familiar_pipeline.config import BUDGET_TIERS
@@ -24,6 +25,8 @@ class AssemblyContext:
     guild_id: int | None = None
     tier: str = "text"  # a budget tier: "text", "voice" or "background"
     cue: str = ""
+    # When the cue was said (aware); None: now. "Yesterday" in the cue is the day before it.
+    now: datetime | None = None
 
     def __post_init__(self) -> None:
         for name in ("channel_id", "guild_id"):
@@ -36,6 +39,8 @@ class AssemblyContext:
             )
         if not isinstance(self.cue, str):
             raise TypeError(f"AssemblyContext.cue must be a str, got {type(self.cue).__name__}")
+        if self.now is not None and (not isinstance(self.now, datetime) or self.now.utcoffset() is None):
+            raise TypeError(f"AssemblyContext.now must be an aware datetime or None, got {self.now!r}")
 
 
 @dataclass(frozen=True)

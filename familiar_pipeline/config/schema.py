@@ -183,6 +183,9 @@ class RetrievalConfig:
     turn_embedding_weight: float = knob(1.0, minimum=0.0)
     turn_candidates: int = knob(50, minimum=1)
     turn_neighbours: int = knob(2, minimum=0)  # same-channel turns shown before and after each hit
+    # Only the best this many hits bring their neighbours; the rest are shown alone (0 = every hit):
+    # more distinct hits fit the section's tokens (docs/benchmarks.md).
+    turn_neighbour_hits: int = knob(8, minimum=0)
     # Share of a turn's cosine taken from its context window's: the window vector when the
     # turn_window_embedding projector is on, else the mean over the window's turns (itself
     # and its `turn_context_span` nearest same-channel turns each side); 0 = the turn alone.
@@ -194,6 +197,18 @@ class RetrievalConfig:
     # "weighted": the min-max weighted sum above; "rrf": reciprocal rank fusion (k=60), kept to
     # re-check the measurement that chose "weighted" (docs/benchmarks.md).
     turn_fusion: str = knob("weighted", choices=("weighted", "rrf"))
+    # Evidence beyond a turn's words, each added to the fused score (whose parts are each in
+    # [0, 1]): a cue naming a participant favours their turns (and, by the mention share, turns
+    # talking about them; never turns merely addressed to them); a cue naming a time favours the
+    # turns said in that window, fading over the slack days after it (a cue asking "when" favours,
+    # by the when share, turns with a time expression); a question-like candidate passes the
+    # reply credit share of its score to the next turn by someone else in its channel.
+    turn_speaker_weight: float = knob(0.5, minimum=0.0)
+    turn_mention_share: float = knob(0.5, minimum=0.0, maximum=1.0)
+    turn_time_weight: float = knob(1.5, minimum=0.0)
+    turn_time_slack_days: float = knob(14.0, minimum=0.0, maximum=366.0)
+    turn_when_share: float = knob(0.25, minimum=0.0, maximum=1.0)
+    turn_reply_credit: float = knob(0.8, minimum=0.0, maximum=1.0)
 
 
 @dataclass(frozen=True)
@@ -250,7 +265,7 @@ DEFAULT_BUDGETS: Mapping[str, TierBudget] = FrozenDict({
     "voice": TierBudget(),
     "text": TierBudget(
         recent_history_tokens=8000, rag_tokens=2400, dossier_tokens=2400, summary_tokens=1600,
-        reflection_tokens=1600, lorebook_tokens=1600, max_history_turns=400, max_rag_turns=24,
+        reflection_tokens=1600, lorebook_tokens=1600, max_history_turns=400, max_rag_turns=32,
         max_rag_facts=10, max_dossier_people=24, max_reflections=10, max_lorebook_entries=20,
     ),
     "background": TierBudget(

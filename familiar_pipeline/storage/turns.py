@@ -821,6 +821,30 @@ class TurnLog:
         platform, sep, user = key.partition(":")
         return (user if sep and user else key) or "?"
 
+    def names_known(self, after_turn_id: int = 0, *, profiles: bool = True) -> tuple[int, list[tuple[str, str]]]:
+        """``(latest turn id read, [(canonical key, name)])``: every name an account is known by.
+
+        The profile names (global name, username) and every guild nickname (unless
+        ``profiles`` is False), and each display name its turns were written under
+        after ``after_turn_id`` (old names too: people are asked about by the name
+        they had). Retrieval reads it to tell which participants a message names;
+        a caller keeping the result passes the returned id back to read only the
+        newer turns.
+        """
+        _check_int(after_turn_id, "after_turn_id")
+        names: list[tuple[str, str]] = []
+        if profiles:
+            for key, username, global_name in self._query(
+                    "SELECT canonical_key, username, global_name FROM participants"):
+                names += [(key, n) for n in (global_name, username) if n]
+            names += self._query("SELECT canonical_key, nick FROM guild_nicks WHERE nick IS NOT NULL AND nick != ''")
+        latest = self._query("SELECT coalesce(max(id), 0) FROM turns")[0][0]
+        names += self._query(
+            "SELECT DISTINCT author_key, author_display FROM turns WHERE id > ? AND id <= ? "
+            "AND author_key IS NOT NULL AND author_display IS NOT NULL AND author_display != ''",
+            (after_turn_id, latest))
+        return latest, names
+
     # -- mentions
 
     def record_mentions(self, turn_id: int, keys: Iterable[str]) -> None:

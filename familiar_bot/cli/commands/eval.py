@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     loc.add_argument("--sweep", action="store_true",
                      help="also sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file "
                           "only); writes sweep.json and sweep.md into --out")
+    loc.add_argument("--ablation", action="store_true",
+                     help="also measure each retrieval change (people, time, replies, render) against the ranking "
+                          "before it, with paired bootstrap gains; writes ablation.json and ablation.md into --out")
     loc.add_argument("--workdir", metavar="DIR", help="keep the throwaway familiars here instead of a temporary folder")
     loc.add_argument("--conversations", metavar="LIST",
                      help="only these conversations: comma-separated indices (0 is the file's first) or sample ids")
@@ -119,6 +122,12 @@ def run(args: argparse.Namespace) -> int:
         if args.sweep:
             sweep = evaluation.run_sweep(prepared, embedder_cache=cache,
                                          progress=lambda message: print(message, file=sys.stderr))
+        ablation = None
+        if args.ablation:
+            from familiar_bot.eval.ablation import run_ablation
+
+            ablation = run_ablation(prepared, embedder_cache=cache,
+                                    progress=lambda message: print(message, file=sys.stderr))
         try:
             answers = run_answers(args, prepared, total) if args.answer else None
         except ValueError as exc:
@@ -140,6 +149,10 @@ def run(args: argparse.Namespace) -> int:
           f"{setup['questions_skipped']} questions without usable evidence; {setup['seconds']} s")
     if sweep is not None:
         print("\nsweep (overall figures per configuration):\n" + evaluation.sweep_table(sweep))
+    if ablation is not None:
+        from familiar_bot.eval.ablation import ablation_table
+
+        print("\nablation (paired bootstrap gains over the ranking before these changes):\n" + ablation_table(ablation))
     if answers is not None:
         results["answer"] = answers
         print("\n" + answer.answer_table(answers))
@@ -150,6 +163,11 @@ def run(args: argparse.Namespace) -> int:
         if answers is not None:
             with (out / "results.md").open("a") as md:
                 md.write("\n" + answer.answer_table(answers) + "\n")
+        if ablation is not None:
+            from familiar_bot.eval.ablation import ablation_table
+
+            (out / "ablation.json").write_text(json.dumps(ablation, indent=2) + "\n")
+            (out / "ablation.md").write_text(ablation_table(ablation) + "\n")
         if sweep is not None:
             (out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
             (out / "sweep.md").write_text(evaluation.sweep_table(sweep) + "\n")
