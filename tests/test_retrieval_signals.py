@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from familiar_pipeline.config import RetrievalConfig
-from familiar_pipeline.projectors.turns_index import search_text
+from familiar_pipeline.projectors.turns_index.run import search_text
 from familiar_pipeline.storage.fts import FtsIndex
 
 from familiar_bot.prompt.assembly import AssemblyContext

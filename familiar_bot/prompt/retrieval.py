@@ -42,6 +42,10 @@ hits join in rank order while they and their neighbours fit the section's
 token budget, and the lot is grouped by date in ``display_tz``. The debug
 structure records which facts and turns survived the token cut
 (``shown_fact_ids``, ``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
+
+One module (~700 lines) because ranking, the token cut and the debug structure share every
+candidate's signals; what the cue says about people and time is read apart (``cue_people``,
+``cue_time``, ``turn_signals``).
 """
 
 from __future__ import annotations
