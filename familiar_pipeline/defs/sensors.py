@@ -17,7 +17,11 @@ lock-free, from the serving manifest). Resetting the cursor therefore loses
 nothing: the next tick re-dispatches and each asset processes only what is new.
 The manifest also lists what a run planned for the familiar and did not run
 (`pending_assets`: it yielded its second pass to a waiting run, or died): those
-assets are due too.
+assets are due too. A familiar whose dispatched run ended without publishing
+anything (it failed: a full disk, a broken store) looks unchanged, so it is asked
+for again on its own, with backoff (`RETRY_FIRST_S` doubling to `RETRY_MAX_S`),
+while it is still due and no run of it is queued: memory catches up once the cause
+is gone, without waiting for someone to speak.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +186,19 @@ def index_behind(state: FamiliarState) -> bool:
 # model-needing assets already ran once without a model: familiar id -> config fingerprint.
 TOLD_NO_MODEL = "~told_no_model"
 
+# Cursor key of the familiars dispatched while due: familiar id -> [attempts, when to ask again
+# (epoch s)] should the dispatched run end with nothing published (the familiar then looks
+# unchanged). The first retry comes RETRY_FIRST_S after a dispatch, then the wait doubles up to
+# RETRY_MAX_S, so a familiar that keeps failing costs one run per RETRY_MAX_S.
+RETRIES = "~retry"
+RETRY_FIRST_S = 15.0
+RETRY_MAX_S = 120.0
+
+
+def retry_wait(attempts: int) -> float:
+    """Seconds until a familiar dispatched `attempts` times before is asked for again."""
+    return min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** attempts)
+
 
 def config_fingerprint(config) -> str:
     """Changes whenever the familiar's effective config does (secrets are masked in the rendering)."""
@@ -212,6 +230,7 @@ def evaluate_tick(
     lanes: int = 1,
     max_gap: int | None = MAX_RANGE_GAP,
     queue_waiting: bool = False,
+    now: float | None = None,
 ) -> tuple[list[dg.RunRequest], list[str], dict, list[str]]:
     """Pure tick logic: (run requests, new partitions, new cursor, log lines).
 
@@ -223,11 +242,15 @@ def evaluate_tick(
     next tick (their cursor is not advanced), so that while every lane is busy they
     gather into one run instead of a queue of small ones, each paying a run's start.
     `model_assets`: the assets that need the background model (kind "llm"); `ops`: asset ->
-    the step that materializes it (default: `op_name`).
+    the step that materializes it (default: `op_name`). `now` (epoch seconds, default the
+    clock) decides which unchanged but still due familiars are asked for again (`RETRIES`).
     """
+    now = time.time() if now is None else now
     notes: list[str] = []
     new_cursor = dict(cursor)
     told = dict(cursor.get(TOLD_NO_MODEL, {}))
+    retries = dict(cursor.get(RETRIES, {}))
+    attempts: dict[str, int] = {}  # familiar -> earlier dispatches of the same state, for this tick's run key
     known = list(dict.fromkeys(known_partitions))
     known_set, on_disk = set(known), set(familiars)
     new_partitions = [f for f in familiars if f not in known_set]
@@ -242,17 +265,26 @@ def evaluate_tick(
         except (ConfigError, OSError, ValueError) as exc:
             notes.append(f"{familiar_id}: skipped ({exc})")
             continue
-        if cursor.get(familiar_id) == state.signature():
+        unchanged = cursor.get(familiar_id) == state.signature()
+        retry = retries.get(familiar_id)
+        if unchanged and (retry is None or now < retry[1] or familiar_id in in_flight):
             continue
+        if not unchanged:
+            retries.pop(familiar_id, None)
+            retry = None
         running = in_flight.get(familiar_id)
         if running is not None and not running.leaves_a_full_batch(config, state):
             notes.append(f"{familiar_id}: a run is already queued or running; will look again")
             continue
         assets = due_assets(config, state, hold=held_for_no_model(config, told, familiar_id, model_assets))
         if not assets:
+            retries.pop(familiar_id, None)
             if not index_behind(state):  # else the index waits for quiet: look again next tick
                 new_cursor[familiar_id] = state.signature()
             continue
+        if unchanged:
+            notes.append(f"{familiar_id}: its last run ended with nothing published and it is still due; "
+                         f"asking again (attempt {retry[0] + 1})")
         if len(plan) >= max_requests:
             notes.append(f"{familiar_id}: deferred by the flood guard (max {max_requests} familiars per run)")
             continue
@@ -260,18 +292,22 @@ def evaluate_tick(
         notes.append(f"{familiar_id}: turns up to {state.latest_turn_id} -> {', '.join(assets)} ({knobs})")
         plan[familiar_id], states[familiar_id] = assets, state
         new_cursor[familiar_id] = state.signature()
+        attempts[familiar_id] = retry[0] + 1 if retry else 0
+        retries[familiar_id] = [attempts[familiar_id], now + retry_wait(attempts[familiar_id])]
         if config.llm.slot("background").configured:
             told.pop(familiar_id, None)
         elif model_assets.intersection(assets):
             told[familiar_id] = config_fingerprint(config)
     told = {f: mark for f, mark in told.items() if f in on_disk}
-    if told:
-        new_cursor[TOLD_NO_MODEL] = told
-    else:
-        new_cursor.pop(TOLD_NO_MODEL, None)
+    retries = {f: retry for f, retry in retries.items() if f in on_disk}
+    for key, value in ((TOLD_NO_MODEL, told), (RETRIES, retries)):
+        if value:
+            new_cursor[key] = value
+        else:
+            new_cursor.pop(key, None)
     position = {f: i for i, f in enumerate(order)}
     if queue_waiting and plan:
-        for familiar_id in [*plan, TOLD_NO_MODEL]:  # looked at again next tick, with whatever else is due by then
+        for familiar_id in [*plan, TOLD_NO_MODEL, RETRIES]:  # looked at again next tick, with whatever else is due by then
             if familiar_id in cursor:
                 new_cursor[familiar_id] = cursor[familiar_id]
             else:
@@ -279,7 +315,8 @@ def evaluate_tick(
         notes.append(f"{len(plan)} due familiar(s) wait: a projection run is queued and not started yet")
         return [], new_partitions, new_cursor, notes
     runs = split_lanes(blocks(list(plan), position, max_gap), lanes)
-    requests = [range_request({f: plan[f] for f in run}, {f: states[f] for f in run}, ops) for run in runs]
+    requests = [range_request({f: plan[f] for f in run}, {f: states[f] for f in run}, ops,
+                              attempt=max(attempts[f] for f in run)) for run in runs]
     return requests, new_partitions, new_cursor, notes
 
 
@@ -328,11 +365,14 @@ def run_lanes(instance: dg.DagsterInstance) -> int:
     return 1
 
 
-def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState], ops: dict[str, str] | None = None) -> dg.RunRequest:
+def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState], ops: dict[str, str] | None = None,
+                  *, attempt: int = 0) -> dg.RunRequest:
     """One run over every planned familiar: the range from the first to the last (in partition order).
 
     Familiars between them that are not in the plan are in the range too; the step's
     `familiars` config lists, per asset, those it is due for, and it skips the others unopened.
+    `attempt` > 0 asks again for a state an earlier run did not get through: its run key
+    differs, or Dagster would skip the request as one it already ran.
     """
     first, last = next(iter(plan)), next(reversed(plan))
     selection = list(dict.fromkeys(a for assets in plan.values() for a in assets))
@@ -344,7 +384,8 @@ def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState], 
     )
     return dg.RunRequest(
         # Idempotent: the same familiars in the same state ask for the same run.
-        run_key=f"{first}..{last}:{hashlib.sha256((marks + repr(selection)).encode()).hexdigest()[:16]}",
+        run_key=f"{first}..{last}:{hashlib.sha256((marks + repr(selection)).encode()).hexdigest()[:16]}"
+                + (f":retry{attempt}" if attempt else ""),
         asset_selection=[dg.AssetKey(a) for a in selection],
         run_config={"ops": step_config(due_for, ops)},
         tags={
