@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 
 CHUNK_TURNS = 500
 IMPORT_PLATFORM = "import"
@@ -258,13 +258,9 @@ def _open(file: str) -> IO[str]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from familiar_pipeline.storage.paths import FamiliarPaths
     from familiar_pipeline.storage.turns import TurnLog, TurnLogError
 
-    familiar = FamiliarPaths.for_id(args.familiar)
-    if not familiar.turns_db.exists():
-        raise CliError(f"no familiar {args.familiar!r} (no turn log at {familiar.turns_db}); "
-                       f"create it with `familiar init {args.familiar}`")
+    familiar = require_familiar(args.familiar)
     if not 0 < args.channel < 2**63:
         raise CliError(f"--channel must be a positive integer below 2^63, got {args.channel}", EXIT_CONFIG)
     stream = _open(args.file)
