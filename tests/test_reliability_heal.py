@@ -1,0 +1,218 @@
+"""Faults that must heal by themselves: a full disk, a dead Dagster daemon; and private files.
+
+Each test injects its fault on the real component (docs/reliability.md has the table):
+
+* a full disk under the turn log, as SQLite sees one (`tests.helpers.FullDisk`), while a
+  console chat is typing: nothing is lost, the chat goes on, and everything said is
+  stored in order once the disk has room; the pipeline then catches up by itself;
+* `dagster dev`'s daemon SIGKILLed under a running `familiar up`: it is started again
+  with backoff while the console chat keeps answering, and memory keeps being built;
+* another local account (uid 65534) trying to read what `familiar up` and a pipeline
+  run wrote: the data root, the familiar folders and DAGSTER_HOME are closed to it.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import asyncio
+import http.server
+import io
+import json
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from familiar_bot import supervisor
+from familiar_bot.supervisor import Backoff, Restarter, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- a dead Dagster daemon
+
+
+SHORT_LIVED_SERVER = textwrap.dedent("""
+    import http.server, sys, threading, time
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *args):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    time.sleep(float(sys.argv[2]))
+    sys.exit(0)   # as `dagster dev` does when its daemon dies: status 0
+""")
+
+
+def test_backoff_doubles_to_its_cap_and_starts_over_after_a_stable_run():
+    backoff = Backoff(first_s=1, max_s=8, stable_s=60)
+    assert [backoff.next_delay(ran_for=2) for _ in range(5)] == [1, 2, 4, 8, 8]
+    assert backoff.next_delay(ran_for=61) == 1, "it stayed up: a one-off, not a crash loop"
+
+
+def test_a_child_that_exits_is_started_again_with_backoff_and_said_so(tmp_path):
+    port = free_port()
+    lines: list[str] = []
+    starts: list[float] = []
+
+    def start() -> supervisor.Child:
+        starts.append(time.monotonic())
+        return supervisor.start_child("server", [sys.executable, "-c", SHORT_LIVED_SERVER, str(port), "1.5"],
+                                      env=dict(os.environ), log_path=tmp_path / "server.log")
+
+    restarter = Restarter("server", start, f"http://127.0.0.1:{port}/", say=lines.append,
+                          backoff=Backoff(first_s=0.2, max_s=0.4, stable_s=60), ready_timeout=20)
+    stop = threading.Event()
+    child = start()
+    try:
+        for _ in range(3):
+            child.process.wait(timeout=20)
+            assert child.process.returncode == 0
+            child = restarter.again(child, stop)
+            assert child is not None and child.running()
+        assert restarter.restarts == 3
+        said = "\n".join(lines)
+        assert "restarting server in 0s (restart 1); the chat stays up" in said
+        assert "server is back (restart 3" in said
+        stop.set()
+        child.process.wait(timeout=20)
+        assert restarter.again(child, stop) is None, "a stop while waiting ends it"
+    finally:
+        supervisor.stop_children([child])
+
+
+# --------------------------------------------------------------------------- the UI's address
+
+
+def test_a_non_loopback_host_is_warned_about_and_shown_as_bound():
+    from familiar_bot.cli.commands.up import OPEN_UI_WARNING
+
+    assert supervisor.is_loopback("127.0.0.1") and supervisor.is_loopback("localhost") and supervisor.is_loopback("::1")
+    assert not supervisor.is_loopback("0.0.0.0") and not supervisor.is_loopback("192.168.1.4")
+    assert not supervisor.is_loopback("example.org")
+    shown = supervisor.ui_address("0.0.0.0", 3999)
+    assert shown != "http://127.0.0.1:3999" and shown.endswith(":3999")
+    machine = supervisor.machine_address()
+    if machine:
+        assert shown == f"http://{machine}:3999"
+    assert supervisor.ui_address("192.168.1.4", 80) == "http://192.168.1.4:80"
+    assert supervisor.ui_address("::", 80).startswith("http://")
+    assert supervisor.local_address("0.0.0.0", 80) == "http://127.0.0.1:80"
+    assert supervisor.local_address("::", 80) == "http://[::1]:80"
+    warning = OPEN_UI_WARNING.format(host="0.0.0.0", address=shown)
+    assert "no login" in warning and "docs/playbook.md" in warning and shown in warning
+
+
+def up_env(root: Path, home: Path) -> dict[str, str]:
+    """A `familiar up` environment of its own: data root, DAGSTER_HOME, no host settings or token."""
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DISCORD_TOKEN", "FAMILIAR_ID") and not k.startswith("FAMILIAR")}
+    env.update(FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1",
+               FAMILIAR__PIPELINE__SENSOR_INTERVAL_S="5")
+    return env
+
+
+def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen, log: Path):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if process.poll() is not None:
+            pytest.fail(f"familiar up exited ({process.returncode}) while waiting for {what}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}:\n{log.read_text()[-3000:]}")
+
+
+def daemon_pids(up_pid: int) -> list[int]:
+    """The Dagster daemon processes under a `familiar up` (in its children's sessions)."""
+    found = []
+    for pid in supervisor.processes_in_sessions(supervisor.child_sessions(up_pid)):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"dagster-daemon" in b" ".join(argv) or (b"dagster._daemon" in argv and b"run" in argv):
+            found.append(pid)
+    return found
+
+
+def stop_up(process: subprocess.Popen) -> None:
+    sessions = supervisor.child_sessions(process.pid)
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    for session in sessions:
+        try:
+            os.killpg(session, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_dead_daemon_is_restarted_while_the_chat_keeps_answering(tmp_path):
+    from familiar_pipeline.storage.paths import FamiliarPaths
+    from familiar_pipeline.storage.snapshots import SnapshotReader
+
+    root, home = tmp_path / "familiars", tmp_path / "dagster_home"
+    env = up_env(root, home)
+    port = free_port()
+    out_log, err_log = tmp_path / "up.out", tmp_path / "up.err"
+    with out_log.open("wb") as out, err_log.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "familiar_bot.cli.main", "up", "--demo", "--port", str(port), "--as", "Sam"],
+            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err)
+
+    def say(line: str) -> None:
+        process.stdin.write((line + "\n").encode())
+        process.stdin.flush()
+
+    def replies() -> int:
+        return out_log.read_text().count("(scripted demo reply)")
+
+    try:
+        wait_for(lambda: "ready in" in err_log.read_text(), 180, "the UI", process, err_log)
+        say("hello there, I'm Sam and I live in Lisbon.")
+        wait_for(lambda: replies() == 1, 90, "the first reply", process, err_log)
+        [daemon] = wait_for(lambda: daemon_pids(process.pid), 30, "the daemon", process, err_log)
+        os.kill(daemon, signal.SIGKILL)
+        wait_for(lambda: "restarting dagster dev in" in err_log.read_text(), 60, "the restart", process, err_log)
+        lines = ["my sister Ana works as a teacher in Porto.", "I love hiking in the mountains on weekends.",
+                 "my cat Miso only eats fresh tuna every day.", "I moved to Porto last month to be near Ana."]
+        for line in lines:  # typed while Dagster is down or coming back: the chat answers each
+            say(line)
+        wait_for(lambda: replies() == 5, 60, "replies while Dagster restarts", process, err_log)
+        log = err_log.read_text()
+        assert "dagster dev exited with status 0" in log or "dagster dev was killed" in log, log[-2000:]
+        wait_for(lambda: "dagster dev is back" in err_log.read_text(), 180, "Dagster back", process, err_log)
+
+        reader = SnapshotReader(FamiliarPaths.for_id("offline-demo", root).serving_dir)
+
+        def facts_about_miso():
+            reader.refresh()
+            return [f for f in reader.current().current_facts() if "Miso" in f.text]
+
+        wait_for(facts_about_miso, 150, "memory built after the restart", process, err_log)
+        assert process.poll() is None, "familiar up never stopped"
+    finally:
+        stop_up(process)
+    assert process.returncode == 128 + signal.SIGTERM
