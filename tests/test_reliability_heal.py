@@ -191,6 +191,7 @@ def test_a_dead_daemon_is_restarted_while_the_chat_keeps_answering(tmp_path):
 
     try:
         wait_for(lambda: "ready in" in err_log.read_text(), 180, "the UI", process, err_log)
+        assert_private_sockets(process.pid)
         say("hello there, I'm Sam and I live in Lisbon.")
         wait_for(lambda: replies() == 1, 90, "the first reply", process, err_log)
         [daemon] = wait_for(lambda: daemon_pids(process.pid), 30, "the daemon", process, err_log)
@@ -216,3 +217,89 @@ def test_a_dead_daemon_is_restarted_while_the_chat_keeps_answering(tmp_path):
     finally:
         stop_up(process)
     assert process.returncode == 128 + signal.SIGTERM
+
+
+def assert_private_sockets(up_pid: int) -> None:
+    """Dagster's code servers listen on Unix sockets in the temporary folder: `familiar up` gives
+    its children a private one, so another local account cannot connect to them."""
+    sockets = []
+    for pid in supervisor.processes_in_sessions(supervisor.child_sessions(up_pid)):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        sockets += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--socket"]
+    assert sockets, "the code server listens on a socket"
+    for path in sockets:
+        folder = Path(path).parent
+        assert folder.name.startswith("familiar-up-") and stat.S_IMODE(folder.stat().st_mode) == 0o700, path
+
+
+# --------------------------------------------------------------------------- private files
+
+
+def run_cli(argv: list[str], env: dict[str, str], *, stdin: str = "", user: int | None = None) -> subprocess.CompletedProcess:
+    """The `familiar` command in a process of its own, started with the permissive umask 022
+    (what a login shell usually has), so only the project's own settings can make files private."""
+    return subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", *argv], cwd=REPO, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=240, preexec_fn=lambda: os.umask(0o022))
+
+
+def loose(paths) -> list[str]:
+    """Paths readable, writable or enterable by group or others."""
+    return [f"{oct(stat.S_IMODE(p.lstat().st_mode))} {p}" for p in paths if stat.S_IMODE(p.lstat().st_mode) & 0o077]
+
+
+@pytest.mark.timeout(400)
+def test_what_the_bot_and_the_pipeline_write_is_private(tmp_path):
+    """Data root 0700, every folder 0700 and every file 0600 under it (turn log and its WAL/SHM, store,
+    snapshots, indexes, LLM cache), the run state a pipeline run writes in DAGSTER_HOME; and, when the
+    tests run as root, another account (uid 65534) cannot read any of it."""
+    from tests.helpers import FAKE_MODEL_TOML
+
+    root, home = tmp_path / "familiars", tmp_path / "dagster_home"
+    env = up_env(root, home)
+    env["FAMILIAR_FAKE_LLM"] = "familiar_pipeline.testing.scripted:careful_model"
+    env["FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE"] = "4"
+    (home / "dagster.yaml").chmod(0o600)  # the test's own file; what Dagster adds is checked below
+    before = set(home.rglob("*"))
+    assert run_cli(["init", "fam"], env).returncode == 0
+    character = root / "fam" / "character.toml"
+    character.write_text(character.read_text() + FAKE_MODEL_TOML)
+    said = "\n".join(["I moved to Lisbon for a job at the bakery.", "My cat Pixel hates the rain.",
+                       "My sister visits from Porto every spring.", "I am learning to play the cello."])
+    chat = run_cli(["chat", "--familiar", "fam", "--as", "Sam"], env, stdin=said + "\n")
+    assert chat.returncode == 0, chat.stderr
+    for projection in ("facts", "turns_fts"):
+        built = run_cli(["backfill", "--familiar", "fam", "--projection", projection, "--local"], env)
+        assert built.returncode == 0, built.stdout + built.stderr
+
+    familiar = root / "fam"
+    names = {p.name for p in familiar.rglob("*")}
+    assert {"turns.db", "memory.duckdb", "manifest.json", "llm_cache.sqlite", "turns", "facts"} <= names, names
+    assert any(n.endswith(".parquet") for n in names)
+    everything = [root, *root.rglob("*")]
+    assert loose(everything) == [], "all of it is its owner's only"
+    written = [p for p in home.rglob("*") if p not in before]
+    assert written and loose(written) == [], "the run state Dagster wrote"
+
+    if os.geteuid() != 0:
+        pytest.skip("another account's view needs root to switch to it")
+    probe = textwrap.dedent(f"""
+        import os, sys
+        os.setgroups([]); os.setgid(65534); os.setuid(65534)
+        denied = 0
+        for path in {[str(familiar / "turns.db"), str(familiar / "memory.duckdb"), str(familiar / "serving" / "manifest.json"), str(home / "history" / "runs.db")]!r}:
+            try:
+                open(path, "rb").read(1)
+            except PermissionError:
+                denied += 1
+        for folder in {[str(root), str(home)]!r}:
+            try:
+                os.listdir(folder)
+            except PermissionError:
+                denied += 1
+        print(denied)
+    """)
+    looked = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert looked.stdout.strip() == "6", looked.stdout + looked.stderr
