@@ -731,6 +731,7 @@ def open_responder(paths: FamiliarPaths, config: FamiliarConfig) -> ResponderHan
     except BaseException:
         handle.close()
         raise
+    llm.warm_up()  # the model client's import, in the background: the first reply need not wait for it
     handle.responder = Responder(paths, config, assembler=assembler, llm=llm, turn_log=turn_log)
     handle.closers.append(handle.responder.close_spool)  # closers run last first: before the log closes
     return handle

@@ -450,6 +450,11 @@ class LlmClient:
     def _caching(self) -> bool:
         return self.slot.cache and self.cache is not None
 
+    def warm_up(self) -> None:
+        """Import litellm in a background thread now, so the first reply does not wait for it."""
+        if self.configured:
+            threading.Thread(target=import_litellm, name="litellm-import", daemon=True).start()
+
     # -- sync ---------------------------------------------------------------
 
     def complete(self, messages: list[dict[str, Any]], **params: Any) -> LlmReply:
@@ -482,7 +487,9 @@ class LlmClient:
             if hit is not None:
                 return self._from_cache(hit, started)
         api_key = self._api_key()
-        litellm = import_litellm()
+        # Off the event loop: the first import takes seconds (longer on a busy host), and a
+        # transport's loop must go on reading and recording messages meanwhile.
+        litellm = await asyncio.to_thread(import_litellm)
         attempts = 0
         try:
             async for attempt in self._retrying(tenacity.AsyncRetrying, asyncio.sleep):

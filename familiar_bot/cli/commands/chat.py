@@ -92,7 +92,7 @@ def refuse_scripted_models(config, familiar_id: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_bot.transports.console import resolve_speaker, run_console
+    from familiar_bot.transports.console import TerminalState, resolve_speaker, run_console
     from familiar_bot.responder import open_responder
 
     familiar_id = familiar_id_from(args)
@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                             format="%(levelname)s %(name)s: %(message)s")
     handle = open_responder(paths.FamiliarPaths.for_id(familiar_id), config)
+    terminal = TerminalState.save()
     try:
         return asyncio.run(run_console(handle.responder, speaker=speaker, channel_id=channel))
     except KeyboardInterrupt:
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         return INTERRUPTED
     finally:
         handle.close()
+        terminal.restore()
 
 
 def _login_name() -> str:

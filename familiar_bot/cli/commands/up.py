@@ -133,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
         f"received {signal.Signals(signum).name}", 128 + signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
     children: list[supervisor.Child] = []
     console: threading.Thread | None = None
+    from familiar_bot.transports.console import TerminalState
+
     terminal = TerminalState.save()
     try:
         def start_dagster() -> supervisor.Child:
@@ -220,32 +222,6 @@ def watch(children: list[supervisor.Child], stop: StopRequest, restarter: superv
                 continue
             stop.request(f"{child.name} exited", EXIT_CHILD_DIED)
             return
-
-
-@dataclass
-class TerminalState:
-    """The terminal's settings at start, put back before a hard exit (line editing changes them)."""
-
-    attributes: list | None = None
-
-    @classmethod
-    def save(cls) -> "TerminalState":
-        import termios
-
-        try:
-            return cls(termios.tcgetattr(sys.stdin.fileno()) if sys.stdin.isatty() else None)
-        except (termios.error, OSError, ValueError, AttributeError):  # no terminal (a pipe, a closed stdin)
-            return cls()
-
-    def restore(self) -> None:
-        import termios
-
-        if self.attributes is None:
-            return
-        try:
-            termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, self.attributes)
-        except (termios.error, OSError, ValueError):
-            pass
 
 
 def start_console(familiar_id: str, config, speaker_name: str | None, channel: int,
