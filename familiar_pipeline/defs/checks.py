@@ -3,8 +3,8 @@
 Each check is a plain function of a familiar's store and turn log (what it finds is
 a list of violations), declared once as a `MemoryCheck` on the asset it guards. The
 projection step evaluates them per familiar right after that asset's projector, on the
-connection it wrote with (no second open of the file), and reports one result per
-check per run (`combine_check_results`). Blocking checks (facts citing turns that
+connection it wrote with (no second open of the file), and records one evaluation per
+check and familiar, on that familiar's partition (`partition_evaluations`). Blocking checks (facts citing turns that
 exist, subjects that are known participants, no fact retired twice, every
 replacement id existing) hold back what is built on the asset for that familiar; the
 reflection and dossier checks do not, and the snapshot check warns when the bot's
@@ -16,9 +16,14 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import dagster as dg
+from dagster_shared.record import copy as copy_record
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluation,
+    AssetCheckEvaluationTargetMaterializationData,
+)
 
 from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.storage.identity import ego_key
@@ -139,27 +144,86 @@ class MemoryCheck:
         )
 
 
-def combine_check_results(results: dict[str, dg.AssetCheckResult], *, check: MemoryCheck) -> dg.AssetCheckResult:
-    """One check's results over the familiars of a run, as the one result Dagster records for the run.
+def partition_evaluations(instance: dg.DagsterInstance, run_id: str, check: MemoryCheck,
+                          results: dict[str, dg.AssetCheckResult], familiars: Sequence[str]) -> list[AssetCheckEvaluation]:
+    """One check's evaluations for a run: one per familiar of the run's partitions, on its own partition.
 
-    Dagster 1.13 records a check once per run, with no partition when the run covers
-    several familiars; the result passes only if every familiar passed, and names the
-    ones that did not with their own metadata. A run of one familiar reports its result as is.
+    Dagster plans a partitioned check once per partition of the run (as "planned" rows), but
+    an `AssetCheckResult` of a run over several partitions is recorded with no partition:
+    the planned rows were then resolved as "Skipped", the check's own row said "Passed" and
+    the per-partition view counted none passed, so the UI disagreed with itself. So each
+    familiar the step checked gets its evaluation on its partition, pointing at the
+    materialization it checked; one the run did not process (it lies in the run's range
+    but nothing was due for it) keeps its last result, carried over with a note, as long
+    as that result still targets the partition's latest materialization.
     """
-    if len(results) == 1:
-        result = next(iter(results.values()))
-    else:
-        failing = {f: r for f, r in results.items() if not r.passed}
-        errors = any(r.severity == dg.AssetCheckSeverity.ERROR for r in failing.values())
-        result = dg.AssetCheckResult(
-            passed=not failing,
-            severity=dg.AssetCheckSeverity.ERROR if errors or not failing else dg.AssetCheckSeverity.WARN,
-            metadata={
-                "familiars_checked": len(results),
-                "failing": dg.MetadataValue.json({f: {k: v.value for k, v in r.metadata.items()} for f, r in failing.items()}),
-            },
+    key = check.key
+    targets = _latest_materializations(instance, key.asset_key, familiars)
+    evaluations = [
+        AssetCheckEvaluation(
+            asset_key=key.asset_key, check_name=check.name, passed=result.passed, metadata=result.metadata,
+            target_materialization_data=targets.get(familiar), severity=result.severity,
+            blocking=check.blocking, partition=familiar,
         )
-    return result._replace(asset_key=check.key.asset_key, check_name=check.name)
+        for familiar, result in results.items()
+    ]
+    unchecked = [f for f in familiars if f not in results and f in targets]
+    for familiar, previous in _previous_evaluations(instance, key, unchecked, run_id).items():
+        target = previous.target_materialization_data
+        if target is None or target.storage_id != targets[familiar].storage_id:
+            continue  # it checked an older materialization: nothing to carry over
+        note = f"not checked again: this run changed nothing of {familiar}'s {check.asset}; its last result stands"
+        evaluations.append(copy_record(previous, metadata={**previous.metadata, "carried_over": dg.MetadataValue.text(note)},
+                                       blocking=False))  # it held nothing back when it ran; it does not now
+    return evaluations
+
+
+def _latest_materializations(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
+                             familiars: Sequence[str]) -> dict[str, AssetCheckEvaluationTargetMaterializationData]:
+    """Per familiar, its partition's latest materialization of the asset (two queries for all of them)."""
+    from dagster._core.events import DagsterEventType
+
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
+        asset_key, DagsterEventType.ASSET_MATERIALIZATION, set(familiars))
+    if not latest:
+        return {}
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, storage_ids=list(latest.values())), limit=len(latest)).records
+    by_id = {r.storage_id: r for r in records}
+    return {
+        familiar: AssetCheckEvaluationTargetMaterializationData(
+            run_id=by_id[storage_id].run_id, storage_id=storage_id, timestamp=by_id[storage_id].timestamp)
+        for familiar, storage_id in latest.items() if storage_id in by_id
+    }
+
+
+def _previous_evaluations(instance: dg.DagsterInstance, key: dg.AssetCheckKey, familiars: Sequence[str],
+                          run_id: str) -> dict[str, AssetCheckEvaluation]:
+    """Each familiar's newest evaluation of the check by an earlier run (one query for all of them)."""
+    import sqlalchemy as db
+    from dagster._core.events.log import EventLogEntry
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+    from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable as table
+    from dagster._serdes import deserialize_value
+
+    storage = instance.event_log_storage
+    if not familiars or not hasattr(storage, "index_connection"):  # not a SQL event log: nothing carried over
+        return {}
+    done = [AssetCheckExecutionRecordStatus.SUCCEEDED.value, AssetCheckExecutionRecordStatus.FAILED.value]
+    newest = (
+        db.select(db.func.max(table.c.id))
+        .where(table.c.asset_key == key.asset_key.to_string(), table.c.check_name == key.name,
+               table.c.partition.in_(list(familiars)), table.c.run_id != run_id, table.c.execution_status.in_(done))
+        .group_by(table.c.partition)
+    )
+    with storage.index_connection() as conn:
+        rows = conn.execute(db.select(table.c.partition, table.c.evaluation_event).where(table.c.id.in_(newest))).fetchall()
+    found = {}
+    for partition, event in rows:
+        evaluation = deserialize_value(event, EventLogEntry).dagster_event.event_specific_data
+        if isinstance(evaluation, AssetCheckEvaluation):
+            found[partition] = evaluation
+    return found
 
 
 CHECKS: tuple[MemoryCheck, ...] = (
