@@ -385,7 +385,7 @@ def materialize_projections(
             "their snapshots list it as pending and the turn sensor requests it"
         )
     for check in checks:  # each familiar's evaluation on its own partition (checks.partition_evaluations)
-        yield from partition_evaluations(context.instance, context.run_id, check, check_results[check.key],
+        yield from partition_evaluations(context.instance, context.run.run_id, check, check_results[check.key],
                                          context.partition_keys)
     lost = [(asset, f, e) for asset, errors in failed.items() if errors and not done[asset] for f, e in errors.items()]
     if len(lost) == 1:
