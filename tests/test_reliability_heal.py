@@ -18,7 +18,7 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import asyncio
-import http.server
+import errno
 import io
 import json
 import shutil
@@ -35,8 +35,108 @@ import pytest
 
 from familiar_bot import supervisor
 from familiar_bot.supervisor import Backoff, Restarter, free_port
+from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+FULL_DISK_TOML = 'aliases = ["Fam"]\n' + FAKE_MODELS_TOML + "\n[providers.memory.rich_note]\nbatch_size = 4\n"
+
+
+def test_a_full_disk_loses_no_message_and_memory_catches_up_by_itself(tmp_path, monkeypatch):
+    """Six long lines typed while the disk under the turn log is full, then space comes back.
+
+    Before: SQLite's own rollback after SQLITE_FULL made the turn log's second ROLLBACK raise,
+    the chat crashed (`familiar up` exited 1) and the six lines were lost; a pipeline run that
+    failed on the full disk left memory stale until someone spoke again.
+    """
+    import dagster as dg
+
+    from familiar_bot.responder import open_responder
+    from familiar_bot.transports.console import console_person, run_console
+    from familiar_pipeline.config import load_config
+    from familiar_pipeline.defs.jobs import execute_request
+    from familiar_pipeline.defs.sensors import RETRY_FIRST_S, evaluate_tick
+    from familiar_pipeline.storage import snapshots
+    from familiar_pipeline.storage.snapshots import SnapshotReader
+    from familiar_pipeline.storage.turns import TurnLog
+    from familiar_pipeline.testing.fake_llm import fake_llm
+    from familiar_pipeline.testing.scripted import demo_model
+    from tests.helpers import FullDisk, long_line, make_familiar
+
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    paths = make_familiar(tmp_path, "fam", FULL_DISK_TOML)
+    typed = [long_line(n) for n in range(6)]
+    read_end, write_end = os.pipe()
+    stdin, keyboard = os.fdopen(read_end), os.fdopen(write_end, "w")
+    shown = io.StringIO()
+
+    async def until(condition, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, shown.getvalue()[-2000:]
+            await asyncio.sleep(0.05)
+
+    async def chat(responder) -> tuple[int, int]:
+        console = asyncio.create_task(run_console(responder, speaker=console_person("Sam"), stdin=stdin,
+                                                  stdout=shown, interactive=False))
+        def type_lines(lines: list[str]) -> None:  # a thread of its own: a pipe holds only 64 KiB
+            for line in lines:
+                keyboard.write(line + "\n")
+                keyboard.flush()
+
+        with FullDisk(responder.turn_log) as disk:
+            await asyncio.to_thread(type_lines, typed)
+            await until(lambda: shown.getvalue().count("I couldn't take that message in") == 6, 30)
+            kept = len(responder.spool)
+            disk.free()
+            await until(lambda: not len(responder.spool), 10)  # nobody speaks: it drains by itself
+        keyboard.write("the disk has room again, Fam\n")
+        keyboard.close()
+        return await console, kept
+
+    with fake_llm(demo_model):
+        handle = open_responder(paths, load_config("fam", root=tmp_path))
+        try:
+            status, kept = asyncio.run(chat(handle.responder))
+        finally:
+            handle.close()
+    assert status == 0 and kept == 6, "the chat went on; all six kept"
+    assert "(scripted demo reply)" in shown.getvalue(), "and it answers once the disk has room"
+    with TurnLog(paths.turns_db, readonly=True) as log:
+        users = [t for t in log.turns_after(0) if t.role == "user"]
+    assert [t.content for t in users] == [*typed, "the disk has room again, Fam"], "in order, none lost"
+    assert len({t.created_at for t in users}) == len(users), "each with its own time"
+
+    # The pipeline: a run that fails on the full disk (its snapshot publish: ENOSPC) leaves memory
+    # stale; with no new turn, the sensor asks again on its own once RETRY_FIRST_S has passed.
+    with dg.instance_for_test() as instance, fake_llm(demo_model):
+        instance.add_dynamic_partitions("familiars", ["fam"])
+        requests, _, cursor, _ = evaluate_tick({}, ["fam"], ["fam"], root=tmp_path, in_flight={}, max_requests=5,
+                                               now=1000.0)
+
+        def disk_full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        real_write = snapshots._write_manifest
+        monkeypatch.setattr(snapshots, "_write_manifest", disk_full)
+        assert not execute_request(requests[0], instance=instance, data_root=tmp_path, raise_on_error=False).success
+        monkeypatch.setattr(snapshots, "_write_manifest", real_write)  # space is back
+        assert evaluate_tick(cursor, ["fam"], ["fam"], root=tmp_path, in_flight={}, max_requests=5,
+                             now=1000.0 + RETRY_FIRST_S - 1)[0] == []
+        retry, _, cursor, notes = evaluate_tick(cursor, ["fam"], ["fam"], root=tmp_path, in_flight={}, max_requests=5,
+                                                now=1000.0 + RETRY_FIRST_S)
+        assert len(retry) == 1 and "asking again" in " ".join(notes)
+        assert execute_request(retry[0], instance=instance, data_root=tmp_path).success
+        # It had nothing new to project (the failed run committed its facts), yet it republished:
+        assert evaluate_tick(cursor, ["fam"], ["fam"], root=tmp_path, in_flight={}, max_requests=5,
+                             now=1e9)[0] == [], "caught up: nothing due any more"
+    reader = SnapshotReader(paths.serving_dir)
+    facts = reader.current().current_facts()
+    assert {f.text.split(" ")[3] for f in facts if f.text.startswith("Sam said: line")} == {str(n) for n in range(6)}
 
 
 # --------------------------------------------------------------------------- a dead Dagster daemon

@@ -27,6 +27,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 
 from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.storage.identity import ego_key
+from familiar_pipeline.storage.snapshot_lag import snapshot_lag
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -50,17 +51,6 @@ def unknown_subject_keys(store: ProjectionStore, turn_log: TurnLog, familiar_id:
     """(fact id, key) pairs whose subject is neither a known participant nor the familiar itself."""
     known = {p.canonical_key for p in turn_log.participants()} | {ego_key(familiar_id)}
     return [(fact_id, key) for fact_id, key in store.fact_subject_keys() if key not in known]
-
-
-def snapshot_lag(store: ProjectionStore, serving_dir) -> dict | None:
-    """None when the published manifest matches the store's watermarks, else both sides."""
-    try:
-        manifest = json.loads((serving_dir / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return {"store": store.serving_watermark(), "snapshot": None}
-    published = manifest.get("store_watermark")
-    current = store.serving_watermark()
-    return None if published == current else {"store": current, "snapshot": published}
 
 
 # ----------------------------------------------------------------------------- fact-driven invariants
