@@ -36,6 +36,7 @@ import pytest
 from familiar_bot import supervisor
 from familiar_bot.supervisor import Backoff, Restarter, free_port
 from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML
+from tests.test_up import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -226,18 +227,6 @@ def up_env(root: Path, home: Path) -> dict[str, str]:
     env.update(FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1",
                FAMILIAR__PIPELINE__SENSOR_INTERVAL_S="5")
     return env
-
-
-def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen, log: Path):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if process.poll() is not None:
-            pytest.fail(f"familiar up exited ({process.returncode}) while waiting for {what}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.3)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
 def daemon_pids(up_pid: int) -> list[int]:
