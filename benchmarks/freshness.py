@@ -7,7 +7,9 @@ scripted model, then:
 * ready: seconds from launching `familiar up` to its "ready" line (the UI answers);
 * idle RSS: summed resident memory of `familiar up` and every process in its
   children's sessions (webserver, daemon, code server), read from /proc after the
-  group has settled;
+  group has settled, at every start (medians);
+* the load average before and after: other work on a shared machine slows starts,
+  so figures are written with the load they were taken at;
 * freshness: messages are appended one per `--gap` seconds the way the bot does;
   a message's freshness is the time from its append to the moment facts citing its
   extraction batch (batch_size turns, 10 by default) are in the serving snapshot
@@ -131,8 +133,8 @@ def run(messages: int = 20, starts: int = 3, sensor_interval: int | None = None,
     """`rounds` (older callers): that many batches of 10 messages, one start, no settling."""
     if rounds is not None:
         messages, starts, settle, gap = rounds * 10, 1, 0, 0.05
-    ready, stops = [], []
-    result: dict = {}
+    ready, stops, idle = [], [], []
+    result: dict = {"load_before": [round(v, 2) for v in os.getloadavg()]}
     for attempt in range(starts):
         with tempfile.TemporaryDirectory() as name:
             tmp = Path(name)
@@ -142,12 +144,13 @@ def run(messages: int = 20, starts: int = 3, sensor_interval: int | None = None,
             try:
                 ready.append(wait_ready(process, err))
                 print(f"start {attempt + 1}: ready after {ready[-1]:.1f}s", flush=True)
-                if attempt == 0:
+                if settle:  # the whole group's memory once it has settled, at every start (medians)
                     time.sleep(settle)
                     rss, count = tree_rss_bytes(process.pid)
-                    result["idle_rss_mib"] = round(rss / 2**20)
+                    idle.append(round(rss / 2**20))
                     result["idle_processes"] = count
                     print(f"idle: {count} processes, {rss / 2**20:.0f} MiB RSS", flush=True)
+                if attempt == 0:
                     if messages:
                         fresh = measure_freshness(paths, messages, gap, timeout)
                         result["freshness_s"] = [round(v, 1) for v in fresh]
@@ -156,7 +159,9 @@ def run(messages: int = 20, starts: int = 3, sensor_interval: int | None = None,
                 if process.poll() is None:
                     stops.append(stop_up(process))
     result.update(ready_s=[round(v, 1) for v in ready], ready_median_s=round(statistics.median(ready), 1),
-                  stop_s=[round(v, 1) for v in stops])
+                  stop_s=[round(v, 1) for v in stops], load_after=[round(v, 2) for v in os.getloadavg()])
+    if idle:
+        result.update(idle_rss_mib=idle, idle_rss_median_mib=round(statistics.median(idle)))
     if rounds is not None and result.get("freshness_s"):
         # Older callers count per batch: the time from a batch's last message to its facts.
         result["freshness_s"] = result["freshness_s"][9::10]

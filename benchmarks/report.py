@@ -146,8 +146,10 @@ def markdown(report: dict) -> str:
         f = report["freshness"]
         lines += ["### `familiar up` and freshness (default cadence)", "",
                   f"Ready (UI answers and the code location is loaded): {f['ready_s']} s, median **{f['ready_median_s']} s**. "
-                  f"Idle RSS of the whole group: {f['idle_rss_mib']} MiB in {f['idle_processes']} processes. "
-                  f"Stop after SIGTERM: {f['stop_s']} s.", "",
+                  f"Idle RSS of the whole group: {f['idle_rss_mib']} MiB in {f['idle_processes']} processes"
+                  + (f" (median **{f['idle_rss_median_mib']} MiB**)" if "idle_rss_median_mib" in f else "") + ". "
+                  + (f"Load average before / after: {f['load_before']} / {f['load_after']}. " if "load_before" in f else "")
+                  + f"Stop after SIGTERM: {f['stop_s']} s.", "",
                   f"Freshness (message appended -> its facts in the bot's snapshot), {len(f['freshness_s'])} messages "
                   f"1 s apart: p50 **{f['freshness_p50_s']} s**, p95 **{f['freshness_p95_s']} s**.", ""]
     if "scale" in report:

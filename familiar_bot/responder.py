@@ -16,8 +16,11 @@ bookkeeping and the reply, and knows nothing about either transport. Per message
 
 Failures never cost a turn and never crash the transport: without a reply model
 the familiar says once per channel which setting to change; a failing model call
-becomes a short apology plus a logged error. Notices and apologies are not the
-familiar speaking, so they are not recorded as its turns.
+becomes a short apology plus a logged error. A turn log that cannot take a write
+(disk full, I/O error) gets the write kept in a bounded, ordered spool
+(`familiar_bot.spool`) and the channel a notice saying so; the spool drains by
+itself once the disk has room. Notices and apologies are not the familiar speaking,
+so they are not recorded as its turns, and they never name a server path.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ import asyncio
 import contextlib
 import logging
 import re
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import pyarrow.compute as pc
@@ -38,10 +41,11 @@ from familiar_pipeline.models.llm import LlmError, LlmNotConfigured, client_for
 from familiar_pipeline.projectors.facts.reads import facts_by_ids
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.paths import FamiliarPaths
-from familiar_pipeline.storage.turns import TurnLog, TurnLogError
+from familiar_pipeline.storage.turns import TurnLog, TurnLogError, TurnLogUnavailable
 
 from familiar_bot.prompt.assembly import AssemblyContext, build_assembler, render_sections
 from familiar_bot.prompt.memory_view import MemoryView
+from familiar_bot.spool import Spool, SpooledWrite, import_line, retry_delays
 
 log = logging.getLogger(__name__)
 
@@ -243,15 +247,50 @@ def reply_instructions(display_name: str, author_label: str) -> str:
 
 
 def not_configured_notice(paths: FamiliarPaths, detail: str | None = None) -> str:
-    """What to tell a channel when no reply model can be called, and how to fix it."""
+    """What to tell a channel when no reply model can be called, and how to fix it.
+
+    It goes to the channel, so it names the file as the operator knows it (the
+    familiar's character.toml), never the server's absolute path (`public_text`).
+    """
     if detail:
-        return f"I can't reply yet: {detail}"
+        return public_text(f"I can't reply yet: {detail}", paths)
     return (
         "I can't reply yet: no reply model is configured. I'm still listening and remembering. "
-        f"To let me answer, set [llm.reply].model in {paths.character_toml} (a litellm model string "
-        "such as \"openrouter/anthropic/claude-sonnet-4\"), or the environment variable "
-        "FAMILIAR__LLM__REPLY__MODEL, then restart me."
+        f"To let me answer, set [llm.reply].model in the character.toml of familiar '{paths.familiar_id}' "
+        "(a litellm model string such as \"openrouter/anthropic/claude-sonnet-4\"), or the environment "
+        "variable FAMILIAR__LLM__REPLY__MODEL, then restart me."
     )
+
+
+def public_text(text: str, paths: FamiliarPaths) -> str:
+    """`text` without the server's paths: the familiar's folder and the data root become names.
+
+    Anything said in a channel is read by people who have no business knowing where
+    the bot keeps its files on the server.
+    """
+    for path, shown in ((paths.dir, f"<familiar {paths.familiar_id}>"), (paths.root, "<data root>")):
+        text = text.replace(str(path), shown)
+    return text
+
+
+def spooled_notice(waiting: int) -> str:
+    return ("I couldn't take that message in: my memory can't be written right now (the disk is full or "
+            f"failing). I'm holding on to it ({waiting} waiting) and will store it as soon as I can; "
+            "no need to send it again.")
+
+
+def refused_notice(waiting: int) -> str:
+    return ("I couldn't take that message in: my memory can't be written right now (the disk is full or "
+            f"failing), and I'm already holding {waiting} messages for it. This one was not kept: please "
+            "send it again later.")
+
+
+class _Deferred(Exception):
+    """A write went to the spool (`kept`) or was refused because the spool is full."""
+
+    def __init__(self, kept: bool, notice: str):
+        super().__init__(notice)
+        self.kept, self.notice = kept, notice
 
 
 # --------------------------------------------------------------------------- responder
@@ -266,6 +305,8 @@ class ResponderStats:
     llm_errors: int = 0
     send_errors: int = 0
     not_configured: int = 0
+    spooled: int = 0  # writes the turn log refused for now, kept in the spool
+    refused: int = 0  # messages refused because the spool was full
 
 
 class Responder:
@@ -298,6 +339,8 @@ class Responder:
         # and this keeps a burst of messages from fanning out into many threads.
         self._channel_locks: dict[int, asyncio.Lock] = {}
         self._assembly_lock: asyncio.Lock | None = None
+        self.spool = Spool()
+        self._drain_task: asyncio.Task | None = None
 
     @property
     def familiar_id(self) -> str:
@@ -315,12 +358,17 @@ class Responder:
         deliver the returned pieces and they are recorded before returning.
         """
         self.stats.messages += 1
+        if message.created_at is None:  # its own time, kept even if it waits in the spool
+            message = replace(message, created_at=datetime.now(timezone.utc))
         try:
-            turn_id = self.record_incoming(message)
+            turn_id = self._write(f"message in channel {message.channel_id}", lambda: self.record_incoming(message),
+                                  size=len(message.content), export=self._import_line(message))
+        except _Deferred as exc:
+            return await self._deliver_notice(exc.notice, send)
         except TurnLogError as exc:
             log.error("familiar %s: message in channel %s not recorded: %s",
                       self.familiar_id, message.channel_id, exc)
-            return await self._deliver_notice(f"I couldn't take that message in: {exc}", send)
+            return await self._deliver_notice(public_text(f"I couldn't take that message in: {exc}", self.paths), send)
 
         reason = reply_reason(message, self.config)
         if reason is None:
@@ -374,6 +422,88 @@ class Responder:
         if guild_id is not None and person.nick_known:
             self.turn_log.upsert_guild_nick(person.key, guild_id, person.guild_nick, seen_at)
 
+    async def handle_profile(self, person: Person, guild_id: int | None) -> bool:
+        """A profile or nickname change seen outside a message; kept in the spool if the log cannot take it."""
+        seen_at = datetime.now(timezone.utc)
+        try:
+            self._write(f"profile of {person.key}", lambda: self.observe_person(person, guild_id, seen_at=seen_at),
+                        size=len(person.label))
+        except _Deferred:
+            return False
+        except TurnLogError as exc:
+            log.error("familiar %s: profile of %s not recorded: %s", self.familiar_id, person.key, exc)
+            return False
+        return True
+
+    # -- writes the turn log may refuse for now
+
+    def _write(self, what: str, apply, *, size: int, export: dict | None = None):
+        """Apply a turn-log write now, or keep it in the spool (raises `_Deferred`) while the log cannot take it.
+
+        While earlier writes wait, this one waits behind them, so the log gets every write in order.
+        """
+        if len(self.spool) and not self.spool.flush():
+            return self._defer(SpooledWrite(what, apply, size, export), self.spool.last_error)
+        try:
+            return apply()
+        except TurnLogUnavailable as exc:
+            return self._defer(SpooledWrite(what, apply, size, export), str(exc))
+
+    def _defer(self, write: SpooledWrite, why: str | None):
+        if not self.spool.add(write):
+            self.stats.refused += 1
+            log.error("familiar %s: %s REFUSED: the turn log cannot take writes (%s) and the spool is full "
+                      "(%d writes waiting)", self.familiar_id, write.what, why, len(self.spool))
+            raise _Deferred(False, refused_notice(len(self.spool)))
+        self.stats.spooled += 1
+        log.warning("familiar %s: %s kept in the spool (%d waiting): %s", self.familiar_id, write.what,
+                    len(self.spool), why)
+        self._keep_draining()
+        raise _Deferred(True, spooled_notice(len(self.spool)))
+
+    def _keep_draining(self) -> None:
+        """Retry the spool with backoff until it is empty (from the running event loop, if any)."""
+        if self._drain_task is not None and not self._drain_task.done():
+            return
+        try:
+            self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+        except RuntimeError:  # no loop (a synchronous caller): the next write flushes it
+            self._drain_task = None
+
+    async def _drain(self) -> None:
+        for delay in retry_delays():
+            await asyncio.sleep(delay)
+            if self.flush_spool():
+                return
+
+    def flush_spool(self) -> bool:
+        """Store what the spool holds, in order; True when nothing is left waiting."""
+        if not len(self.spool):
+            return True
+        before = self.spool.stored
+        done = self.spool.flush()
+        if self.spool.stored > before:
+            log.warning("familiar %s: the turn log takes writes again: %d kept write(s) stored, %d waiting",
+                        self.familiar_id, self.spool.stored - before, len(self.spool))
+        return done
+
+    def close_spool(self) -> None:
+        """At exit: a last flush, then what still waits is written out for `familiar import`, loudly."""
+        if self._drain_task is not None:
+            self._drain_task.cancel()
+        if self.flush_spool():
+            return
+        waiting = len(self.spool)
+        dumped = self.spool.dump(self.paths.dir)
+        log.error("familiar %s: %d write(s) could not be stored before exit%s", self.familiar_id, waiting,
+                  f"; their messages are in {dumped}: `familiar import --familiar {self.familiar_id} {dumped}` "
+                  "stores them" if dumped else "")
+
+    def _import_line(self, message: IncomingMessage) -> dict:
+        return import_line(speaker=message.author.label, text=storable_text(message.content),
+                           at=message.created_at or datetime.now(timezone.utc), channel=message.channel_id,
+                           user_id=message.author.key)
+
     async def handle_edit(
         self, platform_message_id: str | int, new_content: str, *, edited_at: datetime | None = None
     ) -> bool:
@@ -382,11 +512,14 @@ class Responder:
         Edits that change nothing (Discord sends those when a link unfurls) are no-ops
         in the turn log, so replaying an event is harmless.
         """
+        edited_at = edited_at or datetime.now(timezone.utc)
         try:
-            turn = self.turn_log.record_edit(
+            turn = self._write(f"edit of message {platform_message_id}", lambda: self.turn_log.record_edit(
                 platform_message_id=str(platform_message_id), new_content=storable_text(new_content),
                 edited_at=edited_at,
-            )
+            ), size=len(new_content))
+        except _Deferred:
+            return False
         except TurnLogError as exc:
             log.error("familiar %s: edit of message %s not recorded: %s", self.familiar_id, platform_message_id, exc)
             return False
@@ -394,8 +527,12 @@ class Responder:
 
     async def handle_delete(self, platform_message_id: str | int, *, deleted_at: datetime | None = None) -> bool:
         """Tombstone a logged message (its text stays for audit); False when we never saw it."""
+        deleted_at = deleted_at or datetime.now(timezone.utc)
         try:
-            turn = self.turn_log.record_deletion(platform_message_id=str(platform_message_id), deleted_at=deleted_at)
+            turn = self._write(f"deletion of message {platform_message_id}", lambda: self.turn_log.record_deletion(
+                platform_message_id=str(platform_message_id), deleted_at=deleted_at), size=0)
+        except _Deferred:
+            return False
         except TurnLogError as exc:
             log.error("familiar %s: deletion of message %s not recorded: %s",
                       self.familiar_id, platform_message_id, exc)
@@ -467,8 +604,9 @@ class Responder:
         return delivered
 
     def _record_reply(self, message: IncomingMessage, piece: str, platform_id: str | int | None) -> None:
+        sent_at = datetime.now(timezone.utc)
         try:
-            self.turn_log.append_turn(
+            self._write(f"reply in channel {message.channel_id}", lambda: self.turn_log.append_turn(
                 channel_id=message.channel_id,
                 guild_id=message.guild_id,
                 role="assistant",
@@ -477,7 +615,10 @@ class Responder:
                 content=piece,
                 platform_message_id=platform_id,
                 reply_to_message_id=message.platform_message_id,
-            )
+                created_at=sent_at,
+            ), size=len(piece))
+        except _Deferred:
+            pass  # kept (or refused) and logged; the reply itself was delivered
         except TurnLogError as exc:  # the reply was seen; say loudly that memory missed it
             log.error("familiar %s: reply sent to channel %s but not recorded: %s",
                       self.familiar_id, message.channel_id, exc)
@@ -591,5 +732,7 @@ def open_responder(paths: FamiliarPaths, config: FamiliarConfig) -> ResponderHan
     except BaseException:
         handle.close()
         raise
+    llm.warm_up()  # the model client's import, in the background: the first reply need not wait for it
     handle.responder = Responder(paths, config, assembler=assembler, llm=llm, turn_log=turn_log)
+    handle.closers.append(handle.responder.close_spool)  # closers run last first: before the log closes
     return handle

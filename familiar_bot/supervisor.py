@@ -7,17 +7,21 @@ terminal's Ctrl-C directly, so the supervisor is the one place that decides how 
 group stops: SIGTERM to every group, a grace period, then SIGKILL to whatever is left
 (stragglers such as orphaned code servers included).
 
-Nothing is restarted: a child that exits on its own is reported, with the tail of its
-log, and the caller stops the rest.
+A child that exits on its own is reported, with the tail of its log. The caller
+decides what follows: `familiar up` starts `dagster dev` again with backoff
+(`Restarter`: `dagster dev` exits, with status 0, when its daemon dies, and the chat
+must not go down with the pipeline), and stops the rest for any other child.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import IO, Callable, Sequence
 
 from familiar_pipeline.storage.paths import REPO_ROOT, data_root
+from familiar_pipeline.storage.private import private_dir, private_file
 
 STOP_GRACE_S = 8.0  # SIGTERM first; SIGKILL after this, so a full stop stays under 10 s
 READY_TIMEOUT_S = 120.0
@@ -42,6 +47,7 @@ class Child:
     process: subprocess.Popen
     log_path: Path | None = None
     _log_file: IO | None = field(default=None, repr=False)
+    started_at: float = field(default_factory=time.monotonic)
 
     @property
     def pgid(self) -> int:
@@ -71,13 +77,24 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex((host, port)) == 0
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
 
 
-def child_env(extra: dict[str, str] | None = None, *, dagster_home: Path | None = None) -> dict[str, str]:
-    """The environment every child gets: absolute DAGSTER_HOME and data root, offline litellm."""
+def child_env(extra: dict[str, str] | None = None, *, dagster_home: Path | None = None,
+              private_tmp: Path | None = None) -> dict[str, str]:
+    """The environment every child gets: absolute DAGSTER_HOME and data root, offline litellm.
+
+    `private_tmp` (a 0700 folder) becomes the children's TMPDIR: Dagster puts its code
+    servers' gRPC sockets in the temporary folder, and in /tmp another local account
+    could connect to them.
+    """
     env = dict(os.environ)
+    if private_tmp is not None:
+        env["TMPDIR"] = str(private_tmp)
     home = Path(env.get("DAGSTER_HOME") or dagster_home or REPO_ROOT / "dagster_home").expanduser().resolve()
     env["DAGSTER_HOME"] = str(home)
     # Children run with cwd=REPO_ROOT; pin the data root so a relative one still means
@@ -96,8 +113,8 @@ def start_child(name: str, argv: Sequence[str], *, env: dict[str, str], log_path
     """Start `argv` as the leader of a new session; output to `log_path` (or inherited)."""
     log_file = None
     if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "ab", buffering=0)
+        private_dir(log_path.parent)
+        log_file = open(private_file(log_path), "ab", buffering=0)  # Dagster's log quotes message text
     process = subprocess.Popen(
         list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
         stdout=log_file if log_file else None, stderr=subprocess.STDOUT if log_file else None,
@@ -112,13 +129,57 @@ def dagster_dev_argv(host: str, port: int, workspace: Path = REPO_ROOT / "worksp
 
 def start_dagster_dev(host: str, port: int, *, env: dict[str, str], log_path: Path | None) -> Child:
     """The real `dagster dev`: webserver, daemon (sensors, run queue) and code server."""
-    Path(env["DAGSTER_HOME"]).mkdir(parents=True, exist_ok=True)
+    private_dir(env["DAGSTER_HOME"])  # run history and metadata quote what people said
     return start_child("dagster dev", dagster_dev_argv(host, port), env=env, log_path=log_path)
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "", "::")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding to `host` keeps the UI on this machine (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: reachable from elsewhere, as far as we know
+        return False
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def local_host(host: str) -> str:
+    """Where a process on this machine reaches a server bound to `host` (the wildcard via loopback)."""
+    if host in WILDCARD_HOSTS:
+        return "::1" if host == "::" else "127.0.0.1"
+    return host
+
+
+def local_address(host: str, port: int) -> str:
+    return _url(local_host(host), port)
+
+
+def machine_address() -> str | None:
+    """This machine's address on its default route, as others would reach it (None: unknown).
+
+    A UDP socket's connect() only picks a route: no packet is sent.
+    """
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed, only used to choose an interface
+            address = probe.getsockname()[0]
+    except OSError:
+        return None
+    return None if address.startswith(("0.", "127.")) else address
+
+
 def ui_address(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    return f"http://{shown}:{port}"
+    """The UI's address as bound: the given host, or for the wildcard this machine's address."""
+    if host in WILDCARD_HOSTS:
+        return _url(machine_address() or socket.gethostname(), port)
+    return _url(host, port)
 
 
 def wait_until_ready(url: str, children: Sequence[Child], timeout: float = READY_TIMEOUT_S,
@@ -180,6 +241,69 @@ def stop_children(children: Sequence[Child], grace: float = STOP_GRACE_S) -> flo
         if child._log_file is not None:
             child._log_file.close()
     return time.monotonic() - started
+
+
+# --------------------------------------------------------------------------- restarting
+
+
+@dataclass
+class Backoff:
+    """Waits before each restart: `first_s`, doubling up to `max_s`; a child that stayed up
+    `stable_s` starts the sequence over (it was a one-off, not a crash loop)."""
+
+    first_s: float = 1.0
+    max_s: float = 60.0
+    stable_s: float = 120.0
+    failures: int = 0
+
+    def next_delay(self, ran_for: float) -> float:
+        if ran_for >= self.stable_s:
+            self.failures = 0
+        delay = min(self.max_s, self.first_s * 2 ** self.failures)
+        self.failures += 1
+        return delay
+
+
+class Restarter:
+    """Starts one child again, with backoff, whenever it exits on its own, until a stop is asked.
+
+    `start` makes a fresh child; `ready_url` must answer 200 before the new one counts as
+    back (a start that dies first counts as another failure and waits longer). Whatever
+    is left of the dead child's process group is stopped first, so its port is free.
+    Every step is said (`say`): a restart is never silent.
+    """
+
+    def __init__(self, name: str, start: Callable[[], Child], ready_url: str, *, say: Callable[[str], None],
+                 backoff: Backoff | None = None, ready_timeout: float = READY_TIMEOUT_S):
+        self.name, self.start, self.ready_url, self.say = name, start, ready_url, say
+        self.backoff = backoff or Backoff()
+        self.ready_timeout = ready_timeout
+        self.restarts = 0
+
+    def again(self, dead: Child, stop: threading.Event) -> Child | None:
+        """A running replacement of `dead` (ready), or None when a stop was asked meanwhile."""
+        ran_for = time.monotonic() - dead.started_at
+        stop_children([dead])
+        while True:
+            delay = self.backoff.next_delay(ran_for)
+            self.restarts += 1
+            self.say(f"restarting {self.name} in {delay:.0f}s (restart {self.restarts}); the chat stays up")
+            if stop.wait(delay):
+                return None
+            child = self.start()
+            try:
+                waited = wait_until_ready(self.ready_url, [child], timeout=self.ready_timeout,
+                                          should_stop=stop.is_set)
+            except ChildExited as exc:
+                self.say(f"{self.name} did not come back: {exc}")
+                stop_children([child])
+                ran_for = 0.0
+                continue
+            except InterruptedError:
+                stop_children([child])
+                return None
+            self.say(f"{self.name} is back (restart {self.restarts}, ready in {waited:.1f}s)")
+            return child
 
 
 # --------------------------------------------------------------------------- measuring

@@ -7,6 +7,11 @@ from familiar_pipeline.defs.jobs import plugin_assets, projection_job
 from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
+from familiar_pipeline.storage.private import use_private_umask
+
+# The code server, the run worker and every run load this module: what they write (stores,
+# snapshots, indexes, the LLM cache) is private even under a `dagster dev` started by hand.
+use_private_umask()
 
 PLUGIN_ASSETS = plugin_assets()
 # A plugin asset that follows facts carries the same automation condition as the built-in followers.

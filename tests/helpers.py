@@ -117,3 +117,45 @@ def repo_instance(home: Path, monkeypatch):
     shutil.copy(REPO_DAGSTER_YAML, home / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     return dg.DagsterInstance.get()
+
+
+class FullDisk:
+    """A turn log whose disk is full, for real: SQLite's `max_page_count` held at the file's size.
+
+    Every write that needs a new page then fails inside SQLite with SQLITE_FULL, which rolls
+    the transaction back exactly as a full disk does (a write that fits in a page's free
+    space still succeeds, as it would on a real disk whose WAL file has room left). Texts of
+    several pages (`BIG`) always need new pages. `free()` gives the space back.
+    """
+
+    BIG = 3 * 4096
+
+    def __init__(self, turn_log: TurnLog):
+        self.conn = turn_log._live()  # the writer's own connection: the limit is per connection
+
+    def __enter__(self) -> "FullDisk":
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        pages = self.conn.execute("PRAGMA page_count").fetchone()[0]
+        self.conn.execute(f"PRAGMA max_page_count = {pages}")
+        return self
+
+    def free(self) -> None:
+        self.conn.execute("PRAGMA max_page_count = 1073741823")
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+
+def long_line(n: int, size: int = FullDisk.BIG) -> str:
+    """A distinct message of about `size` characters (several pages of the turn log)."""
+    words = f"line {n} " + " ".join(f"word{n}x{i}" for i in range(size // 8))
+    return words[:size]
+
+
+def sensor_tick(cursor: dict, familiars: list[str], known, **kwargs):
+    """One sensor tick's decisions as run requests: (requests, new partitions, cursor, notes)."""
+    from familiar_pipeline.defs.sensors import run_requests
+    from familiar_pipeline.projectors.schedule import plan_tick
+
+    plan = plan_tick(cursor, familiars, known, **kwargs)
+    return run_requests(plan), plan.new_partitions, plan.cursor, plan.notes

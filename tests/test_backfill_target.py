@@ -20,7 +20,7 @@ import pytest
 from familiar_bot.cli.main import main
 from familiar_pipeline import webserver
 from familiar_pipeline.storage.paths import REPO_ROOT
-from tests.test_playbook import built, cli_args, command_lines, template  # noqa: F401  (fixtures)
+from tests.test_playbook import DEMO, built, cli_args, command_lines, template  # noqa: F401  (fixtures)
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
@@ -130,8 +130,8 @@ def test_backfill_of_a_disabled_projection_is_refused_with_the_setting(built, ca
     built.character_toml.write_text(built.character_toml.read_text().replace('"reflection", ', "").replace(', "reflection"', ""))
     from familiar_pipeline.config import load_config
 
-    assert not load_config("demo").memory.is_active("reflection")
-    assert main(["backfill", "--familiar", "demo", "--projection", "reflection", "--rebuild"]) == 2
+    assert not load_config(DEMO).memory.is_active("reflection")
+    assert main(["backfill", "--familiar", DEMO, "--projection", "reflection", "--rebuild"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "[providers.memory].projectors" in err and '"reflection"' in err
     assert str(built.character_toml) in err

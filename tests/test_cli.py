@@ -188,3 +188,27 @@ def test_real_process_config_show(tmp_path):
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert_one_line_error(bad.stderr)
+
+
+def test_an_unknown_familiar_is_refused_the_same_way_everywhere_with_near_names(root, capsys, tmp_path):
+    """A typo never silently becomes a new familiar: chat refuses it as facts, import and prompt do."""
+    assert run(capsys, "init", "demo")[0] == 0
+    transcript = tmp_path / "talk.jsonl"
+    transcript.write_text('{"speaker": "Sam", "text": "hi", "timestamp": "2024-05-01T10:00:00Z"}\n')
+    for argv in (["chat", "--familiar", "demp", "--as", "Sam"], ["facts", "--familiar", "demp"],
+                 ["import", "--familiar", "demp", str(transcript)], ["prompt", "--familiar", "demp", "--channel", "1", "hi"],
+                 ["backfill", "--familiar", "demp", "--projection", "facts"]):
+        code, _, err = run(capsys, *argv)
+        line = assert_one_line_error(err)
+        assert code == 1 and line == (f"error: no familiar 'demp' under {root}; did you mean 'demo'? "
+                                      "(to create it: familiar init demp)"), argv
+    assert not (root / "demp").exists(), "nothing created"
+
+
+def test_the_first_familiar_on_an_empty_data_root_is_created_by_chat(root, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
+    code, _, err = run(capsys, "chat", "--familiar", "first", "--as", "Sam")
+    assert code == 0 and "created familiar 'first' from the defaults" in err
+    assert (root / "first" / "turns.db").exists()

@@ -53,12 +53,14 @@ def test_chat_creates_the_familiar_replies_and_exits_zero_at_eof(tmp_path):
     assert "created familiar 'owl'" in result.stderr
     replies = [line for line in result.stdout.splitlines() if line.startswith("Owl: ")]
     assert len(replies) == 2 and all(line.startswith("Owl: you said: ") for line in replies)
-    assert "hello there" in replies[0] and "how are you?" in replies[1]
+    # Both lines are recorded as soon as they are read (a reply never holds the next line back),
+    # so the replies, composed one after the other, see the latest line.
+    assert "how are you?" in replies[1]
     # /context printed the report; /quit ended the session before "never read".
     report = result.stdout.split(replies[1], 1)[1]
     assert "=== character_card:" in report and "=== recent_history:" in report and "=== total:" in report
     turns, people = turns_of(tmp_path, "owl")
-    assert [(t.role, t.channel_id) for t in turns] == [("user", 7), ("assistant", 7)] * 2
+    assert [(t.role, t.channel_id) for t in turns] == [("user", 7)] * 2 + [("assistant", 7)] * 2
     assert [t.content for t in turns if t.role == "user"] == ["hello there", "how are you?"]  # blank line skipped
     assert {t.author_key for t in turns} == {"console:ana-lima", "ego:owl"}
     assert [(p.canonical_key, p.global_name) for p in people] == [("console:ana-lima", "Ana Lima")]
@@ -150,3 +152,131 @@ def test_demo_model_answers_replies_plainly_labelled_and_projections_as_the_care
     assert reply.startswith(DEMO_REPLY_PREFIX) and '"I moved to Porto"' in reply
     facts_prompt = [{"role": "system", "content": "Extract atomic facts"}, {"role": "user", "content": "nothing"}]
     assert demo_model(facts_prompt) == careful_model(facts_prompt)
+
+
+# --------------------------------------------------------------------------- a real terminal
+
+
+async def slow_first_reply(messages):
+    """The first reply takes 3 s (a slow model, a cold start); later ones answer at once."""
+    import asyncio
+
+    if not getattr(slow_first_reply, "warm", False):
+        slow_first_reply.warm = True
+        await asyncio.sleep(3)
+    return "noted"
+
+
+class Terminal:
+    """`familiar chat` on a pseudo-terminal: what a person at a keyboard gets (line discipline included)."""
+
+    def __init__(self, tmp_path: Path, *args: str, env_extra: dict | None = None):
+        import pty
+        import threading
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FAMILIAR") and k != "DISCORD_TOKEN"}
+        env.update(FAMILIAR_DATA_ROOT=str(tmp_path), FAMILIAR_FAKE_LLM="tests.test_console:slow_first_reply",
+                   LITELLM_LOCAL_MODEL_COST_MAP="True", TERM="xterm", INPUTRC="/dev/null",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])), **(env_extra or {}))
+        self.master, slave = pty.openpty()
+        self.process = subprocess.Popen(familiar_command() + ["chat", *args], stdin=slave, stdout=slave, stderr=slave,
+                                        env=env, cwd=tmp_path, start_new_session=True)
+        os.close(slave)
+        self.output = bytearray()
+        self._reader = threading.Thread(target=self._drain, daemon=True)  # a full pty would block the child
+        self._reader.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.output += chunk
+
+    def type(self, text: str) -> None:
+        data = text.encode()
+        while data:
+            data = data[os.write(self.master, data[:4096]):]
+
+    def wait_for(self, needle: bytes, timeout: float) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while needle not in self.output:
+            assert time.monotonic() < deadline and self.process.poll() is None, bytes(self.output[-2000:])
+            time.sleep(0.05)
+
+    def close(self) -> int:
+        self.type("\x04")  # Ctrl-D: end of input
+        try:
+            return self.process.wait(timeout=60)
+        finally:
+            os.close(self.master)
+
+
+def test_a_long_line_typed_on_a_terminal_is_stored_whole(tmp_path):
+    """The terminal's canonical line buffer cuts a line at 4,095 bytes; the chat reads with line
+    editing (readline), so a 51,197-character line typed (pasted) on a terminal is stored whole."""
+    # The control: a plain read on a terminal gets the cut line, as `familiar chat` once did.
+    import pty
+
+    master, slave = pty.openpty()
+    plain = subprocess.Popen([sys.executable, "-c", "import sys; print('got', len(sys.stdin.readline()))"],
+                             stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    os.write(master, b"x" * 5000 + b"\n")
+    assert plain.wait(timeout=30) == 0
+    seen = b""
+    try:
+        while True:
+            seen += os.read(master, 65536)
+    except OSError:  # the child is gone and its output read
+        pass
+    os.close(master)
+    assert b"got 4096" in seen, "the kernel's line buffer: 4,095 characters and the newline"
+
+    make_familiar_with_model(tmp_path)
+    line = " ".join(f"w{i}" for i in range(12000))[:51197]
+    assert len(line) == 51197
+    terminal = Terminal(tmp_path, "--familiar", "fam", "--as", "Sam")
+    try:
+        terminal.wait_for(b"Sam> ", 60)
+        terminal.type(line + "\r")
+        terminal.wait_for(b"Fam: noted", 90)
+    finally:
+        assert terminal.close() == 0
+    turns, _ = turns_of(tmp_path, "fam")
+    assert [len(t.content) for t in turns if t.role == "user"] == [51197]
+
+
+def test_lines_typed_while_a_reply_is_composed_are_recorded_at_once_each_with_its_time(tmp_path):
+    import time
+
+    make_familiar_with_model(tmp_path)
+    terminal = Terminal(tmp_path, "--familiar", "fam", "--as", "Sam")
+    try:
+        terminal.wait_for(b"Sam> ", 60)
+        for n in range(3):  # the first reply takes 3 s: the next two lines are typed meanwhile
+            terminal.type(f"line {n}\r")
+            time.sleep(0.6)
+        with TurnLog(FamiliarPaths.for_id("fam", tmp_path).turns_db, readonly=True) as log:
+            recorded = [t for t in log.recent(1, 10)]
+        assert [(t.role, t.content) for t in recorded] == [("user", f"line {n}") for n in range(3)], \
+            "recorded before the first reply came back"
+        terminal.wait_for(b"Fam: noted", 30)
+    finally:
+        assert terminal.close() == 0
+    turns, _ = turns_of(tmp_path, "fam")
+    users = [t for t in turns if t.role == "user"]
+    gaps = [(b.created_at - a.created_at).total_seconds() for a, b in zip(users, users[1:])]
+    assert all(0.4 < gap < 1.5 for gap in gaps), gaps  # each line's own time, as typed
+
+
+def make_familiar_with_model(root: Path) -> None:
+    familiar = FamiliarPaths.for_id("fam", root)
+    familiar.dir.mkdir(parents=True)
+    familiar.character_toml.write_text('aliases = ["Fam"]\n[llm.reply]\nmodel = "fake/console"\nmax_retries = 0\n')
+    TurnLog(familiar.turns_db).close()

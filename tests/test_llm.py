@@ -560,3 +560,29 @@ def test_a_keyless_openai_compatible_server_gets_a_placeholder_key(fake, monkeyp
     local = client(slot(model="openai/smollm2", api_base="http://127.0.0.1:1/v1"))
     assert local._api_key() == LOCAL_SERVER_KEY
     assert client(slot(model="openai/gpt-4o-mini"))._api_key() is None
+
+
+def test_an_async_call_imports_litellm_off_the_event_loop(fake, monkeypatch):
+    """The first import takes seconds; on the loop it held back every message a transport read
+    meanwhile (the console's lines typed during the first demo reply were recorded late, together)."""
+    import threading
+
+    from familiar_pipeline.models import llm as llm_module
+
+    where: list[str] = []
+    real = llm_module.import_litellm
+
+    def watched():
+        where.append(threading.current_thread().name)
+        return real()
+
+    monkeypatch.setattr(llm_module, "import_litellm", watched)
+    fake.script(lambda messages: "hi")
+
+    async def scenario():
+        loop_thread = threading.current_thread().name
+        reply = await client().acomplete(MESSAGES)
+        return loop_thread, reply
+
+    loop_thread, reply = asyncio.run(scenario())
+    assert reply.text == "hi" and where and loop_thread not in where

@@ -84,9 +84,12 @@ def test_one_run_writes_each_familiars_rows_and_reports_each_partition(env):
         count, mark = facts_and_mark(fams[name])
         assert count == meta["rows_written"] > 0 and mark == 10 * batches
     assert by_partition(result, "turns_fts")["a2"]["rows_written"] == 20
-    # The checks ran over the three familiars: one evaluation, which passed.
+    # The checks ran over the three familiars: one evaluation per familiar, on its partition; all passed.
     evaluations = result.get_asset_check_evaluations()
     assert evaluations and all(e.passed for e in evaluations)
+    assert {(e.check_name, e.partition) for e in evaluations if e.asset_key.path[-1] == "facts"} == {
+        (check, name) for check in ("facts_cite_existing_turns", "fact_subjects_are_participants",
+                                    "serving_snapshot_in_step") for name in ("a1", "a2", "a3")}
     # Each partition's materialization is in the event log under its own key, as the UI reads it.
     for name in ("a1", "a2", "a3"):
         record = instance.fetch_materializations(
@@ -404,9 +407,9 @@ def test_a_failed_blocking_check_holds_back_only_that_familiars_followers(env):
     supersessions = by_partition(result, "fact_supersessions")
     assert supersessions["a1"]["status"] == "skipped: blocked: check facts_cite_existing_turns on facts failed"
     assert not supersessions["a2"]["status"].startswith(("skipped", "failed")), supersessions["a2"]
-    evaluation = next(e for e in result.get_asset_check_evaluations() if e.check_name == "facts_cite_existing_turns")
-    assert not evaluation.passed and "a1" in evaluation.metadata["failing"].value
-    assert "a2" not in evaluation.metadata["failing"].value
+    cited = {e.partition: e for e in result.get_asset_check_evaluations() if e.check_name == "facts_cite_existing_turns"}
+    assert not cited["a1"].passed and cited["a1"].metadata["violations"].value == 1
+    assert cited["a2"].passed, "each familiar's result on its own partition"
 
 
 def test_the_step_refuses_projectors_listed_before_what_they_read():
@@ -500,3 +503,37 @@ def test_passes_put_the_facts_and_what_they_read_first():
     assert passes(only_followers) == [only_followers]
     follower_of_facts = [s for s in specs if s.asset in ("facts", "fact_embeddings")]
     assert [[s.asset for s in p] for p in passes(follower_of_facts)] == [["facts"], ["fact_embeddings"]]
+
+
+def test_the_ui_agrees_on_each_familiars_checks_after_a_range_run(env):
+    """The checks list, the detail pane and the group view read the check's executions per partition:
+    after a run over several familiars every partition's check is "passed" and none "skipped" (a
+    result with no partition left Dagster's planned per-partition rows to be read as skipped, so
+    the list said "Skipped", the pane "Passed" and the group view "0 / 3 passed")."""
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+    from dagster._core.storage.event_log.base import PartitionKeyFilter
+
+    root, instance = env
+    familiars(root, instance, [("a1", 10), ("a2", 10), ("a3", 10)])
+    assert run_range(root, instance, FACTS_AND_INDEX, "a1", "a3").success
+    # a2 is in the next run's range but not due: its results from the first run stand.
+    second = run_range(root, instance, FACTS_AND_INDEX, "a1", "a3", plan={"facts": ["a1", "a3"], "turns_fts": ["a1", "a3"]})
+    assert second.success
+    checks = [dg.AssetCheckKey(dg.AssetKey("facts"), name) for name in
+              ("facts_cite_existing_turns", "fact_subjects_are_participants", "serving_snapshot_in_step")]
+    for key in checks:
+        assert instance.event_log_storage.get_asset_check_execution_history(
+            key, limit=10, partition_filter=PartitionKeyFilter(key=None)) == [], "no result without a partition"
+        for name in ("a1", "a2", "a3"):
+            [latest] = instance.event_log_storage.get_asset_check_execution_history(
+                key, limit=1, partition_filter=PartitionKeyFilter(key=name))
+            assert latest.status == AssetCheckExecutionRecordStatus.SUCCEEDED, (key.name, name, latest.status)
+            assert latest.run_id == second.run_id
+            evaluation = latest.event.dagster_event.event_specific_data
+            target = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("facts"), asset_partitions=[name]), limit=1).records[0]
+            assert evaluation.target_materialization_data.storage_id == target.storage_id, "checks the latest"
+            assert ("carried_over" in evaluation.metadata) == (name == "a2")
+        infos = instance.event_log_storage.get_asset_check_partition_info([key])
+        assert {(i.partition_key, i.latest_execution_status, i.is_current) for i in infos} == {
+            (name, AssetCheckExecutionRecordStatus.SUCCEEDED, True) for name in ("a1", "a2", "a3")}

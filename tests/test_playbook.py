@@ -1,8 +1,13 @@
-"""Every recipe of docs/playbook.md, run against a small familiar built here (fake model, no network)."""
+"""Every recipe of docs/playbook.md, run against a small familiar built here (fake model, no network).
+
+The familiar is called `offline-demo`, as the one `familiar up --demo` runs, which the
+playbook's examples use; the Python snippets are run as written and must print what they read.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import re
@@ -41,6 +46,7 @@ def cli_args(line: str) -> list[str]:
     return words
 
 
+DEMO = "offline-demo"
 ENV = {"FAMILIAR_FAKE_LLM": "familiar_pipeline.testing.scripted:careful_model", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
@@ -51,10 +57,10 @@ def template(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for name, value in {**ENV, "FAMILIAR_DATA_ROOT": str(root)}.items():
             patch.setenv(name, value)
-        paths = familiar(root, "demo")
+        paths = familiar(root, DEMO)
         append_chat(paths, 30)
         with dg.instance_for_test() as instance:
-            materialize(root, instance, ALL_ASSETS, familiar_id="demo")
+            materialize(root, instance, ALL_ASSETS, familiar_id=DEMO)
     return root
 
 
@@ -69,7 +75,7 @@ def built(template, tmp_path, monkeypatch):
         monkeypatch.setenv(name, value)
     from familiar_pipeline.storage.paths import FamiliarPaths
 
-    return FamiliarPaths.for_id("demo", root)
+    return FamiliarPaths.for_id(DEMO, root)
 
 
 def facts_and_dossiers(paths) -> tuple[list, list]:
@@ -87,11 +93,11 @@ def test_rebuild_a_projection_from_the_ui_run_config_and_the_cli(built, tmp_path
     run_config = json.loads(blocks("json")[0])
     assert run_config == {"ops": {"memory": {"config": {"rebuild": True}}}}
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("familiars", ["demo"])
+        instance.add_dynamic_partitions("familiars", [DEMO])
         from familiar_pipeline.definitions import defs
 
         job = defs.resolve_job_def("project_memory")
-        result = job.execute_in_process(run_config=run_config, partition_key="demo", instance=instance,
+        result = job.execute_in_process(run_config=run_config, partition_key=DEMO, instance=instance,
                                         asset_selection=[dg.AssetKey("facts")])
         assert result.success
         facts_meta = metadata(result, "facts")
@@ -117,7 +123,7 @@ def test_force_a_dossier_refold(built, capsys, monkeypatch):
     env, command = no_cache.split(" uv run ", 1)
     name, value = env.split("=")
     monkeypatch.setenv(name, value)
-    assert load_config("demo").llm.slot("background").cache is False
+    assert load_config(DEMO).llm.slot("background").cache is False
     assert main(cli_args(no_cache)) == 0
     assert facts_and_dossiers(built)[1] == before
 
@@ -126,7 +132,7 @@ def test_ab_a_layer_order_on_one_channel(built, capsys):
     [toml] = blocks("toml")
     built.character_toml.write_text(built.character_toml.read_text() + "\n" + toml)
     outputs = {}
-    for line in command_lines("familiar prompt --familiar demo --channel"):
+    for line in command_lines(f"familiar prompt --familiar {DEMO} --channel"):
         args = cli_args(line)
         if args[4] in ("10", "20"):
             assert main(args) == 0
@@ -143,7 +149,7 @@ def test_change_a_threshold_and_the_sensor_cadence(built, monkeypatch):
 
     more(built, 6, start=30)  # 6 turns past the facts watermark: below batch_size 10
     def facts_requested() -> bool:
-        requests = run_requests(plan_tick({}, ["demo"], {"demo"}, root=built.root, in_flight={}, max_requests=5))
+        requests = run_requests(plan_tick({}, [DEMO], {DEMO}, root=built.root, in_flight={}, max_requests=5))
         return any(dg.AssetKey("facts") in (r.asset_selection or []) for r in requests)
 
     # The snapshot manifest carries the watermarks the sensor reads.
@@ -162,7 +168,11 @@ def test_which_familiars_have_assets_pending(built):
 
     def pending() -> list:
         scope: dict = {}
-        exec(code, scope)
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            exec(code, scope)
+        assert printed.getvalue().endswith(f"{len(scope['pending'])} familiar(s) with work pending\n")
+        for filename, assets in scope["pending"]:
+            assert f"{filename} {assets}" in printed.getvalue(), "the snippet prints what it found"
         return scope["pending"]
 
     assert pending() == [], "every run finished what it planned"
@@ -171,22 +181,28 @@ def test_which_familiars_have_assets_pending(built):
     manifest["pending_assets"] = ["reflections"]  # as a run that yielded its second pass leaves it
     manifest_path.write_text(json.dumps(manifest))
     assert pending() == [(str(manifest_path), ["reflections"])]
-    requests = run_requests(plan_tick({}, ["demo"], {"demo"}, root=built.root, in_flight={}, max_requests=5))
+    requests = run_requests(plan_tick({}, [DEMO], {DEMO}, root=built.root, in_flight={}, max_requests=5))
     assert [[k.path[-1] for k in r.asset_selection] for r in requests] == [["reflections"]], "the next tick asks for it"
 
 
 def test_query_facts_from_a_notebook(built):
     duck_block, snapshot_block = [b for b in blocks("python") if "pending_assets" not in b]
     scope: dict = {}
-    exec(duck_block.replace("data/familiars/demo", str(built.dir)), scope)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(duck_block.replace(f"data/familiars/{DEMO}", str(built.dir)), scope)
     assert scope["current"] and all(isinstance(row[1], str) for row in scope["current"])
     said = scope["said"]
     assert said and {row[2] for row in said} <= {"Cass", "Bo", "Mia"}
     assert all(row[1].startswith(f"{row[2]} said:") for row in said)  # the fake model's attribution
+    shown = printed.getvalue()  # as written, the snippet prints what it read
+    assert all(f"#{fact_id} [{importance}] {text}" in shown for fact_id, text, importance in scope["current"])
+    assert f"<- {said[0][2]}: {said[0][3]!r}" in shown
 
     scope = {}
-    exec(snapshot_block.replace("data/familiars/demo", str(built.dir)), scope)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(snapshot_block.replace(f"data/familiars/{DEMO}", str(built.dir)), scope)
     assert [row[0] for row in scope["snapshot_current"]] == [row[0] for row in duck_current(built)]
+    assert printed.getvalue().splitlines() == [f"#{i} {text}" for i, text in scope["snapshot_current"]]
 
 
 def duck_current(paths):
@@ -208,7 +224,7 @@ def test_inspect_the_prompt_cli_and_console_context(built, capsys):
     typed = example.split("> ", 1)[1]
     with TurnLog(built.turns_db, readonly=True) as log:
         turns_before = log.count()
-    handle = open_responder(built, load_config("demo"))
+    handle = open_responder(built, load_config(DEMO))
     out = io.StringIO()
     try:
         status = asyncio.run(run_console(handle.responder, speaker=console_person("you"),

@@ -156,7 +156,7 @@ def run_until_idle(root) -> int:
 
 def state(root: Path) -> dict:
     """Everything a reader can see, without system times: store tables, snapshot lag, index counts."""
-    from familiar_pipeline.defs.checks import snapshot_lag
+    from familiar_pipeline.storage.snapshot_lag import snapshot_lag
     from familiar_pipeline.storage.fts import FtsIndex
     from familiar_pipeline.storage.paths import FamiliarPaths
     from familiar_pipeline.storage.store import ProjectionStore

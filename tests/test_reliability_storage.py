@@ -25,7 +25,7 @@ import pytest
 
 from familiar_bot.responder import IncomingMessage, Person, open_responder
 from familiar_pipeline.storage import snapshots
-from familiar_pipeline.defs.checks import snapshot_lag
+from familiar_pipeline.storage.snapshot_lag import snapshot_lag
 from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import fake_llm
 from familiar_pipeline.storage.fts import FtsIndex

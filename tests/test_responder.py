@@ -259,7 +259,8 @@ def test_without_a_reply_model_it_records_and_says_so_once_per_channel(tmp_path,
 
     first = run(responder.handle(msg("hi Fam")))
     assert len(first) == 1
-    assert "[llm.reply].model" in first[0] and str(responder.paths.character_toml) in first[0]
+    assert "[llm.reply].model" in first[0] and "character.toml of familiar 'fam'" in first[0]
+    assert str(tmp_path) not in first[0], "a server path must not reach the channel"
     assert "FAMILIAR__LLM__REPLY__MODEL" in first[0]
     assert run(responder.handle(msg("hello?? Fam"))) == []  # told once in this channel
     assert len(run(responder.handle(msg("Fam?", channel=LOUD_CHANNEL)))) == 1  # new channel: told again
@@ -393,3 +394,87 @@ def test_context_report_names_the_retired_fact_and_its_replacement(tmp_path):
         f"retired #{lisbon.id} 'Sam lives in Lisbon.' <- replaced by #{porto.id} 'Sam moved to Porto.'",
     ]
     assert retired_facts_report(SnapshotReader(tmp_path / "nothing").current()).startswith("=== memory:")
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+def test_a_full_disk_keeps_messages_in_order_and_stores_them_when_space_is_back(tmp_path, fake):
+    """No message is lost and the transport never sees an exception: each gets a notice, no reply;
+    once the disk has room they reach the log in order, each with the time it was said."""
+    from tests.helpers import FullDisk, long_line
+
+    responder, _, log = make(tmp_path)
+    fake.script(lambda messages: "ok!")
+    run(responder.handle(msg("before, Fam")))
+    with FullDisk(log) as disk:
+        notices = [run(responder.handle(msg(long_line(n) + " Fam"))) for n in range(3)]
+        assert all(len(n) == 1 and "I couldn't take that message in" in n[0] and "holding on to it" in n[0]
+                   for n in notices), notices
+        assert str(tmp_path) not in notices[0][0]
+        assert len(responder.spool) == 3 and responder.stats.spooled == 3
+        assert not responder.flush_spool(), "still full"
+        disk.free()
+        assert responder.flush_spool() and len(responder.spool) == 0
+    replies = run(responder.handle(msg("after, Fam")))
+    assert replies == ["ok!"]
+    users = [t for t in log.recent(CHANNEL, 100) if t.role == "user"]
+    assert [t.content.split(" ")[:2] for t in users] == [["before,", "Fam"], ["line", "0"], ["line", "1"],
+                                                           ["line", "2"], ["after,", "Fam"]]
+    times = [t.created_at for t in users]
+    assert times == sorted(times) and len(set(times)) == len(times), "each with its own time"
+
+
+def test_the_spool_drains_by_itself_once_the_disk_has_room(tmp_path, fake):
+    from tests.helpers import FullDisk, long_line
+
+    responder, _, log = make(tmp_path)
+
+    async def scenario():
+        with FullDisk(log) as disk:
+            await responder.handle(msg(long_line(1)))
+            await responder.handle_edit("404", "never seen")  # an edit waits in line too
+            disk.free()
+            for _ in range(100):  # the retry loop's first attempt comes after 1 s
+                if not len(responder.spool):
+                    break
+                await asyncio.sleep(0.05)
+        return len(responder.spool)
+
+    assert run(scenario()) == 0, "nobody spoke again, yet the kept message was stored"
+    assert [t.content[:6] for t in log.recent(CHANNEL, 10)] == ["line 1"]
+
+
+def test_a_full_spool_refuses_loudly(tmp_path, fake, caplog):
+    from familiar_bot.spool import Spool
+    from tests.helpers import FullDisk, long_line
+
+    responder, _, log = make(tmp_path)
+    responder.spool = Spool(max_items=2)
+    with FullDisk(log):
+        kept = [run(responder.handle(msg(long_line(n)))) for n in range(2)]
+        with caplog.at_level(logging.ERROR):
+            refused = run(responder.handle(msg(long_line(2))))
+    assert all("holding on to it" in k[0] for k in kept)
+    assert "This one was not kept: please send it again later" in refused[0]
+    assert responder.stats.refused == 1 and "REFUSED" in caplog.text
+    assert responder.flush_spool()
+    assert [t.content[:6] for t in log.recent(CHANNEL, 10)] == ["line 0", "line 1"]
+
+
+def test_what_still_waits_at_exit_is_written_for_familiar_import(tmp_path, fake, caplog):
+    from familiar_bot.cli.commands.import_ import import_transcript
+    from tests.helpers import FullDisk, long_line
+
+    responder, _, log = make(tmp_path)
+    with FullDisk(log):
+        for n in range(2):
+            run(responder.handle(msg(long_line(n))))
+        with caplog.at_level(logging.ERROR):
+            responder.close_spool()
+    [dumped] = list(responder.paths.dir.glob("spooled-*.jsonl"))
+    assert f"familiar import --familiar fam {dumped}" in caplog.text
+    result = import_transcript(log, dumped.read_text().splitlines())
+    stored = log.recent(CHANNEL, 10)
+    assert result.imported == 2 and [t.content[:6] for t in stored] == ["line 0", "line 1"]
+    assert {t.author_key for t in stored} == {ANA.key}, "the same participant as a live message"

@@ -433,3 +433,41 @@ def test_due_familiars_wait_while_a_projection_run_is_queued_and_gather_into_the
     instance.delete_run("waiting")  # it left the queue
     later = tick(instance, cursor=held.cursor)
     assert requested(later) == {"q1": FULL, "q2": FULL}, "both in one run once the queued one started"
+
+
+def test_a_familiar_whose_run_published_nothing_is_asked_for_again_with_backoff(env):
+    """A run that failed (a full disk, a broken store) leaves the familiar looking unchanged: it is
+    asked for again by itself, with backoff, and not while a run of it is queued."""
+    from familiar_pipeline.projectors.schedule import RETRIES, RETRY_FIRST_S, InFlightRun, retry_wait
+    from tests.helpers import sensor_tick
+
+    root, _ = env
+    paths = make_familiar(root, "alpha")
+    append_chat(paths, 12)
+
+    def at(now, cursor, in_flight=None):
+        requests, _, cursor, notes = sensor_tick(cursor, ["alpha"], ["alpha"], root=root, in_flight=in_flight or {},
+                                                   max_requests=5, now=now)
+        return requests, cursor, notes
+
+    first, cursor, _ = at(1000.0, {})
+    assert len(first) == 1 and ":retry" not in first[0].run_key
+    assert at(1000.0 + RETRY_FIRST_S - 1, cursor)[0] == [], "too soon"
+    busy = {"alpha": InFlightRun(waiting=True, dispatched_turn_id=12)}
+    assert at(1000.0 + RETRY_FIRST_S, cursor, busy)[0] == [], "its run is still queued"
+    again, cursor, notes = at(1000.0 + RETRY_FIRST_S, cursor)
+    assert [r.run_key for r in again] == [first[0].run_key + ":retry1"], "a new key, or Dagster would skip it"
+    assert "nothing published and it is still due" in " ".join(notes)
+    assert requested_plan(again) == requested_plan(first)
+    t = 1000.0 + RETRY_FIRST_S
+    assert at(t + retry_wait(1) - 1, cursor)[0] == [], "the wait doubles"
+    third, cursor, _ = at(t + retry_wait(1), cursor)
+    assert third[0].run_key.endswith(":retry2")
+
+    append_chat(paths, 1, start=12)  # news: a normal dispatch, the count starts over
+    fresh, cursor, _ = at(t + retry_wait(1) + 1, cursor)
+    assert ":retry" not in fresh[0].run_key and cursor[RETRIES]["alpha"][0] == 0
+
+
+def requested_plan(requests):
+    return [r.run_config for r in requests]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from familiar_pipeline.storage.turns import (
     Turn,
     TurnLog,
     TurnLogError,
+    TurnLogUnavailable,
 )
 
 UTC = timezone.utc
@@ -676,3 +679,69 @@ def test_each_log_has_its_own_id_kept_across_opens(tmp_path):
     path.unlink()
     with TurnLog(path) as log:
         assert log.log_id() != first
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+def test_a_full_disk_fails_the_write_whole_and_the_log_goes_on_after(log: TurnLog):
+    """SQLite rolls back after SQLITE_FULL itself; a second ROLLBACK used to raise
+    "cannot rollback - no transaction is active" and hide the failure from every caller."""
+    from tests.helpers import FullDisk, long_line
+
+    say(log, "before")
+    with FullDisk(log) as disk:
+        for n in range(3):
+            with pytest.raises(TurnLogUnavailable, match="failed and was rolled back") as refused:
+                say(log, long_line(n))
+            assert "no transaction is active" not in str(refused.value)
+            with pytest.raises(TurnLogUnavailable):
+                log.append_turns([{"channel_id": 10, "role": "user", "content": long_line(9)}] * 2)
+        assert [t.content for t in log.turns_after(0)] == ["before"], "nothing half-written"
+        disk.free()
+        say(log, long_line(7))
+    assert [t.content[:6] for t in log.turns_after(0)] == ["before", "line 7"]
+    assert isinstance(refused.value, TurnLogError), "callers that catch TurnLogError still do"
+
+
+def test_an_io_error_on_a_full_disk_is_named_for_what_it_is(db_path: Path, monkeypatch):
+    """A WAL log opened on a full disk fails with SQLITE_IOERR_SHMSIZE ("disk I/O error"): named for what it is."""
+    from familiar_pipeline.storage import turns as turns_module
+
+    error = sqlite3.OperationalError("disk I/O error")
+    error.sqlite_errorname = "SQLITE_IOERR_SHMSIZE"
+    assert turns_module.storage_problem(db_path, error) == "disk I/O error", "with room left it is an I/O error"
+    monkeypatch.setattr(turns_module, "_free_bytes", lambda folder: 0)
+    message = turns_module.storage_problem(db_path, error)
+    assert message == "the disk holding it is full (0 bytes free); free some space (disk I/O error)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to mount a small tmpfs")
+def test_opening_on_a_real_full_disk(tmp_path: Path):
+    """The same on a real full disk: a 256 KiB tmpfs in a private mount namespace, filled up."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        from familiar_pipeline.storage.turns import TurnLog, TurnLogUnavailable
+        disk = {str(tmp_path / 'disk')!r}
+        with TurnLog(disk + "/fam/turns.db") as log:
+            log.append_turn(channel_id=1, role="user", content="kept")
+        try:
+            with open(disk + "/filler", "wb") as filler:
+                while True:
+                    filler.write(bytes(4096)); filler.flush()
+        except OSError:
+            pass
+        try:
+            TurnLog(disk + "/fam/turns.db")
+        except TurnLogUnavailable as exc:
+            print(exc)
+    """)
+    (tmp_path / "disk").mkdir()
+    mount = f"mount -t tmpfs -o size=256k tmpfs {tmp_path / 'disk'} && exec {sys.executable} -c \"$0\""
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, script],
+                          capture_output=True, text=True, timeout=60)
+    if "mount:" in done.stderr:
+        pytest.skip(f"cannot mount here: {done.stderr.strip()}")
+    [line] = done.stdout.splitlines()
+    assert line.startswith(f"cannot open turn log {tmp_path / 'disk' / 'fam' / 'turns.db'}: the disk holding it is full")
+    assert "is not a usable SQLite turn log" not in line

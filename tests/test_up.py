@@ -24,6 +24,7 @@ from familiar_pipeline import webserver
 from familiar_bot.supervisor import child_sessions, free_port, group_alive
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.projectors.facts import reads as fact_reads
+from familiar_pipeline.storage.paths import FamiliarPaths
 from tests.helpers import append_chat, make_familiar
 
 REPO = Path(__file__).resolve().parents[1]
@@ -200,21 +201,54 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
                 pass
 
 
-def test_demo_sets_the_scripted_models_for_this_process_only(tmp_path, monkeypatch, capsys):
+def test_demo_sets_the_scripted_models_for_the_demo_familiar_only(tmp_path, monkeypatch, capsys):
+    """`--demo` used to set process-wide FAMILIAR__ variables: every familiar the Dagster processes
+    saw got the scripted model and the demo's batch sizes. Now only the demo familiar does."""
     import argparse
 
-    from familiar_bot.cli.commands.up import DEMO_FAMILIAR, enter_demo
-    from familiar_pipeline.config import load_config
-    from familiar_pipeline.testing.scripted import DEMO_ENV
+    import dagster as dg
 
-    for name in DEMO_ENV:
+    from familiar_bot.cli.commands.up import enter_demo
+    from familiar_pipeline.config import load_config
+    from familiar_pipeline.config.demo import DEMO_FAMILIAR, DEMO_FAMILIAR_ENV
+    from familiar_pipeline.defs.jobs import materialize_in_process
+    from tests.helpers import sensor_tick
+    from familiar_pipeline.testing.fake_llm import FAKE_LLM_ENV
+    from familiar_pipeline.storage.store import ProjectionStore
+
+    for name in (FAKE_LLM_ENV, DEMO_FAMILIAR_ENV):
         monkeypatch.setenv(name, "")  # so monkeypatch restores (removes) what enter_demo sets
         monkeypatch.delenv(name)
     args = argparse.Namespace(familiar=None)
     enter_demo(args)
     assert args.familiar == DEMO_FAMILIAR
     assert capsys.readouterr().err.count("scripted offline model") == 1
-    config = load_config(DEMO_FAMILIAR, root=tmp_path)
-    assert (config.llm.slot("reply").model, config.llm.slot("background").model) == ("fake/demo-reply", "fake/careful")
-    assert config.memory.rich_note.batch_size == 4
+    demo = load_config(DEMO_FAMILIAR, root=tmp_path)
+    assert (demo.llm.slot("reply").model, demo.llm.slot("background").model) == ("fake/demo-reply", "fake/careful")
+    assert demo.memory.rich_note.batch_size == 4
     assert not list(tmp_path.iterdir()), "no file names the scripted model"
+
+    other = load_config("demo", root=tmp_path)
+    assert not other.llm.slot("reply").configured and not other.llm.slot("background").configured
+    assert other.memory.rich_note.batch_size != 4
+
+    # The sensor: four turns are a batch for the demo familiar only.
+    for familiar_id in (DEMO_FAMILIAR, "demo"):
+        append_chat(make_familiar(tmp_path, familiar_id, extra_toml=""), 4)
+    requests, *_ = sensor_tick({}, [DEMO_FAMILIAR, "demo"], [DEMO_FAMILIAR, "demo"], root=tmp_path,
+                                 in_flight={}, max_requests=10)
+    due_for = requests[0].run_config["ops"]["memory"]["config"]["familiars"]
+    assert due_for["facts"] == [DEMO_FAMILIAR] and "demo" not in due_for.get("rolling_summary", [])
+
+    # A rebuild of another familiar under the demo's environment (the reported `familiar backfill
+    # --familiar demo --projection facts --rebuild`) finds no model: no scripted facts in it.
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("familiars", ["demo"])
+        result = materialize_in_process(["facts"], instance=instance, data_root=tmp_path, partition_key="demo",
+                                        rebuild=True)
+    [event] = [e for e in result.get_asset_materialization_events() if e.asset_key.path[-1] == "facts"]
+    assert event.materialization.metadata["status"].value.startswith("skipped: no model configured")
+    store_file = FamiliarPaths.for_id("demo", tmp_path).memory_db
+    if store_file.exists():
+        with ProjectionStore(store_file, read_only=True) as store:
+            assert store.latest_fact_id() == 0

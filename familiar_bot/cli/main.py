@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from familiar_pipeline.storage import paths
+from familiar_pipeline.storage.private import private_dir, use_private_umask
 from familiar_pipeline.config import ConfigError, load_config, render_config
 
 EXIT_REFUSED = 1
@@ -94,6 +95,24 @@ def _back_up(path: Path, stamp: str) -> Path:
     return backup
 
 
+def require_familiar(familiar_id: str, root: Path | None = None) -> paths.FamiliarPaths:
+    """The familiar's paths if it exists (it has a turn log); else one line with near names.
+
+    Every command that takes `--familiar` refuses a familiar that does not exist in the
+    same words, naming the existing ones a typo may have meant and how to create it, so
+    a typo never quietly becomes a new, empty familiar.
+    """
+    import difflib
+
+    familiar = paths.FamiliarPaths.for_id(familiar_id, root)
+    if familiar.turns_db.exists():
+        return familiar
+    near = difflib.get_close_matches(familiar_id, paths.list_familiars(familiar.root), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    raise CliError(f"no familiar {familiar_id!r} under {familiar.root}{hint} "
+                   f"(to create it: familiar init {familiar_id})")
+
+
 def create_turn_log(turns_db: Path) -> None:
     """Create (or just open and migrate) the familiar's turn log; never removes turns."""
     from familiar_pipeline.storage.turns import TurnLog, TurnLogError
@@ -130,7 +149,8 @@ def init_familiar(familiar_id: str, *, root: Path | None = None, alias: str | No
         familiar.character_md: default_card.read_bytes(),
     }
     done: list[str] = []
-    familiar.dir.mkdir(parents=True, exist_ok=True)
+    private_dir(familiar.root)  # the data root and the familiar's folder: its owner's only
+    private_dir(familiar.dir)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     for path, content in contents.items():
         if path.exists():
@@ -233,6 +253,9 @@ def _one_line(message: object) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # What this command and every process it starts (Dagster, runs, the bot) writes is
+    # its owner's only: turn logs, stores, caches and run history quote private messages.
+    use_private_umask()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -202,7 +202,7 @@ class FamiliarClient(discord.Client):
     async def on_member_update(self, before: discord.Member, after: discord.Member) -> None:
         """Nickname changes (needs the members intent); names are otherwise seen on messages."""
         if (before.nick, before.name, before.global_name) != (after.nick, after.name, after.global_name):
-            self.responder.observe_person(person_from(after), after.guild.id)
+            await self.responder.handle_profile(person_from(after), after.guild.id)
 
     # -- /context
 

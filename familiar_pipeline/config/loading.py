@@ -6,7 +6,9 @@ Loading order, later wins:
 2. the familiar's own ``data/familiars/<id>/character.toml``, deep-merged (tables
    merge key by key; scalars and lists replace whole, so a ``projectors`` list
    replaces the default list);
-3. environment overrides: ``FAMILIAR__SECTION__SUB__KEY=<TOML literal>`` for any
+3. the offline demo's settings, for the demo familiar only (``config/demo.py``:
+   ``familiar up --demo`` names it in ``FAMILIAR_DEMO``);
+4. environment overrides: ``FAMILIAR__SECTION__SUB__KEY=<TOML literal>`` for any
    knob, plus ``FAMILIAR_FASTEMBED_MODEL_PATH``.
 
 Every leaf of the merged tree remembers which file or environment variable set it,
@@ -26,6 +28,7 @@ from typing import Any, Mapping
 
 from cachetools import LRUCache
 
+from familiar_pipeline.config.demo import demo_settings
 from familiar_pipeline.config.rendering import dotted
 from familiar_pipeline.config.schema import DEFAULT_FAMILIAR_ID, ConfigError, FamiliarConfig
 from familiar_pipeline.config.validation import build, kind_of
@@ -144,20 +147,20 @@ def env_overrides(env: Mapping[str, str]) -> list[tuple[str, tuple[str, ...], An
     return overrides
 
 
-def _apply_override(tree: Tree, variable: str, path: tuple[str, ...], value: Any) -> None:
+def _apply_override(tree: Tree, source: str, path: tuple[str, ...], value: Any) -> None:
     node: Any = tree.data
     for depth, key in enumerate(path[:-1]):
         child = node.get(key)
         if child is not None and not isinstance(child, dict):
             raise ConfigError(
-                f"environment variable {variable}: {dotted(path[: depth + 1])} is "
+                f"{source}: {dotted(path[: depth + 1])} is "
                 f"{kind_of(child)}, not a table, so it has no key {path[depth + 1]!r}"
             )
         node = child if child is not None else {}
     nested: Any = value
     for key in reversed(path):
         nested = {key: nested}
-    tree.merge(nested, f"environment variable {variable}")
+    tree.merge(nested, source)
 
 
 def load_config(familiar_id: str | None = None, *, root: Path | None = None,
@@ -189,7 +192,9 @@ def load_config(familiar_id: str | None = None, *, root: Path | None = None,
     own_file = paths.FamiliarPaths.for_id(familiar_id, root).character_toml
     if own_file.is_file():
         tree.merge(read_toml(own_file), str(own_file))
+    for source, key_path, value in demo_settings(familiar_id, env):
+        _apply_override(tree, source, key_path, value)
     for variable, key_path, value in env_overrides(env):
-        _apply_override(tree, variable, key_path, value)
+        _apply_override(tree, f"environment variable {variable}", key_path, value)
     return build(tree, familiar_id, env)
 

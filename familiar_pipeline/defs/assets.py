@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 from pydantic import Field
 
-from familiar_pipeline.defs.checks import MemoryCheck, combine_check_results, memory_checks
+from familiar_pipeline.defs.checks import MemoryCheck, memory_checks, partition_evaluations
 from familiar_pipeline.defs.partitions import familiars_partitions, projection_run_queued
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.models.llm import LlmUsage
@@ -312,9 +312,9 @@ def materialize_projections(
             f"({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}) is left to a later run; "
             "their snapshots list it as pending and the turn sensor requests it"
         )
-    for check in checks:
-        if check_results[check.key]:
-            yield combine_check_results(check_results[check.key], check=check)
+    for check in checks:  # each familiar's evaluation on its own partition (checks.partition_evaluations)
+        yield from partition_evaluations(context.instance, context.run.run_id, check, check_results[check.key],
+                                         context.partition_keys)
     lost = [(asset, f, e) for asset, errors in failed.items() if errors and not done[asset] for f, e in errors.items()]
     if len(lost) == 1:
         raise lost[0][2]

@@ -4,8 +4,8 @@ Each projector declares its invariants in its spec (``Invariant``: a plain funct
 a familiar's store and turn log that lists the violations, in the projector's folder);
 here each becomes a `MemoryCheck` on the asset it guards. The projection step evaluates
 them per familiar right after that asset's projector, on the connection it wrote with
-(no second open of the file), and reports one result per check per run
-(`combine_check_results`). Blocking invariants (facts citing turns that exist, subjects
+(no second open of the file), and records one evaluation per check and familiar, on that
+familiar's partition (`partition_evaluations`). Blocking invariants (facts citing turns that exist, subjects
 that are known participants, no fact retired twice, every replacement id existing) hold
 back what is built on the asset for that familiar; the others do not, and the snapshot
 check warns when the bot's serving snapshot lags the store after the step's publish
@@ -14,17 +14,22 @@ check warns when the bot's serving snapshot lags the store after the step's publ
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import dagster as dg
 
+from familiar_pipeline.dagster_internals import (
+    AssetCheckEvaluation,
+    carried_over,
+    latest_materialization_targets,
+    previous_check_evaluations,
+)
 from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.spec import ProjectorSpec
+from familiar_pipeline.storage.snapshot_lag import snapshot_lag
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -35,17 +40,6 @@ SAMPLE = 10
 # we opt in, so `familiar backfill`, `familiar eval` ... do not print it on each start.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
                         category=dg.PreviewWarning)
-
-
-def snapshot_lag(store: ProjectionStore, serving_dir: Path) -> dict | None:
-    """None when the published manifest matches the store's watermarks, else both sides."""
-    try:
-        manifest = json.loads((serving_dir / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return {"store": store.serving_watermark(), "snapshot": None}
-    published = manifest.get("store_watermark")
-    current = store.serving_watermark()
-    return None if published == current else {"store": current, "snapshot": published}
 
 
 SNAPSHOT_CHECK = "serving_snapshot_in_step"
@@ -93,27 +87,37 @@ class MemoryCheck:
         )
 
 
-def combine_check_results(results: dict[str, dg.AssetCheckResult], *, check: MemoryCheck) -> dg.AssetCheckResult:
-    """One check's results over the familiars of a run, as the one result Dagster records for the run.
+def partition_evaluations(instance: dg.DagsterInstance, run_id: str, check: MemoryCheck,
+                          results: dict[str, dg.AssetCheckResult], familiars: Sequence[str]) -> list[AssetCheckEvaluation]:
+    """One check's evaluations for a run: one per familiar of the run's partitions, on its own partition.
 
-    Dagster 1.13 records a check once per run, with no partition when the run covers
-    several familiars; the result passes only if every familiar passed, and names the
-    ones that did not with their own metadata. A run of one familiar reports its result as is.
+    Dagster plans a partitioned check once per partition of the run (as "planned" rows), but
+    an `AssetCheckResult` of a run over several partitions is recorded with no partition:
+    the planned rows were then resolved as "Skipped", the check's own row said "Passed" and
+    the per-partition view counted none passed, so the UI disagreed with itself. So each
+    familiar the step checked gets its evaluation on its partition, pointing at the
+    materialization it checked; one the run did not process (it lies in the run's range
+    but nothing was due for it) keeps its last result, carried over with a note, as long
+    as that result still targets the partition's latest materialization.
     """
-    if len(results) == 1:
-        result = next(iter(results.values()))
-    else:
-        failing = {f: r for f, r in results.items() if not r.passed}
-        errors = any(r.severity == dg.AssetCheckSeverity.ERROR for r in failing.values())
-        result = dg.AssetCheckResult(
-            passed=not failing,
-            severity=dg.AssetCheckSeverity.ERROR if errors or not failing else dg.AssetCheckSeverity.WARN,
-            metadata={
-                "familiars_checked": len(results),
-                "failing": dg.MetadataValue.json({f: {k: v.value for k, v in r.metadata.items()} for f, r in failing.items()}),
-            },
+    key = check.key
+    targets = latest_materialization_targets(instance, key.asset_key, familiars)
+    evaluations = [
+        AssetCheckEvaluation(
+            asset_key=key.asset_key, check_name=check.name, passed=result.passed, metadata=result.metadata,
+            target_materialization_data=targets.get(familiar), severity=result.severity,
+            blocking=check.blocking, partition=familiar,
         )
-    return result._replace(asset_key=check.key.asset_key, check_name=check.name)
+        for familiar, result in results.items()
+    ]
+    unchecked = [f for f in familiars if f not in results and f in targets]
+    for familiar, previous in previous_check_evaluations(instance, key, unchecked, run_id).items():
+        target = previous.target_materialization_data
+        if target is None or target.storage_id != targets[familiar].storage_id:
+            continue  # it checked an older materialization: nothing to carry over
+        note = f"not checked again: this run changed nothing of {familiar}'s {check.asset}; its last result stands"
+        evaluations.append(carried_over(previous, note))
+    return evaluations
 
 
 def spec_checks(spec: ProjectorSpec) -> tuple[MemoryCheck, ...]:

@@ -17,7 +17,11 @@ lock-free, from the serving manifest). Resetting the cursor therefore loses
 nothing: the next tick re-dispatches and each asset processes only what is new.
 The manifest also lists what a run planned for the familiar and did not run
 (`pending_assets`: it yielded its second pass to a waiting run, or died): those
-assets are due too.
+assets are due too. A familiar whose dispatched run ended without publishing
+anything (it failed: a full disk, a broken store) looks unchanged, so it is asked
+for again on its own, with backoff (`schedule.RETRY_FIRST_S` doubling to
+`RETRY_MAX_S`), while it is still due and no run of it is queued: memory catches up
+once the cause is gone, without waiting for someone to speak.
 
 What is due and how the due familiars are cut into runs is decided in
 `familiar_pipeline.projectors.schedule` (`plan_tick`), without Dagster; this module reads
@@ -64,7 +68,8 @@ def run_requests(plan: TickPlan, ops: dict[str, str] | None = None) -> list[dg.R
 
     `ops`: asset -> the step that materializes it (default: `op_name`).
     """
-    return [range_request(run, {f: plan.states[f] for f in run}, ops) for run in plan.runs]
+    return [range_request(run, {f: plan.states[f] for f in run}, ops, attempt=max(plan.attempts.get(f, 0) for f in run))
+            for run in plan.runs]
 
 
 def run_lanes(instance: dg.DagsterInstance) -> int:
@@ -83,11 +88,14 @@ def run_lanes(instance: dg.DagsterInstance) -> int:
     return 1
 
 
-def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState], ops: dict[str, str] | None = None) -> dg.RunRequest:
+def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState], ops: dict[str, str] | None = None,
+                  *, attempt: int = 0) -> dg.RunRequest:
     """One run over every planned familiar: the range from the first to the last (in partition order).
 
     Familiars between them that are not in the plan are in the range too; the step's
     `familiars` config lists, per asset, those it is due for, and it skips the others unopened.
+    `attempt` > 0 asks again for a state an earlier run did not get through: its run key
+    differs, or Dagster would skip the request as one it already ran.
     """
     first, last = next(iter(plan)), next(reversed(plan))
     selection = list(dict.fromkeys(a for assets in plan.values() for a in assets))
@@ -99,7 +107,8 @@ def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState], 
     )
     return dg.RunRequest(
         # Idempotent: the same familiars in the same state ask for the same run.
-        run_key=f"{first}..{last}:{hashlib.sha256((marks + repr(selection)).encode()).hexdigest()[:16]}",
+        run_key=f"{first}..{last}:{hashlib.sha256((marks + repr(selection)).encode()).hexdigest()[:16]}"
+                + (f":retry{attempt}" if attempt else ""),
         asset_selection=[dg.AssetKey(a) for a in selection],
         run_config={"ops": step_config(due_for, ops)},
         tags={

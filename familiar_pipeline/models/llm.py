@@ -456,6 +456,11 @@ class LlmClient:
     def _caching(self) -> bool:
         return self.slot.cache and self.cache is not None
 
+    def warm_up(self) -> None:
+        """Import litellm in a background thread now, so the first reply does not wait for it."""
+        if self.configured:
+            threading.Thread(target=import_litellm, name="litellm-import", daemon=True).start()
+
     # -- sync ---------------------------------------------------------------
 
     def complete(self, messages: list[dict[str, Any]], **params: Any) -> LlmReply:
@@ -498,7 +503,9 @@ class LlmClient:
     async def _acall(self, request: dict[str, Any]) -> Any:
         """`_call` on the event loop: the same retries, the async cap."""
         api_key = self._api_key()
-        litellm = import_litellm()
+        # Off the event loop: the first import takes seconds (longer on a busy host), and a
+        # transport's loop must go on reading and recording messages meanwhile.
+        litellm = await asyncio.to_thread(import_litellm)
         attempts = 0
         try:
             async for attempt in self._retrying(tenacity.AsyncRetrying, asyncio.sleep):

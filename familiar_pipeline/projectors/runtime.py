@@ -29,6 +29,7 @@ from familiar_pipeline.config import FamiliarConfig
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.snapshot_lag import snapshot_lag
 from familiar_pipeline.storage.snapshots import (
     Manifest,
     SnapshotFormatError,
@@ -148,6 +149,7 @@ class FamiliarRuntime:
     # turn sensor (`schedule.due_assets`). None: not known (nothing recorded, nothing cleared).
     pending_assets: tuple[str, ...] | None = field(default=None, init=False)
     _published_pending: tuple[str, ...] | None = field(default=None, init=False, repr=False)
+    _lag_checked: bool = field(default=False, init=False, repr=False)
 
     @property
     def llm(self):
@@ -225,10 +227,20 @@ class FamiliarRuntime:
         self._unpublished = False
 
     def flush(self) -> None:
-        """Publish what earlier writes left unpublished, or a change in what is pending."""
-        if self._unpublished or self._pending_changed():
+        """Publish what earlier writes left unpublished, a change in what is pending, or a store the
+        published snapshot lags (an earlier run's publish failed: a full disk, a kill), even when
+        this run wrote nothing: else the bot would stay behind until the next new turn."""
+        if self._unpublished or self._pending_changed() or self._snapshot_lags():
             with self.store() as store:
                 self.publish(store, force=True)
+
+    def _snapshot_lags(self) -> bool:
+        """Once per runtime (flush runs again at close): whether the manifest lags the store."""
+        if self._lag_checked or self.published_version or not self.paths.memory_db.exists():
+            return False  # this run's own publish is the newest, or there is nothing to publish
+        self._lag_checked = True
+        with self.store() as store:
+            return snapshot_lag(store, self.paths.serving_dir) is not None
 
     def _pending_changed(self) -> bool:
         if self.pending_assets is None:

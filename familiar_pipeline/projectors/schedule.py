@@ -210,6 +210,20 @@ MIN_FAMILIARS_PER_LANE = 8
 # model-needing assets already ran once without a model: familiar id -> config fingerprint.
 TOLD_NO_MODEL = "~told_no_model"
 
+# Cursor key of the familiars dispatched while due: familiar id -> [attempts, when to ask again
+# (epoch s)] should the dispatched run end with nothing published (the familiar then looks
+# unchanged: a full disk, a broken store). The first retry comes RETRY_FIRST_S after a dispatch,
+# then the wait doubles up to RETRY_MAX_S, so a familiar that keeps failing costs one run per
+# RETRY_MAX_S, and memory catches up once the cause is gone without waiting for a new turn.
+RETRIES = "~retry"
+RETRY_FIRST_S = 15.0
+RETRY_MAX_S = 120.0
+
+
+def retry_wait(attempts: int) -> float:
+    """Seconds until a familiar dispatched `attempts` times before is asked for again."""
+    return min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** attempts)
+
 
 @dataclass(frozen=True)
 class FamiliarState:
@@ -352,6 +366,7 @@ class TickPlan:
     new_partitions: list[str]
     cursor: dict
     notes: list[str] = field(default_factory=list)
+    attempts: dict[str, int] = field(default_factory=dict)  # familiar -> earlier dispatches of the same state (0: first)
 
 
 def plan_tick(
@@ -366,6 +381,7 @@ def plan_tick(
     lanes: int = 1,
     max_gap: int | None = MAX_RANGE_GAP,
     queue_waiting: bool = False,
+    now: float | None = None,
 ) -> TickPlan:
     """One tick's decisions (`defs/sensors.py: run_requests` makes them run requests).
 
@@ -376,11 +392,16 @@ def plan_tick(
     projection run is queued and not started yet; the due familiars then wait for the
     next tick (their cursor is not advanced), so that while every lane is busy they
     gather into one run instead of a queue of small ones, each paying a run's start.
-    `model_assets`: the assets that need the background model (kind "llm").
+    `model_assets`: the assets that need the background model (kind "llm"). `now` (epoch
+    seconds, default the clock) decides which unchanged but still due familiars are asked
+    for again (`RETRIES`).
     """
+    now = time.time() if now is None else now
     notes: list[str] = []
     new_cursor = dict(cursor)
     told = dict(cursor.get(TOLD_NO_MODEL, {}))
+    retries = dict(cursor.get(RETRIES, {}))
+    attempts: dict[str, int] = {}
     known = list(dict.fromkeys(known_partitions))
     known_set, on_disk = set(known), set(familiars)
     new_partitions = [f for f in familiars if f not in known_set]
@@ -395,17 +416,26 @@ def plan_tick(
         except (ConfigError, OSError, ValueError) as exc:
             notes.append(f"{familiar_id}: skipped ({exc})")
             continue
-        if cursor.get(familiar_id) == state.signature():
+        unchanged = cursor.get(familiar_id) == state.signature()
+        retry = retries.get(familiar_id)
+        if unchanged and (retry is None or now < retry[1] or familiar_id in in_flight):
             continue
+        if not unchanged:
+            retries.pop(familiar_id, None)
+            retry = None
         running = in_flight.get(familiar_id)
         if running is not None and not running.leaves_a_full_batch(config, state):
             notes.append(f"{familiar_id}: a run is already queued or running; will look again")
             continue
         assets = due_assets(config, state, hold=held_for_no_model(config, told, familiar_id, model_assets))
         if not assets:
+            retries.pop(familiar_id, None)
             if not index_behind(state):  # else the index waits for quiet: look again next tick
                 new_cursor[familiar_id] = state.signature()
             continue
+        if retry is not None:
+            notes.append(f"{familiar_id}: its last run ended with nothing published and it is still due; "
+                         f"asking again (attempt {retry[0] + 1})")
         if len(plan) >= max_requests:
             notes.append(f"{familiar_id}: deferred by the flood guard (max {max_requests} familiars per run)")
             continue
@@ -413,18 +443,22 @@ def plan_tick(
         notes.append(f"{familiar_id}: turns up to {state.latest_turn_id} -> {', '.join(assets)} ({knobs})")
         plan[familiar_id], states[familiar_id] = assets, state
         new_cursor[familiar_id] = state.signature()
+        attempts[familiar_id] = retry[0] + 1 if retry else 0
+        retries[familiar_id] = [attempts[familiar_id], now + retry_wait(attempts[familiar_id])]
         if config.llm.slot("background").configured:
             told.pop(familiar_id, None)
         elif model_assets.intersection(assets):
             told[familiar_id] = config_fingerprint(config)
     told = {f: mark for f, mark in told.items() if f in on_disk}
-    if told:
-        new_cursor[TOLD_NO_MODEL] = told
-    else:
-        new_cursor.pop(TOLD_NO_MODEL, None)
+    retries = {f: retry for f, retry in retries.items() if f in on_disk}
+    for key, value in ((TOLD_NO_MODEL, told), (RETRIES, retries)):
+        if value:
+            new_cursor[key] = value
+        else:
+            new_cursor.pop(key, None)
     position = {f: i for i, f in enumerate(order)}
     if queue_waiting and plan:
-        for familiar_id in [*plan, TOLD_NO_MODEL]:  # looked at again next tick, with whatever else is due by then
+        for familiar_id in [*plan, TOLD_NO_MODEL, RETRIES]:  # looked at again next tick, with whatever else is due by then
             if familiar_id in cursor:
                 new_cursor[familiar_id] = cursor[familiar_id]
             else:
@@ -432,7 +466,7 @@ def plan_tick(
         notes.append(f"{len(plan)} due familiar(s) wait: a projection run is queued and not started yet")
         return TickPlan([], {}, new_partitions, new_cursor, notes)
     runs = split_lanes(blocks(list(plan), position, max_gap), lanes)
-    return TickPlan([{f: plan[f] for f in run} for run in runs], states, new_partitions, new_cursor, notes)
+    return TickPlan([{f: plan[f] for f in run} for run in runs], states, new_partitions, new_cursor, notes, attempts)
 
 
 def blocks(due: list[str], position: dict[str, int], max_gap: int | None = MAX_RANGE_GAP) -> list[list[str]]:

@@ -22,7 +22,9 @@ spreading them would let a write skip the checks the others rely on.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, overload
 
 from familiar_pipeline.storage.identity import check_key, is_ego_key
+from familiar_pipeline.storage.private import private_dir, private_file
 from familiar_pipeline.storage.times import utc_text
 
 SCHEMA_VERSION = 3
@@ -45,6 +48,51 @@ _SQLITE_INT_MIN, _SQLITE_INT_MAX = -(2**63), 2**63 - 1
 
 class TurnLogError(ValueError):
     """A turn-log problem, worded for the operator or the caller that caused it."""
+
+
+class TurnLogUnavailable(TurnLogError):
+    """The turn log cannot take a write (or be opened) right now: disk full, I/O error, locked.
+
+    Nothing was written, and the same write may succeed later: the bot keeps such a
+    message (`familiar_bot.spool`) instead of dropping it, unlike a `TurnLogError`
+    for a value that is wrong in itself.
+    """
+
+
+# SQLite result codes (and extended codes starting with them) that say "the storage
+# refused", not "this value is wrong": the same statement can succeed once it is fixed.
+_UNAVAILABLE_CODES = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN",
+                      "SQLITE_READONLY")
+FULL_DISK_FREE_BYTES = 1024 * 1024  # an I/O error with less than this free is a full disk
+
+
+def _unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.Error) and str(getattr(exc, "sqlite_errorname", "")).startswith(_UNAVAILABLE_CODES)
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Bytes this account may still write on the file system holding `folder` (None: unknown)."""
+    for candidate in (folder, *folder.parents):
+        try:
+            vfs = os.statvfs(candidate)
+        except OSError:
+            continue
+        return vfs.f_bavail * vfs.f_frsize
+    return None
+
+
+def storage_problem(path: Path | str, exc: BaseException) -> str:
+    """What went wrong with the file system under a SQLite error, in words an operator acts on.
+
+    A full disk shows as SQLITE_FULL on a write, but as "disk I/O error" when the WAL's
+    shared-memory file cannot grow (opening a log on a full disk): either, with less than
+    FULL_DISK_FREE_BYTES free, is named for what it is, with the free space seen.
+    """
+    name = str(getattr(exc, "sqlite_errorname", ""))
+    free = _free_bytes(Path(path).parent) if isinstance(path, Path) else None
+    if name.startswith(("SQLITE_FULL", "SQLITE_IOERR")) and free is not None and free < FULL_DISK_FREE_BYTES:
+        return f"the disk holding it is full ({free:,} bytes free); free some space ({exc})"
+    return str(exc)
 
 
 # --------------------------------------------------------------------------- records
@@ -406,12 +454,14 @@ class TurnLog:
                 cached_statements=256,
             )
         except sqlite3.Error as exc:
-            raise TurnLogError(f"cannot open turn log {self.path}: {exc}") from exc
+            raise self._open_error(exc, "cannot open turn log") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             conn.close()
+            if _unavailable(exc):  # the file may be fine: the disk or a lock is not
+                raise self._open_error(exc, "cannot open turn log") from exc
             raise TurnLogError(f"{self.path} is not a usable SQLite turn log: {exc}") from exc
         if version > SCHEMA_VERSION:
             conn.close()
@@ -421,12 +471,24 @@ class TurnLog:
             )
         return conn
 
+    def _open_error(self, exc: sqlite3.Error, what: str) -> TurnLogError:
+        """One line naming the log and the cause; TurnLogUnavailable when the storage is the cause."""
+        kind = TurnLogUnavailable if _unavailable(exc) else TurnLogError
+        return kind(f"{what} {self.path}: {storage_problem(self.path, exc)}")
+
     def _open_writer(self) -> sqlite3.Connection:
         if isinstance(self.path, Path):
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # Private: the log holds direct messages (storage/private.py). SQLite gives the
+                # WAL and SHM files the mode of the log itself.
+                private_dir(self.path.parent)
+                private_file(self.path)
+                for side in (self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm")):
+                    if side.exists():  # left by an earlier version with looser modes
+                        private_file(side)
             except OSError as exc:
-                raise TurnLogError(f"cannot create the folder for {self.path}: {exc}") from exc
+                kind = TurnLogUnavailable if exc.errno in (errno.ENOSPC, errno.EDQUOT) else TurnLogError
+                raise kind(f"cannot create turn log {self.path}: {exc.strerror or exc}") from exc
         conn = self._connect(str(self.path), uri=False)
         try:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
@@ -437,7 +499,7 @@ class TurnLog:
             self._migrate(conn)
         except sqlite3.Error as exc:
             conn.close()
-            raise TurnLogError(f"cannot prepare turn log {self.path}: {exc}") from exc
+            raise self._open_error(exc, "cannot prepare turn log") from exc
         except TurnLogError:
             conn.close()
             raise
@@ -455,7 +517,7 @@ class TurnLog:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            self._rollback(conn)
             raise
 
     def _open_readonly(self) -> sqlite3.Connection:
@@ -506,16 +568,31 @@ class TurnLog:
                 raise TurnLogError(f"turn log {self.path} was opened read-only")
             if self._in_snapshot:
                 raise TurnLogError("cannot write inside a read snapshot")
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                conn.execute("BEGIN IMMEDIATE")
                 yield conn
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                conn.execute("ROLLBACK")
-                raise TurnLogError(f"write to {self.path} failed and was rolled back: {exc}") from exc
+                self._rollback(conn)
+                kind = TurnLogUnavailable if _unavailable(exc) else TurnLogError
+                raise kind(f"write to {self.path} failed and was rolled back: {storage_problem(self.path, exc)}") from exc
             except BaseException:
-                conn.execute("ROLLBACK")
+                self._rollback(conn)
                 raise
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        """Undo what is left of a failed write transaction.
+
+        After SQLITE_FULL (and some I/O errors) SQLite has already rolled the whole
+        transaction back; a second ROLLBACK would raise "no transaction is active" and
+        hide the real error, so it is issued only while a transaction is open.
+        """
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:  # the connection reports the original failure; SQLite undoes on close
+                pass
 
     def _query(self, sql: str, params: tuple | list = ()) -> list[tuple]:
         with self._lock:

@@ -89,24 +89,11 @@ def careful_model(messages: list[dict]) -> str:
 
 # --------------------------------------------------------------------------- the offline demo
 
+# What `familiar up --demo` names as the scripted model's script (FAMILIAR_FAKE_LLM) for itself
+# and its children; the settings that select it, for the demo familiar only, are in
+# familiar_pipeline/config/demo.py.
 DEMO_RESPONDER = "familiar_pipeline.testing.scripted:demo_model"
 DEMO_REPLY_PREFIX = "(scripted demo reply)"
-
-# What `familiar up --demo` sets for itself and its children (never written to any file):
-# both model slots on the scripted model, and small batches so memory shows within a minute.
-DEMO_ENV = {
-    "FAMILIAR_FAKE_LLM": DEMO_RESPONDER,
-    "FAMILIAR__LLM__REPLY__MODEL": '"fake/demo-reply"',
-    "FAMILIAR__LLM__BACKGROUND__MODEL": '"fake/careful"',
-    "FAMILIAR__LLM__BACKGROUND__MAX_RETRIES": "0",
-    "FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE": "4",
-    # A pause of 20 s closes a short batch; every batch folds into the dossiers.
-    "FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__QUIET_S": "20",
-    "FAMILIAR__PROVIDERS__MEMORY__PEOPLE_DOSSIER__BATCHES_PER_FOLD": "1",
-    "FAMILIAR__PROVIDERS__MEMORY__ROLLING_SUMMARY__TURNS_THRESHOLD": "4",
-    "FAMILIAR__PROVIDERS__MEMORY__REFLECTION__TURNS_THRESHOLD": "8",
-}
-
 
 def canned_reply(user_text: str) -> str:
     """The demo's reply: says plainly that it is scripted, and echoes what it will remember."""
@@ -119,5 +106,8 @@ def demo_model(messages: list[dict]) -> str:
     """The scripted model of `familiar up --demo`: projector prompts as `careful_model`, replies canned."""
     system = messages[0]["content"] if messages else ""
     if "## Replying" in system:  # the reply prompt (familiar_bot's reply instructions)
-        return canned_reply(messages[-1]["content"] if messages else "")
+        # The newest line from a person: lines typed while a reply was composed are recorded at
+        # once, so the familiar's previous reply may come after them in the history.
+        said = [m["content"] for m in messages[1:] if m.get("role") == "user"]
+        return canned_reply(said[-1] if said else "")
     return careful_model(messages)

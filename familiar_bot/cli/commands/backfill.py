@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,11 +17,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from familiar_pipeline.backfill import BackfillError, ProjectionDisabled, backfill
-    from familiar_pipeline.storage.paths import FamiliarPaths
 
-    if not FamiliarPaths.for_id(args.familiar).turns_db.exists():
-        raise CliError(f"no familiar {args.familiar!r} (no turn log at {FamiliarPaths.for_id(args.familiar).turns_db}); "
-                       f"create it with `familiar init {args.familiar}`")
+    require_familiar(args.familiar)
     try:
         outcome = backfill(args.familiar, args.projection, rebuild=args.rebuild, allow_local=True, force_local=args.local)
     except ProjectionDisabled as exc:

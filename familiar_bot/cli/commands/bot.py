@@ -7,8 +7,7 @@ import asyncio
 import logging
 import sys
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
-from familiar_pipeline.storage import paths
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 from familiar_pipeline.config import load_config
 
 INTERRUPTED = 130
@@ -40,10 +39,7 @@ def run(args: argparse.Namespace) -> int:
     token = config.secrets.discord_token
     if not token:
         raise CliError(NO_TOKEN, EXIT_CONFIG)
-    familiar = paths.FamiliarPaths.for_id(config.familiar_id)
-    if not familiar.turns_db.exists():
-        raise CliError(f"no familiar {config.familiar_id!r} (no turn log at {familiar.turns_db}); "
-                       f"create it with `familiar init {config.familiar_id}`")
+    familiar = require_familiar(config.familiar_id)
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not config.llm.slot("reply").configured:

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, init_familiar
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, init_familiar, require_familiar
 from familiar_pipeline.storage import paths
 from familiar_pipeline.config import DEFAULT_FAMILIAR_ID, load_config
 
@@ -18,8 +18,9 @@ INTERRUPTED = 130
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--familiar", metavar="ID",
-                        help="familiar id (default: $FAMILIAR_ID, else 'familiar'); created from the "
-                             "defaults if it does not exist yet")
+                        help="familiar id (default: $FAMILIAR_ID, else 'familiar'); must exist "
+                             "(`familiar init`), except the first one on an empty data root, which is "
+                             "created from the defaults")
     parser.add_argument("--as", dest="speaker", metavar="NAME",
                         help="who you are in the conversation (default: the name you gave on first start, "
                              "asked once per familiar; your login name when input is not a "
@@ -34,11 +35,19 @@ def familiar_id_from(args: argparse.Namespace) -> str:
     return paths.validate_familiar_id(familiar_id)
 
 
-def ensure_familiar(familiar_id: str) -> bool:
-    """Create the familiar from the defaults unless it has files already; True if created."""
+def ensure_familiar(familiar_id: str, *, create: bool = False) -> bool:
+    """The familiar to talk to; created from the defaults only where it cannot be a typo. True if created.
+
+    A familiar that does not exist is created when `create` is set (`--demo` creates its
+    own), or when the data root has no familiar at all yet (the first start on a fresh
+    clone). Otherwise it is refused exactly as `facts`, `import` and the others refuse
+    it (`require_familiar`: near names, and `familiar init` to create it on purpose).
+    """
     familiar = paths.FamiliarPaths.for_id(familiar_id)
     if familiar.character_toml.exists() or familiar.turns_db.exists():
         return False
+    if not create and paths.list_familiars(familiar.root):
+        require_familiar(familiar_id)  # raises
     for line in init_familiar(familiar_id):
         print(line, file=sys.stderr)
     return True
@@ -83,7 +92,7 @@ def refuse_scripted_models(config, familiar_id: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_bot.transports.console import resolve_speaker, run_console
+    from familiar_bot.transports.console import TerminalState, resolve_speaker, run_console
     from familiar_bot.responder import open_responder
 
     familiar_id = familiar_id_from(args)
@@ -100,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                             format="%(levelname)s %(name)s: %(message)s")
     handle = open_responder(paths.FamiliarPaths.for_id(familiar_id), config)
+    terminal = TerminalState.save()
     try:
         return asyncio.run(run_console(handle.responder, speaker=speaker, channel_id=channel))
     except KeyboardInterrupt:
@@ -107,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         return INTERRUPTED
     finally:
         handle.close()
+        terminal.restore()
 
 
 def _login_name() -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime, timezone
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 from familiar_pipeline.projectors.facts.reads import facts_for_subject, recent_facts
 from familiar_pipeline.storage.times import parse_instant
 
@@ -64,12 +64,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_pipeline.storage.paths import FamiliarPaths
     from familiar_pipeline.storage.snapshots import SnapshotFormatError, SnapshotReader, read_manifest
 
-    paths = FamiliarPaths.for_id(args.familiar)
-    if not paths.dir.is_dir():
-        raise CliError(f"no familiar {args.familiar!r} under {paths.root}; create it with `familiar init {args.familiar}`")
+    paths = require_familiar(args.familiar)
     as_of = parse_when(args.as_of) if args.as_of else None
     try:
         manifest = read_manifest(paths.serving_dir)

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 
 CHUNK_TURNS = 500
 IMPORT_PLATFORM = "import"
@@ -96,6 +96,13 @@ def channel_number(value: object) -> tuple[int, str | None]:
     raise BadLine(f"channel must be an integer or a non-empty name, got {value!r}")
 
 
+def json_problem(exc: json.JSONDecodeError) -> str:
+    """The decoder's message with its column, said once: some messages already end in "at"
+    ("Invalid control character at"), which a naive " at column N" turned into "at at"."""
+    message = exc.msg[: -len(" at")] if exc.msg.endswith(" at") else exc.msg
+    return f"{message} at column {exc.colno}"
+
+
 def parse_line(raw: str, line_no: int, default_channel: int) -> tuple[TranscriptLine, str | None]:
     """One transcript line -> a validated turn; raises BadLine with the reason."""
     from familiar_pipeline.storage.identity import canonical_key, split_key
@@ -103,7 +110,7 @@ def parse_line(raw: str, line_no: int, default_channel: int) -> tuple[Transcript
     try:
         record = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise BadLine(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise BadLine(f"not valid JSON: {json_problem(exc)}") from None
     if not isinstance(record, dict):
         raise BadLine(f"expected a JSON object, got {type(record).__name__}")
     unknown = sorted(set(record) - set(REQUIRED) - set(OPTIONAL))
@@ -251,13 +258,9 @@ def _open(file: str) -> IO[str]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from familiar_pipeline.storage.paths import FamiliarPaths
     from familiar_pipeline.storage.turns import TurnLog, TurnLogError
 
-    familiar = FamiliarPaths.for_id(args.familiar)
-    if not familiar.turns_db.exists():
-        raise CliError(f"no familiar {args.familiar!r} (no turn log at {familiar.turns_db}); "
-                       f"create it with `familiar init {args.familiar}`")
+    familiar = require_familiar(args.familiar)
     if not 0 < args.channel < 2**63:
         raise CliError(f"--channel must be a positive integer below 2^63, got {args.channel}", EXIT_CONFIG)
     stream = _open(args.file)

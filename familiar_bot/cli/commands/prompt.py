@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
-from familiar_pipeline.storage import paths
+from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 from familiar_pipeline.config import BUDGET_TIERS, load_config
 
 
@@ -31,10 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from familiar_pipeline.models.embedders import create_embedder
     from familiar_pipeline.storage.turns import TurnLog, TurnLogError
 
-    familiar = paths.FamiliarPaths.for_id(args.familiar)
-    if not familiar.turns_db.exists():
-        raise CliError(f"no familiar {args.familiar!r} (no turn log at {familiar.turns_db}); "
-                       f"create it with `familiar init {args.familiar}`")
+    familiar = require_familiar(args.familiar)
     for flag, value in (("--channel", args.channel), ("--guild", args.guild)):
         if value is not None and not 0 < value < 2**63:
             raise CliError(f"{flag} must be a positive integer below 2^63, got {value}", EXIT_CONFIG)

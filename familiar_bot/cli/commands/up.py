@@ -7,12 +7,20 @@ console chat in the foreground of this terminal. Dagster's own output goes to a 
 file, so the console stays readable.
 
 The code location reads the served familiar's `[pipeline]` (FAMILIAR_ID is set for the
-children). `--demo` points this process and its children, through their environment
-only, at the scripted offline model, and says so once.
+children). `--demo` gives its demo familiar, and only it, the scripted offline model
+and small batches (`familiar_pipeline.config.demo`), through the environment of this
+process and its children only, and says so once.
 
 Stopping: Ctrl-C, SIGTERM, or the end of console input (Ctrl-D, or a closed pipe)
-stops every child within 10 s. A child that exits on its own is reported and the
-rest are stopped with a non-zero status: nothing restarts silently.
+stops every child within 10 s. When `dagster dev` exits on its own (it exits, with
+status 0, when its daemon dies) it is started again with backoff while the chat stays
+up, and each step is said; any other child that exits stops the rest with a non-zero
+status.
+
+Privacy: the data root, DAGSTER_HOME and its log are its owner's only, and the
+children's temporary folder (where Dagster puts its gRPC sockets) is a private one.
+The UI has no login: bound to anything but loopback, it warns and says where the
+recipe for an authenticating proxy is.
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ import argparse
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,23 +40,29 @@ from pathlib import Path
 from familiar_bot import supervisor
 from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
 from familiar_pipeline import webserver
+from familiar_pipeline.storage.private import private_dir
 
 EXIT_CHILD_DIED = 1
 POLL_S = 0.2
-DEMO_FAMILIAR = "offline-demo"
-DEMO_NOTICE = ("demo mode: replies, facts, summaries and dossiers come from a scripted offline model "
-               "(familiar_pipeline/testing/scripted.py), not a language model; nothing leaves this machine. "
-               "Settings for this run only; no file is changed.")
+DEMO_NOTICE = ("demo mode: replies, facts, summaries and dossiers of familiar {familiar!r} come from a scripted "
+               "offline model (familiar_pipeline/testing/scripted.py), not a language model; nothing leaves this "
+               "machine. Settings for this run and this familiar only; no file is changed.")
+OPEN_UI_WARNING = ("warning: the Dagster UI has no login, and --host {host} lets anyone who can reach {address} "
+                   "read what was said (run metadata quotes messages) and launch runs. Bind it to 127.0.0.1 and "
+                   "reach it through an SSH tunnel, or put it behind a proxy that authenticates: "
+                   "docs/playbook.md, \"Expose the UI safely\".")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--familiar", metavar="ID",
-                        help="familiar id (default: $FAMILIAR_ID, else 'familiar'); created from the "
-                             "defaults if it does not exist yet")
+                        help="familiar id (default: $FAMILIAR_ID, else 'familiar'); must exist "
+                             "(`familiar init`), except the first one on an empty data root and the "
+                             "--demo familiar, which are created from the defaults")
     parser.add_argument("--port", type=int, default=3000, help="Dagster UI port (default 3000)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the Dagster UI binds to (default 127.0.0.1; the UI has no "
-                             "login, so expose it only behind something that has one)")
+                             "login: anything else prints a warning; expose it only behind a proxy "
+                             "that authenticates, see docs/playbook.md)")
     parser.add_argument("--no-bot", action="store_true", help="run only Dagster (UI, sensors, runs)")
     parser.add_argument("--as", dest="speaker", metavar="NAME",
                         help="console chat only: who you are (default: the name you gave on first "
@@ -55,8 +71,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="console chat only: channel number to record turns under (default 1)")
     parser.add_argument("--demo", action="store_true",
                         help="offline demo: replies and memory come from a scripted model (no LLM, no "
-                             f"network), with small batches so facts show within a minute; familiar "
-                             f"'{DEMO_FAMILIAR}' unless --familiar is given")
+                             "network), with small batches so facts show within a minute, for the demo "
+                             "familiar only ('offline-demo' unless --familiar is given); other familiars are untouched")
 
 
 @dataclass
@@ -97,30 +113,41 @@ def run(args: argparse.Namespace) -> int:
     familiar_id = familiar_id_from(args)
     channel = check_channel(args.channel)
     check_speaker(args.speaker)
-    if supervisor.port_in_use(args.host if args.host not in ("0.0.0.0", "") else "127.0.0.1", args.port):
+    if supervisor.port_in_use(supervisor.local_host(args.host), args.port):
         raise CliError(f"port {args.port} is already in use (another `familiar up` or `dagster dev`?); "
                        "stop it or pick another with --port")
-    if ensure_familiar(familiar_id):
+    if ensure_familiar(familiar_id, create=args.demo):
         say(f"created familiar {familiar_id!r} from the defaults")
     config = load_config(familiar_id)  # fail on bad config before starting anything
     refuse_scripted_models(config, familiar_id)
     transport = "none" if args.no_bot else ("discord" if config.secrets.discord_token else "console")
 
+    private_tmp = Path(tempfile.mkdtemp(prefix="familiar-up-"))  # 0700: the children's sockets live here
     # The code location reads the served familiar's [pipeline] (sensor cadence, flood guard).
-    env = supervisor.child_env({"FAMILIAR_ID": familiar_id})
+    env = supervisor.child_env({"FAMILIAR_ID": familiar_id}, private_tmp=private_tmp)
+    private_dir(env["FAMILIAR_DATA_ROOT"])
     log_path = Path(env["DAGSTER_HOME"]) / "familiar-up.log"
+    local = supervisor.local_address(args.host, args.port)  # where this machine reaches the UI
     stop = StopRequest()
     previous = {sig: signal.signal(sig, lambda signum, _frame: stop.request(
         f"received {signal.Signals(signum).name}", 128 + signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
     children: list[supervisor.Child] = []
     console: threading.Thread | None = None
+    from familiar_bot.transports.console import TerminalState
+
+    terminal = TerminalState.save()
     try:
-        children.append(supervisor.start_dagster_dev(args.host, args.port, env=env, log_path=log_path))
+        def start_dagster() -> supervisor.Child:
+            return supervisor.start_dagster_dev(args.host, args.port, env=env, log_path=log_path)
+
+        children.append(start_dagster())
         address = supervisor.ui_address(args.host, args.port)
         say(f"Dagster UI: {address} (DAGSTER_HOME={env['DAGSTER_HOME']}; Dagster's log: {log_path})")
+        if not supervisor.is_loopback(args.host):
+            say(OPEN_UI_WARNING.format(host=args.host or "''", address=address))
         say("starting the webserver and daemon...")
         try:
-            waited = supervisor.wait_until_ready(f"{address}/server_info", children,
+            waited = supervisor.wait_until_ready(f"{local}/server_info", children,
                                                  should_stop=lambda: stop.requested)
         except supervisor.ChildExited as exc:
             say(f"not ready: {exc}")
@@ -129,14 +156,14 @@ def run(args: argparse.Namespace) -> int:
             return stop.status
         say(f"ready in {waited:.1f}s: {address} (familiar {familiar_id!r}, bot: {transport})")
         # Lets `familiar backfill` tell this webserver from one of another checkout or data root.
-        webserver.write_marker(env["DAGSTER_HOME"], address, data_root_dir=env["FAMILIAR_DATA_ROOT"])
+        webserver.write_marker(env["DAGSTER_HOME"], local, data_root_dir=env["FAMILIAR_DATA_ROOT"])
 
         if transport == "discord":
             argv = [sys.executable, "-m", "familiar_bot.cli.main", "bot", "--familiar", familiar_id]
             children.append(supervisor.start_child("discord bot", argv, env=env))
         elif transport == "console":
             console = start_console(familiar_id, config, args.speaker, channel, stop)
-        watch(children, stop)
+        watch(children, stop, supervisor.Restarter("dagster dev", start_dagster, f"{local}/server_info", say=say))
         say(f"stopping ({stop.reason})")
         return stop.status
     finally:
@@ -144,38 +171,57 @@ def run(args: argparse.Namespace) -> int:
         took = supervisor.stop_children(children)
         if children:
             say(f"stopped every child in {took:.1f}s")
+        shutil.rmtree(private_tmp, ignore_errors=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if console is not None and console.is_alive():
             # The console thread is blocked reading the terminal and cannot be woken;
-            # everything it owned is closed, so leave without waiting for it.
+            # everything it owned is closed, so leave without waiting for it, and give the
+            # terminal back as it was (line editing had it in raw mode).
+            terminal.restore()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(stop.status)
 
 
 def enter_demo(args: argparse.Namespace) -> None:
-    """Point this process and its children at the scripted model; say so once.
+    """Give the demo familiar, and only it, the scripted model and small batches; say so once.
 
-    Only the environment of this process changes (the children inherit it): no
-    character.toml names a scripted model, so nothing outlives the run.
+    Only the environment of this process changes (the children inherit it): the scripted
+    model's script is named for every process (`FAMILIAR_FAKE_LLM`), but the settings that
+    select it (`familiar_pipeline.config.demo`) apply to the familiar named by
+    `FAMILIAR_DEMO` alone. No character.toml names a scripted model, so nothing outlives the run.
     """
-    from familiar_pipeline.testing.scripted import DEMO_ENV
+    from familiar_pipeline.config.demo import DEMO_FAMILIAR, DEMO_FAMILIAR_ENV
+    from familiar_pipeline.testing.fake_llm import FAKE_LLM_ENV
+    from familiar_pipeline.testing.scripted import DEMO_RESPONDER
 
     if not args.familiar:
         args.familiar = DEMO_FAMILIAR
-    os.environ.update(DEMO_ENV)
-    say(DEMO_NOTICE)
+    os.environ.update({FAKE_LLM_ENV: DEMO_RESPONDER, DEMO_FAMILIAR_ENV: args.familiar})
+    say(DEMO_NOTICE.format(familiar=args.familiar))
 
 
-def watch(children: list[supervisor.Child], stop: StopRequest) -> None:
-    """Return when a stop is requested or a child exits on its own (reported, non-zero status)."""
+def watch(children: list[supervisor.Child], stop: StopRequest, restarter: supervisor.Restarter | None = None) -> None:
+    """Return when a stop is requested or a child exits on its own.
+
+    The child the `restarter` is for (`dagster dev`) is started again, with backoff, while
+    the others (the console chat, a Discord bot) go on; any other child's exit stops the
+    group with a non-zero status.
+    """
     while not stop.event.wait(POLL_S):
-        for child in children:
-            if not child.running():
-                say(child.describe_exit())
-                stop.request(f"{child.name} exited; nothing is restarted", EXIT_CHILD_DIED)
-                return
+        for i, child in enumerate(children):
+            if child.running():
+                continue
+            say(child.describe_exit())
+            if restarter is not None and child.name == restarter.name:
+                replacement = restarter.again(child, stop.event)
+                if replacement is None:  # a stop came while waiting
+                    return
+                children[i] = replacement
+                continue
+            stop.request(f"{child.name} exited", EXIT_CHILD_DIED)
+            return
 
 
 def start_console(familiar_id: str, config, speaker_name: str | None, channel: int,
