@@ -111,7 +111,9 @@ def test_familiars_between_the_due_ones_are_skipped_unopened(env):
 def test_one_familiar_failing_leaves_the_others_committed_and_is_retried(env):
     root, instance = env
     fams = familiars(root, instance, [("a1", 10), ("a2", 10), ("a3", 10)])
-    fams["a2"].memory_db.write_bytes(b"this is not a DuckDB file" * 100)
+    # A store that cannot be opened and is not corrupt (a corrupt one is moved aside and rebuilt:
+    # test_reliability_heal): a directory where the file should be.
+    fams["a2"].memory_db.mkdir()
     result = run_range(root, instance, ["facts"], "a1", "a3")
     assert result.success, "one familiar's failure does not fail the step"
     blocking = [e for e in result.get_asset_check_evaluations() if e.blocking]
@@ -124,7 +126,7 @@ def test_one_familiar_failing_leaves_the_others_committed_and_is_retried(env):
     logs = instance.all_logs(result.run_id)
     assert any(entry.level >= 40 and "[a2] facts failed" in entry.user_message for entry in logs)
     assert facts_and_mark(fams["a1"])[1] == facts_and_mark(fams["a3"])[1] == 10
-    fams["a2"].memory_db.unlink()  # repaired: the next run picks it up from its watermark (none yet)
+    fams["a2"].memory_db.rmdir()  # repaired: the next run picks it up from its watermark (none yet)
     retry = run_range(root, instance, ["facts"], "a1", "a3", plan={"facts": ["a2"]})
     assert by_partition(retry, "facts")["a2"]["status"] == "ok"
     assert facts_and_mark(fams["a2"])[1] == 10

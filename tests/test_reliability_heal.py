@@ -20,6 +20,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import asyncio
 import errno
 import io
+import logging
 import shutil
 import signal
 import stat
@@ -141,6 +142,175 @@ def test_a_full_disk_loses_no_message_and_memory_catches_up_by_itself(tmp_path, 
     reader = SnapshotReader(paths.serving_dir)
     facts = fact_reads.current_facts(reader.current())
     assert {f.text.split(" ")[3] for f in facts if f.text.startswith("Sam said: line")} == {str(n) for n in range(6)}
+
+
+# --------------------------------------------------------------------------- a damaged snapshot
+
+
+def run_due(root: Path, instance, cursor: dict, now: float) -> tuple[list, dict, list[str]]:
+    """One sensor tick for familiar "fam" and its runs, executed in this process: (requests, cursor, notes)."""
+    from familiar_pipeline.defs.jobs import execute_request
+    from tests.helpers import sensor_tick
+
+    requests, _, cursor, notes = sensor_tick(cursor, ["fam"], ["fam"], root=root, in_flight={}, max_requests=5, now=now)
+    for request in requests:
+        assert execute_request(request, instance=instance, data_root=root).success
+    return requests, cursor, notes
+
+
+@pytest.mark.parametrize("fault", ["manifest deleted", "manifest cut short", "table cut short", "table deleted"])
+def test_a_damaged_snapshot_is_served_from_the_last_whole_one_and_republished(tmp_path, monkeypatch, caplog, fault):
+    """Before: a restarted reader (`familiar prompt`, a restarted bot) of a familiar whose manifest.json
+    or a snapshot file was lost or cut short served an empty snapshot, though the previous version was
+    whole on disk, and nothing published a whole one until the next turn."""
+    import dagster as dg
+
+    from familiar_pipeline.storage.snapshot_lag import snapshot_lag
+    from familiar_pipeline.storage.snapshots import SnapshotReader, published_manifests
+    from familiar_pipeline.storage.store import ProjectionStore
+    from familiar_pipeline.testing.fake_llm import fake_llm
+    from familiar_pipeline.testing.scripted import demo_model
+    from tests.helpers import append_chat, make_familiar
+
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    paths = make_familiar(tmp_path, "fam", FULL_DISK_TOML)
+    serving = paths.serving_dir
+    with dg.instance_for_test() as instance, fake_llm(demo_model):
+        instance.add_dynamic_partitions("familiars", ["fam"])
+        append_chat(paths, 8)
+        _, cursor, _ = run_due(tmp_path, instance, {}, now=1000.0)
+        append_chat(paths, 8, start=8)
+        _, cursor, _ = run_due(tmp_path, instance, cursor, now=1001.0)
+        whole = SnapshotReader(serving)
+        latest, facts = whole.version, sorted(f.text for f in fact_reads.current_facts(whole.current()))
+        assert latest >= 2 and len(facts) >= 4 and whole.last_error is None
+        previous = max(v for v in (m.version for m in published_manifests(serving, every_copy=True).manifests)
+                       if v < latest)
+        facts_file = serving / whole.manifest.tables["facts"].file
+        if fault == "manifest deleted":
+            (serving / "manifest.json").unlink()
+        elif fault == "manifest cut short":
+            (serving / "manifest.json").write_bytes((serving / "manifest.json").read_bytes()[:100])
+        elif fault == "table cut short":
+            facts_file.write_bytes(facts_file.read_bytes()[:200])
+        else:
+            facts_file.unlink()
+
+        # A reader started now serves the newest whole snapshot: the same version from its manifest's
+        # copy when only manifest.json is damaged, else the previous one, never nothing.
+        caplog.set_level(logging.WARNING, logger="familiar_pipeline.storage.snapshots.reader")
+        restarted = SnapshotReader(serving)
+        served = latest if fault.startswith("manifest") else previous
+        assert restarted.version == served, restarted.last_error
+        assert fact_reads.current_facts(restarted.current()), "memory, not an empty snapshot"
+        if fault.startswith("manifest"):
+            assert sorted(f.text for f in fact_reads.current_facts(restarted.current())) == facts
+        assert f"serving v{served}, the newest whole snapshot" in restarted.last_error
+        assert len([r for r in caplog.records if "newest whole snapshot" in r.getMessage()]) == 1, "one line"
+        assert restarted.refresh() is False and restarted.version == served
+
+        with ProjectionStore(paths.memory_db) as store:  # what the UI's serving_snapshot_in_step check shows
+            assert snapshot_lag(store, serving)["damaged"]
+
+        # The sensor sees the damage with no new turn and asks for the cheapest run; that run republishes.
+        requests, cursor, notes = run_due(tmp_path, instance, cursor, now=1002.0)
+        assert [[k.path[-1] for k in r.asset_selection] for r in requests] == [["turns_fts"]], notes
+        republished = published_manifests(serving)
+        assert republished.problem is None and republished.manifest.version > latest
+        assert restarted.refresh() is True and restarted.last_error is None
+        assert restarted.version == republished.manifest.version
+        assert sorted(f.text for f in fact_reads.current_facts(restarted.current())) == facts, "all of it again"
+        assert run_due(tmp_path, instance, cursor, now=1003.0)[0] == [], "whole again: nothing due"
+
+
+# --------------------------------------------------------------------------- a corrupt store
+
+
+def corrupt_store(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "garbage header":
+        data[:4096] = os.urandom(4096)
+    elif how == "cut short":
+        del data[len(data) // 3:]
+    else:  # "bad blocks": every block past the header, so the first query meets one
+        data[8192:] = os.urandom(len(data) - 8192)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["garbage header", "cut short", "bad blocks"])
+def test_a_corrupt_store_is_moved_aside_and_rebuilt_from_turns_while_the_last_snapshot_is_served(
+        tmp_path, monkeypatch, caplog, how):
+    """Before: two runs failed with a clear error, then new facts stopped silently; `rm memory.duckdb`
+    rebuilt everything, but nothing said so."""
+    import dagster as dg
+    from dagster._core.storage.event_log.base import PartitionKeyFilter
+
+    from familiar_pipeline.defs.checks import STORE_CHECK
+    from familiar_pipeline.storage import corrupt
+    from familiar_pipeline.storage.snapshots import SnapshotReader
+    from familiar_pipeline.testing.fake_llm import fake_llm
+    from familiar_pipeline.testing.scripted import demo_model
+    from tests.helpers import append_chat, make_familiar
+
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    paths = make_familiar(tmp_path, "fam", FULL_DISK_TOML)
+    caplog.set_level(logging.INFO, logger="familiar_pipeline.storage.corrupt")
+    with dg.instance_for_test() as instance, fake_llm(demo_model):
+        instance.add_dynamic_partitions("familiars", ["fam"])
+        append_chat(paths, 12)
+        _, cursor, _ = run_due(tmp_path, instance, {}, now=1000.0)
+        reader = SnapshotReader(paths.serving_dir)
+        before = sorted(f.text for f in fact_reads.current_facts(reader.current()))
+        served_version = reader.version
+        assert len(before) >= 3
+
+        corrupt_store(paths.memory_db, how)
+        append_chat(paths, 4, start=12)  # someone speaks: the next run meets the corrupt store
+        now, runs = 1001.0, 0
+        while True:
+            requests, cursor, notes = sensor_tick_and_run(tmp_path, instance, cursor, now)
+            if not requests:
+                break
+            runs += 1
+            assert runs <= 4, notes
+            if corrupt.rebuilding(paths) is not None:  # under way: the bot keeps the last good snapshot
+                assert reader.refresh() is False and reader.version == served_version
+            now += 200.0  # past any retry's backoff
+        moved = corrupt.moved_aside(paths)
+        assert len(moved) == 1 and moved[0].stat().st_size > 0, "moved aside, not deleted"
+        assert corrupt.rebuilding(paths) is None, "rebuilt"
+        said = [r.getMessage() for r in caplog.records if r.name == "familiar_pipeline.storage.corrupt"]
+        assert len([m for m in said if "is corrupt" in m]) == 1, said
+        assert len([m for m in said if "is rebuilt" in m]) == 1, said
+
+        assert reader.refresh() is True
+        after = sorted(f.text for f in fact_reads.current_facts(reader.current()))
+        assert set(before) <= set(after) and len(after) > len(before), "everything again, and the new turns"
+
+        # The UI: the store check on the turn index warns while the moved-aside file is there.
+        key = dg.AssetCheckKey(dg.AssetKey("turns_fts"), STORE_CHECK)
+        [latest] = instance.event_log_storage.get_asset_check_execution_history(
+            key, limit=1, partition_filter=PartitionKeyFilter(key="fam"))
+        evaluation = latest.event.dagster_event.event_specific_data
+        assert not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN
+        assert evaluation.metadata["moved_aside"].value == 1
+        moved[0].unlink()
+        append_chat(paths, 1, start=16)
+        assert sensor_tick_and_run(tmp_path, instance, cursor, now + 10_000)[0]
+        [latest] = instance.event_log_storage.get_asset_check_execution_history(
+            key, limit=1, partition_filter=PartitionKeyFilter(key="fam"))
+        assert latest.event.dagster_event.event_specific_data.passed, "gone once the operator removed it"
+
+
+def sensor_tick_and_run(root: Path, instance, cursor: dict, now: float) -> tuple[list, dict, list[str]]:
+    """Like `run_due`, but a run may fail (it met the corrupt store): the sensor asks again."""
+    from familiar_pipeline.defs.jobs import execute_request
+    from tests.helpers import sensor_tick
+
+    requests, _, cursor, notes = sensor_tick(cursor, ["fam"], ["fam"], root=root, in_flight={}, max_requests=5, now=now)
+    for request in requests:
+        execute_request(request, instance=instance, data_root=root, raise_on_error=False)
+    return requests, cursor, notes
 
 
 # --------------------------------------------------------------------------- a dead Dagster daemon

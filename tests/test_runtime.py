@@ -101,3 +101,30 @@ def test_a_slow_model_call_gives_up_the_write_connection_and_a_fast_one_keeps_it
         # slow: a notebook could open the file during the call, and the next write reopened it;
         # fast: the call held the connection (another process would have been refused), no reopen.
         assert model.free_during_call == [free] and len(opened) == opens, (delay, model.free_during_call, opened)
+
+
+def test_a_bad_block_met_mid_run_moves_the_store_aside_and_the_next_open_starts_the_rebuild(tmp_path):
+    """DuckDB may find a bad block only when a query reads it: that error moves the store aside
+    (after closing it), and the next `store()` opens an empty one, marked as being rebuilt."""
+    import duckdb
+    import pytest
+
+    from familiar_pipeline.storage import corrupt
+
+    paths = make_familiar(tmp_path, "fam")
+    rt = FamiliarRuntime(paths=paths, config=load_config("fam", root=tmp_path))
+    write_summary(rt, "kept", 3)
+    rt.fts_turns().upsert_many([(1, "an indexed turn")])
+    bad_block = "Corrupt database file: computed checksum 1 does not match stored checksum 2 in block at location 8192"
+    with pytest.raises(duckdb.Error):
+        with rt.store():
+            raise duckdb.Error(bad_block)
+    [moved] = corrupt.moved_aside(paths)
+    assert corrupt.rebuilding(paths)["reason"] == bad_block and not paths.fts_dir.exists()
+    with rt.store() as store:
+        assert store.get_watermark("rolling_summary").turn_id == 0, "an empty store: the rebuild starts from turn 1"
+    with pytest.raises(duckdb.Error, match="lock"):  # a busy store, a full disk: not corruption, left in place
+        with rt.store():
+            raise duckdb.IOException("Could not set lock on file")
+    assert corrupt.moved_aside(paths) == [moved]
+    rt.close()

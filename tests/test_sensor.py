@@ -12,6 +12,7 @@ from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, run_lane
 from familiar_pipeline.projectors.schedule import MAX_RANGE_GAP, blocks, due_assets, read_state, split_lanes
 
 from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.snapshots import Manifest
 
 from .helpers import append_chat, make_familiar, repo_instance
 
@@ -168,11 +169,8 @@ def test_flood_guard_caps_requests_per_tick(env, monkeypatch):
 def test_due_assets_reads_published_watermarks(tmp_path):
     paths = make_familiar(tmp_path, "alpha")
     append_chat(paths, 30)
-    paths.serving_dir.mkdir(parents=True)
-    (paths.serving_dir / "manifest.json").write_text(
-        json.dumps({"version": 3, "store_watermark": {"projectors": {
-            "rich_note": {"turn_id": 25}, "turns_fts": {"turn_id": 30, "change_seq": 0}, "rolling_summary": {"turn_id": 10}}}})
-    )
+    write_manifest(paths, 3, {"rich_note": {"turn_id": 25}, "turns_fts": {"turn_id": 30, "change_seq": 0},
+                              "rolling_summary": {"turn_id": 10}})
     from familiar_pipeline.config import load_config
 
     state = read_state(paths)
@@ -185,12 +183,8 @@ def test_due_assets_adds_what_a_run_left_pending_if_active_and_not_held(tmp_path
 
     paths = make_familiar(tmp_path, "alpha")
     append_chat(paths, 30)
-    paths.serving_dir.mkdir(parents=True)
     marks = {"rich_note": {"turn_id": 30}, "turns_fts": {"turn_id": 30, "change_seq": 0}, "rolling_summary": {"turn_id": 30}}
-    (paths.serving_dir / "manifest.json").write_text(json.dumps({
-        "version": 4, "store_watermark": {"projectors": marks},
-        "pending_assets": ["fact_supersessions", "reflections", "no_such_asset"],
-    }))
+    write_manifest(paths, 4, marks, pending=("fact_supersessions", "reflections", "no_such_asset"))
     state = read_state(paths)
     assert state.pending == ("fact_supersessions", "reflections", "no_such_asset")
     assert due_assets(load_config("alpha", root=tmp_path), state) == ["fact_supersessions", "reflections"]
@@ -276,8 +270,15 @@ def published_up_to(paths, turn_id: int) -> None:
     """A serving manifest whose watermarks say every projector has processed turns up to `turn_id`."""
     marks = {name: {"turn_id": turn_id, "change_seq": 0}
              for name in ("turns_fts", "rolling_summary", "rich_note", "supersede", "dossiers", "reflections")}
+    write_manifest(paths, 1, marks)
+
+
+def write_manifest(paths, version: int, marks: dict, *, pending: tuple[str, ...] = ()) -> None:
+    """A well-formed serving manifest (of a snapshot with no table files) carrying these watermarks."""
     paths.serving_dir.mkdir(parents=True, exist_ok=True)
-    (paths.serving_dir / "manifest.json").write_text(json.dumps({"version": 1, "store_watermark": {"projectors": marks}}))
+    manifest = Manifest(version=version, published_at="2026-01-01T00:00:00+00:00",
+                        store_watermark={"projectors": marks}, tables={}, pending_assets=pending)
+    (paths.serving_dir / "manifest.json").write_text(json.dumps(manifest.to_json()))
 
 
 def test_the_range_spans_familiars_between_the_due_ones_and_the_plan_leaves_them_out(env, monkeypatch):

@@ -116,7 +116,7 @@ def test_round_trip_and_read_semantics(store, tmp_path):
     assert manifest.tables["facts"].rows == 5 and manifest.tables["fact_embeddings"].rows == 3
     assert datetime.fromisoformat(manifest.published_at).utcoffset() == timedelta(0)
     assert read_manifest(serving) == manifest
-    assert listing(serving) == sorted([MANIFEST_NAME] + [f"{t}.v1.parquet" for t in SERVING_TABLES])
+    assert listing(serving) == sorted([MANIFEST_NAME, "manifest.v1.json"] + [f"{t}.v1.parquet" for t in SERVING_TABLES])
 
     reader = SnapshotReader(serving)
     assert reader.version == 1 and reader.manifest == manifest and reader.last_error is None
@@ -214,11 +214,12 @@ def test_old_versions_are_collected_but_the_previous_survives(store, tmp_path):
     manifests = [publish_snapshot(store, serving, store_watermark={}) for _ in range(3)]
     assert [m.version for m in manifests] == [2, 3, 4]
 
-    expected = [MANIFEST_NAME] + [f"{t}.v{v}.parquet" for t in SERVING_TABLES for v in (3, 4)]
+    expected = [MANIFEST_NAME, "manifest.v3.json", "manifest.v4.json"] + [
+        f"{t}.v{v}.parquet" for t in SERVING_TABLES for v in (3, 4)]
     assert listing(serving) == sorted(expected)
     # A reader that read the v3 manifest just before v4 was published can still open v3.
     assert load_snapshot(serving, manifests[1]).version == 3
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(SnapshotFormatError, match="facts.v2.parquet is missing"):
         load_snapshot(serving, manifests[0])
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 from pydantic import Field
 
-from familiar_pipeline.defs.checks import MemoryCheck, memory_checks, partition_evaluations
+from familiar_pipeline.defs.checks import INVARIANT, MemoryCheck, memory_checks, partition_evaluations
 from familiar_pipeline.defs.partitions import familiars_partitions, projection_run_queued
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.models.llm import LlmUsage
@@ -205,18 +205,18 @@ def project_familiar(
                 hold_followers(blocked, spec, f"blocked: {spec.asset} failed for this familiar ({type(exc).__name__})")
                 continue
             for check in checks:
-                if check.asset == spec.asset and check.find is not None:
+                if check.asset == spec.asset and check.kind == INVARIANT:
                     result = check.evaluate(runtime, familiar_id)
                     out.checks[check.key] = result
                     if check.blocking and not result.passed and result.severity == dg.AssetCheckSeverity.ERROR:
                         hold_followers(blocked, spec, f"blocked: check {check.name} on {spec.asset} failed")
         runtime.pending_assets = later
         runtime.flush()
-        snapshot = None  # the snapshot check is one comparison for all of the familiar's assets
+        kernel: dict[str, dg.AssetCheckResult] = {}  # the kernel's checks: one evaluation each, for all assets
         for check in checks:
-            if check.find is None and check.asset in out.results:
-                snapshot = snapshot or check.evaluate(runtime, familiar_id)
-                out.checks[check.key] = snapshot
+            if check.kind != INVARIANT and check.asset in out.results:
+                kernel[check.kind] = kernel.get(check.kind) or check.evaluate(runtime, familiar_id)
+                out.checks[check.key] = kernel[check.kind]
     finally:
         runtime.close()
     out.published = bool(runtime.published_version)

@@ -7,9 +7,11 @@ them per familiar right after that asset's projector, on the connection it wrote
 (no second open of the file), and records one evaluation per check and familiar, on that
 familiar's partition (`partition_evaluations`). Blocking invariants (facts citing turns that exist, subjects
 that are known participants, no fact retired twice, every replacement id existing) hold
-back what is built on the asset for that familiar; the others do not, and the snapshot
-check warns when the bot's serving snapshot lags the store after the step's publish
-(the next run republishes it).
+back what is built on the asset for that familiar; the others do not. Two checks are the
+kernel's, evaluated once per familiar after the step's publish: the snapshot check warns
+when the bot's serving snapshot lags the store or is damaged (the next run republishes it),
+and the store check, on the turn index, warns while a corrupt store moved aside is being
+rebuilt or still lies beside the new one (`storage.corrupt`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from familiar_pipeline.dagster_internals import (
 )
 from familiar_pipeline.defs.partitions import familiars_partitions
 from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.spec import ProjectorSpec
+from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec
+from familiar_pipeline.storage import corrupt
+from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.snapshot_lag import snapshot_lag
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
@@ -43,12 +47,15 @@ warnings.filterwarnings("ignore", message="Specifying a partitions_def on an Ass
 
 
 SNAPSHOT_CHECK = "serving_snapshot_in_step"
+STORE_CHECK = "memory_store_intact"
+INVARIANT, SNAPSHOT, STORE = "invariant", "snapshot", "store"
 
 
 @dataclass(frozen=True)
 class MemoryCheck:
-    """One invariant of one asset. `find(store, turn_log, familiar_id)` lists its violations;
-    None for the snapshot check, which compares the published manifest with the store."""
+    """One check of one asset: an invariant (`find(store, turn_log, familiar_id)` lists its
+    violations), or one of the kernel's (`kind`): the snapshot check, which compares the
+    published manifest with the store, and the store check, which looks for a moved-aside store."""
 
     name: str
     asset: str
@@ -56,6 +63,7 @@ class MemoryCheck:
     find: Callable[[ProjectionStore, TurnLog, str], list] | None
     what: str = ""
     blocking: bool = False
+    kind: str = INVARIANT
 
     @property
     def key(self) -> dg.AssetCheckKey:
@@ -68,14 +76,17 @@ class MemoryCheck:
 
     def evaluate(self, runtime, familiar_id: str) -> dg.AssetCheckResult:
         """This familiar's result, on the runtime's open store (none yet: nothing to check)."""
+        if self.kind == STORE:
+            return store_result(runtime.paths)
         if not runtime.paths.memory_db.exists():
             return dg.AssetCheckResult(passed=True, metadata={"note": "no store yet"})
         try:
             with runtime.store() as store:
-                if self.find is None:
+                if self.kind == SNAPSHOT:
                     lag = snapshot_lag(store, runtime.paths.serving_dir)
                     return dg.AssetCheckResult(passed=lag is None, severity=dg.AssetCheckSeverity.WARN,
                                                metadata={"lag": dg.MetadataValue.json(lag or {})})
+                assert self.find is not None, f"invariant check {self.name} has no find"
                 bad = self.find(store, runtime.turn_log(), familiar_id)
         except Exception as exc:  # a check that cannot run warns; it does not block the familiar's followers
             return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
@@ -125,8 +136,25 @@ def spec_checks(spec: ProjectorSpec) -> tuple[MemoryCheck, ...]:
     checks = [MemoryCheck(i.name, spec.asset, i.description, i.find, i.what, i.blocking) for i in spec.invariants]
     if spec.snapshot_check:
         checks.append(MemoryCheck(SNAPSHOT_CHECK, spec.asset,
-                                  "The bot's Parquet snapshot carries the same watermarks as memory.duckdb.", None))
+                                  "The bot's Parquet snapshot is whole and carries the same watermarks as memory.duckdb.",
+                                  None, kind=SNAPSHOT))
+    if spec.trigger == TURN_INDEX and spec.always_on:
+        checks.append(MemoryCheck(STORE_CHECK, spec.asset,
+                                  "No corrupt memory.duckdb was moved aside: warns while one is rebuilt from turns.db "
+                                  "and while the moved-aside file (which holds message text) is still there.",
+                                  None, kind=STORE))
     return tuple(checks)
+
+
+def store_result(paths: FamiliarPaths) -> dg.AssetCheckResult:
+    """The store check: a rebuild under way, or a moved-aside store left (`storage.corrupt`)."""
+    moved, marker = corrupt.moved_aside(paths), corrupt.rebuilding(paths)
+    state = "rebuilding from turns.db" if marker is not None else ("rebuilt" if moved else "intact")
+    return dg.AssetCheckResult(
+        passed=marker is None and not moved, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"state": state, "moved_aside": len(moved), "newest_moved_aside": moved[-1].name if moved else "",
+                  "reason": (marker or {}).get("reason", "")},
+    )
 
 
 # The built-in projectors' checks (a plugin's come from its own spec: `memory_checks`).

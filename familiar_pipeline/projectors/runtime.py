@@ -27,6 +27,7 @@ from typing import Iterator
 
 from familiar_pipeline.config import FamiliarConfig
 from familiar_pipeline.projectors import registry
+from familiar_pipeline.storage import corrupt
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.snapshot_lag import snapshot_lag
@@ -34,6 +35,7 @@ from familiar_pipeline.storage.snapshots import (
     Manifest,
     SnapshotFormatError,
     publish_snapshot,
+    published_manifests,
     read_manifest,
     served_tables,
 )
@@ -196,12 +198,30 @@ class FamiliarRuntime:
         self.hold_writer_lock()
         with self._store_lock:
             if self._open_store is None:
-                self._open_store = ProjectionStore(self.paths.memory_db, tables=registry.tables())
+                self._open_store = self._open_store_file()
         try:
             yield self._open_store
-        except BaseException:
+        except BaseException as exc:
             self.release_store()
+            if corrupt.is_corruption(exc):  # a query met a bad block: the next store() starts the rebuild
+                self._move_aside(exc)
             raise
+
+    def _open_store_file(self) -> ProjectionStore:
+        """The store, opened for writing; one DuckDB cannot read is moved aside and an empty one opened."""
+        try:
+            return ProjectionStore(self.paths.memory_db, tables=registry.tables())
+        except Exception as exc:
+            if not corrupt.is_corruption(exc):
+                raise
+            self._move_aside(exc)
+            return ProjectionStore(self.paths.memory_db, tables=registry.tables())
+
+    def _move_aside(self, exc: BaseException) -> None:
+        for index in self._indexes.values():  # their folder goes with the store (`corrupt.move_aside`)
+            index.close()
+        self._indexes.clear()
+        corrupt.move_aside(self.paths, exc)
 
     def release_store(self) -> None:
         """Close the write connection if open (the writer lock stays until `close()`)."""
@@ -217,7 +237,7 @@ class FamiliarRuntime:
 
     def publish(self, store: ProjectionStore, *, force: bool = False) -> None:
         """Publish the serving snapshot after a committed write (at most every PUBLISH_INTERVAL_S)."""
-        if not force and time.monotonic() - self._last_publish < PUBLISH_INTERVAL_S:
+        if (not force and time.monotonic() - self._last_publish < PUBLISH_INTERVAL_S) or self._rebuild_holds(store):
             self._unpublished = True
             return
         manifest = publish_store(store, self.paths.serving_dir, self.config, pending_assets=self.pending_assets or ())
@@ -225,6 +245,20 @@ class FamiliarRuntime:
         self._published_pending = manifest.pending_assets
         self._last_publish = time.monotonic()
         self._unpublished = False
+        corrupt.rebuilt(self.paths)  # a no-op unless a rebuild was under way (and has now caught up)
+
+    def _rebuild_holds(self, store: ProjectionStore) -> bool:
+        """While a store moved aside is rebuilt (`storage.corrupt`), the last published snapshot stays
+        served until every active projector has read as far into the turn log as it had."""
+        if corrupt.rebuilding(self.paths) is None:
+            return False
+        published = published_manifests(self.paths.serving_dir)
+        last = published.manifest or published.intact(self.paths.serving_dir)
+        if last is None:
+            return False
+        active = [s.name for s in registry.specs() if s.always_on or s.name in self.config.memory.projectors]
+        return not corrupt.caught_up(store.serving_watermark()["projectors"],
+                                     last.store_watermark.get("projectors") or {}, active)
 
     def flush(self) -> None:
         """Publish what earlier writes left unpublished, a change in what is pending, or a store the

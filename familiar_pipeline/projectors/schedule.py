@@ -27,7 +27,6 @@ familiars are cut into runs (`blocks`, `split_lanes`).
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -38,7 +37,9 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 from familiar_pipeline.config import ConfigError, FamiliarConfig, load_config, render_config
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.spec import FACTS, TURN_INDEX, TURNS, ProjectorSpec
+from familiar_pipeline.storage import corrupt
 from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.snapshots import published_manifests
 from familiar_pipeline.storage.turns import TurnLog
 
 # ---------------------------------------------------------------------------------------------
@@ -237,13 +238,16 @@ class FamiliarState:
     closed: tuple[str, ...] = ()  # projectors with a batch closed early (a quiet gap) past their watermark
     log_id: str = ""  # the turn log's own id: a familiar created again under its name is a new log
     pending: tuple[str, ...] = ()  # assets a run planned and left undone (the snapshot's pending_assets)
+    damaged: str | None = None  # what is wrong with the published snapshot (missing, cut short); None: whole
+    rebuilding: bool = False  # a corrupt store was moved aside and is being rebuilt (`storage.corrupt`)
 
     def turn_watermark(self, projector: str) -> int:
         return int(self.watermarks.get(projector, {}).get("turn_id", 0))
 
     def signature(self) -> list[int | str]:
         # `closed` counts: a batch that closes for quiet, with nothing else new, is news.
-        return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version, len(self.closed), self.log_id]
+        return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version, len(self.closed), self.log_id,
+                *([1] if self.damaged else []), *(["rebuilding"] if self.rebuilding else [])]
 
 
 @dataclass(frozen=True)
@@ -271,24 +275,26 @@ def triggered(trigger: str | None) -> list[ProjectorSpec]:
 
 
 def read_state(paths: FamiliarPaths, config: FamiliarConfig | None = None) -> FamiliarState:
-    """The familiar's turn log and published watermarks; with its config, also which short batches have closed."""
-    version: int = 0
-    marks: dict = {}
-    pending: tuple[str, ...] = ()
-    try:
-        manifest = json.loads((paths.serving_dir / "manifest.json").read_text())
-        version = int(manifest.get("version", 0))
-        marks = (manifest.get("store_watermark") or {}).get("projectors") or {}
-        pending = tuple(a for a in manifest.get("pending_assets") or () if isinstance(a, str))
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass
+    """The familiar's turn log and published watermarks; with its config, also which short batches have closed.
+
+    A damaged snapshot (`published_manifests`: manifest.json missing or unreadable, a file it
+    names gone or cut short) is marked `damaged`, so that a run publishes a whole one again;
+    its watermarks are manifest.json's when it is readable (they are the store's), else
+    those of the newest whole snapshot on disk.
+    """
+    published = published_manifests(paths.serving_dir)
+    manifest = published.manifest or published.intact(paths.serving_dir)
+    version = manifest.version if manifest is not None else 0
+    marks = dict((manifest.store_watermark.get("projectors") or {}) if manifest is not None else {})
+    pending = manifest.pending_assets if manifest is not None else ()
     now = datetime.now(timezone.utc)
     with TurnLog(paths.turns_db, readonly=True) as turn_log:
         latest, change, log_id = turn_log.latest_id(), turn_log.latest_change_seq(), turn_log.log_id()
         newest = turn_log.turns_by_ids([latest]) if latest else []
         closed = tuple(_closed_early(turn_log, config, latest, marks, now)) if config is not None else ()
     age = (now - newest[0].created_at).total_seconds() if newest else float("inf")
-    return FamiliarState(latest, change, age, version, marks, closed, log_id, pending)
+    return FamiliarState(latest, change, age, version, marks, closed, log_id, pending, published.problem,
+                         rebuilding=corrupt.rebuilding(paths) is not None)
 
 
 def batch_size(spec: ProjectorSpec, knobs: Any) -> int:
@@ -311,10 +317,13 @@ def _closed_early(turn_log: TurnLog, config: FamiliarConfig, latest: int, marks:
 def due_assets(config: FamiliarConfig, state: FamiliarState, *, hold: frozenset[str] = frozenset()) -> list[str]:
     """Asset names whose thresholds are met, per the familiar's effective config.
 
-    `hold`: assets not to request (those that would only say "skipped" again).
+    `hold`: assets not to request (those that would only say "skipped" again). A store being
+    rebuilt (`storage.corrupt`) is due for every active projection.
     """
-    due = []
     active = set(config.memory.projectors)
+    if state.rebuilding:  # every active projection, from the first turn, in one run
+        return [s.asset for s in registry.specs() if (s.always_on or s.name in active) and s.asset not in hold]
+    due = []
     for spec in triggered(TURNS):
         pending = state.latest_turn_id - state.turn_watermark(spec.name)
         if spec.name in active and spec.asset not in hold and (pending >= batch_size(spec, config.memory.knobs(spec.name))
@@ -324,8 +333,10 @@ def due_assets(config: FamiliarConfig, state: FamiliarState, *, hold: frozenset[
         # The fact-driven assets ride in the same run: one process start instead of a second
         # queued run per batch. Automation still covers facts changed any other way.
         due.extend(spec.asset for spec in triggered(FACTS) if spec.name in active)
-    if index_behind(state) and (due or state.latest_turn_age_s >= config.pipeline.index_quiet_s):
-        # Turn vectors follow the same turns as the full-text index, in the same run.
+    if state.damaged or (index_behind(state) and (due or state.latest_turn_age_s >= config.pipeline.index_quiet_s)):
+        # Turn vectors follow the same turns as the full-text index, in the same run. A damaged
+        # snapshot asks for these too (the cheapest run): any run of the familiar republishes a
+        # snapshot that lags the store or is damaged (`FamiliarRuntime.flush`).
         due[:0] = [spec.asset for spec in triggered(TURN_INDEX) if spec.always_on or spec.name in active]
     if state.pending:
         # What a run planned and left undone (it stopped between passes for a waiting run, or died).

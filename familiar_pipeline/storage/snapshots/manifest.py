@@ -3,12 +3,19 @@
 ``manifest.json`` is the commit point of a publish (``publish``): it is written last,
 with ``os.replace``, so a reader sees the whole old or the whole new snapshot. It is
 validated on read, and every file it names must stay inside the serving folder.
+
+Each publish also leaves a copy of its manifest under its version's name
+(``manifest.v12.json``), kept as long as that version's files: when ``manifest.json``
+is missing or truncated, or a file it names is gone or cut short (`damage`), a
+restarted reader serves the newest snapshot that is still whole (`published_manifests`)
+instead of nothing, and the turn sensor asks for a run that publishes a whole one again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +27,8 @@ LOCK_NAME = ".publish.lock"
 
 TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 VERSIONED_FILE = re.compile(r"^(?P<table>[a-z][a-z0-9_]{0,62})\.v(?P<version>[0-9]+)\.(?P<kind>parquet|npy)$")
+# The copy of each version's manifest (see above).
+MANIFEST_COPY = re.compile(r"^manifest\.v(?P<version>[0-9]+)\.json$")
 # The files of a precombined turn matrix are named after this (see `vectors`).
 CONTEXT_MATRIX = "turn_context"
 
@@ -147,13 +156,13 @@ def _matrix_entry(entry: Any) -> MatrixFile:
     return MatrixFile(**{**entry, "share": float(share)})
 
 
-def read_manifest(serving_dir: str | Path) -> Manifest | None:
-    """The published manifest, or None when nothing was published yet.
+def read_manifest(serving_dir: str | Path, name: str = MANIFEST_NAME) -> Manifest | None:
+    """The published manifest (or the copy named `name`), or None when there is no such file.
 
     Raises :class:`SnapshotFormatError` when the file exists but is unreadable
     as a manifest (asset checks use this to compare the snapshot with the store).
     """
-    path = Path(serving_dir) / MANIFEST_NAME
+    path = Path(serving_dir) / name
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -163,6 +172,90 @@ def read_manifest(serving_dir: str | Path) -> Manifest | None:
     except ValueError as exc:
         raise SnapshotFormatError(f"{path} is not valid JSON: {exc}") from exc
     return Manifest.from_json(data)
+
+
+def manifest_copy_name(version: int) -> str:
+    return f"manifest.v{version}.json"
+
+
+def damage(serving_dir: str | Path, manifest: Manifest) -> str | None:
+    """What is wrong with the files `manifest` names (one is missing, or not the size it was
+    published at), or None when they are all there: a dozen `stat`s, no file read."""
+    serving_dir = Path(serving_dir)
+    for entry in manifest.tables.values():
+        try:
+            size = (serving_dir / entry.file).stat().st_size
+        except FileNotFoundError:
+            return f"{entry.file} is missing"
+        if size != entry.bytes:
+            return f"{entry.file} is {size} bytes, published as {entry.bytes}"
+    for matrix in manifest.matrices:
+        for file in (matrix.file, matrix.ids_file):
+            if not (serving_dir / file).exists():
+                return f"{file} is missing"
+    return None
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the serving folder holds: ``manifest.json``'s manifest (None: missing or
+    unreadable), what is wrong with it or its files (None: nothing), and every readable
+    manifest, ``manifest.json``'s and the versions' copies, newest first."""
+
+    manifest: Manifest | None
+    problem: str | None
+    manifests: tuple[Manifest, ...]
+
+    def intact(self, serving_dir: str | Path) -> Manifest | None:
+        """The newest manifest whose files are all there."""
+        return next((m for m in self.manifests if damage(serving_dir, m) is None), None)
+
+
+def published_manifests(serving_dir: str | Path, *, every_copy: bool = False) -> Published:
+    """The serving folder's manifests (see `Published`).
+
+    When ``manifest.json`` and its files are whole, that is one read and a `stat` per
+    file (the turn sensor asks at every tick), unless `every_copy` (a reader whose load
+    of a whole-looking snapshot failed); else the folder is listed for the copies.
+    """
+    serving_dir = Path(serving_dir)
+    for _ in range(3):  # a publish between the read and the stats can remove what it named: read again
+        problem = None
+        try:
+            current = read_manifest(serving_dir)
+        except (OSError, SnapshotFormatError) as exc:
+            current, problem = None, f"unreadable {MANIFEST_NAME}: {exc}"
+        if current is None or (problem := damage(serving_dir, current)) is None:
+            break
+        try:
+            again = read_manifest(serving_dir)
+        except (OSError, SnapshotFormatError):
+            break
+        if again is None or (again.version, again.published_at) == (current.version, current.published_at):
+            break
+    if current is not None and not every_copy and problem is None:
+        return Published(current, None, (current,))
+    found: dict[tuple[int, str], Manifest] = {}
+    try:
+        names = sorted(os.listdir(serving_dir))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        if MANIFEST_COPY.match(name):
+            try:
+                copy = read_manifest(serving_dir, name)
+            except (OSError, SnapshotFormatError):
+                continue
+            if copy is not None:
+                found.setdefault((copy.version, copy.published_at), copy)
+    if current is not None:
+        found[(current.version, current.published_at)] = current
+        problem = damage(serving_dir, current)
+    elif problem is None and found:
+        problem = f"{MANIFEST_NAME} is missing"
+    # manifest.json first among equal versions: it is the one published last.
+    manifests = sorted(found.values(), key=lambda m: (m.version, m is current), reverse=True)
+    return Published(current, problem, tuple(manifests))
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

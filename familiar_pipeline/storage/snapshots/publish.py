@@ -12,11 +12,13 @@ Publishing protocol (one publisher per familiar at a time, enforced by a lock fi
    name such as ``facts.v12.parquet`` (a name is never rewritten once a manifest
    points at it); precombined vector matrices (``vectors``) are written the same way
    as ``.npy`` files, from the same read transaction;
-2. ``manifest.json`` is written to a temp file, fsynced and ``os.replace``d: this
-   rename is the commit point, so a reader sees the whole old or the whole new
-   snapshot, never a mix;
-3. files of versions older than the previous one are deleted (a reader that read
-   the previous manifest a moment ago can still open its files), with stray temps.
+2. the manifest is written as the version's copy (``manifest.v12.json``), then to a
+   temp file, fsynced and ``os.replace``d onto ``manifest.json``: this rename is the
+   commit point, so a reader sees the whole old or the whole new snapshot, never a mix;
+3. files (and manifest copies) of versions older than the previous one are deleted (a
+   reader that read the previous manifest a moment ago can still open its files), with
+   stray temps. The previous version's copy is what a reader serves when the newest
+   snapshot is found damaged (``manifest.published_manifests``).
 
 A failure before step 2 completes removes what it wrote and raises
 :class:`SnapshotPublishError`; the previous manifest and its files are untouched.
@@ -42,6 +44,7 @@ from familiar_pipeline.storage.tables import Table, declared_tables
 
 from .manifest import (
     LOCK_NAME,
+    MANIFEST_COPY,
     MANIFEST_NAME,
     TABLE_NAME,
     VERSIONED_FILE,
@@ -50,6 +53,7 @@ from .manifest import (
     SnapshotFormatError,
     SnapshotPublishError,
     TableFile,
+    manifest_copy_name,
     read_manifest,
 )
 from .files import fsync_dir, fsync_file, remove_quietly, temp_path
@@ -194,7 +198,7 @@ def _highest_file_version(serving_dir: Path) -> int:
     """Versions never reuse a file name, even after a lost or corrupt manifest."""
     highest = 0
     for name in os.listdir(serving_dir):
-        match = VERSIONED_FILE.match(name)
+        match = VERSIONED_FILE.match(name) or MANIFEST_COPY.match(name)
         if match:
             highest = max(highest, int(match["version"]))
     return highest
@@ -245,15 +249,19 @@ def _copy_tables(
 
 
 def _write_manifest(serving_dir: Path, manifest: Manifest, written: list[Path], durable: bool) -> None:
-    temp = temp_path(serving_dir, "manifest")
-    written.append(temp)
     payload = json.dumps(manifest.to_json(), indent=2, sort_keys=True).encode("utf-8")
-    with open(temp, "wb") as handle:
-        handle.write(payload)
-        handle.flush()
-        if durable:
-            os.fsync(handle.fileno())
-    os.replace(temp, serving_dir / MANIFEST_NAME)
+    copy = serving_dir / manifest_copy_name(manifest.version)
+    for target in (copy, serving_dir / MANIFEST_NAME):  # two files, not links: one damaged leaves the other
+        temp = temp_path(serving_dir, "manifest")
+        written.append(temp)
+        with open(temp, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            if durable and target != copy:  # the copy is a fallback: a power cut may cost it, not the commit
+                os.fsync(handle.fileno())
+        if target == copy:
+            written.append(copy)
+        os.replace(temp, target)
     # Committed: the versioned files now belong to the published snapshot.
     written.clear()
     if durable:
@@ -264,12 +272,12 @@ def _write_manifest(serving_dir: Path, manifest: Manifest, written: list[Path], 
 
 
 def _collect_garbage(serving_dir: Path, keep_versions: set[int]) -> None:
-    """Delete versions older than the previous one, and temps of dead publishers.
+    """Delete versions (files and manifest copies) older than the previous one, and temps of dead publishers.
 
     Safe under the publish lock: no other publisher is writing a temp file now.
     """
     for name in os.listdir(serving_dir):
-        match = VERSIONED_FILE.match(name)
+        match = VERSIONED_FILE.match(name) or MANIFEST_COPY.match(name)
         stale = (match is not None and int(match["version"]) not in keep_versions) or bool(
             _TEMP_FILE.match(name)
         )

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from familiar_pipeline.storage.records import Watermark
 
-from .manifest import MANIFEST_NAME, Manifest, SnapshotFormatError, read_manifest
+from .manifest import MANIFEST_NAME, Manifest, SnapshotFormatError, published_manifests, read_manifest
 from .snapshot import Snapshot, load_snapshot
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,8 @@ class SnapshotReader:
     ``refresh()`` is cheap when nothing changed (one read of a small JSON file)
     and never raises: a missing or corrupt manifest, or a file that vanished
     or is damaged, keeps the last good snapshot and logs one warning per
-    distinct problem (``last_error`` holds it). The query helpers answer from
+    distinct problem (``last_error`` holds it); a reader that has none yet (just
+    started) serves the newest whole snapshot still on disk, the previous version. The query helpers answer from
     the current :class:`Snapshot`; for several reads that must agree with each
     other, take ``snap = reader.current()`` once and query ``snap``.
     """
@@ -43,6 +44,7 @@ class SnapshotReader:
         # (version, published_at) of a snapshot that failed to load, and when:
         # not retried on every refresh, only after `retry_failed_after` seconds.
         self._failed: tuple[tuple[int, str], float] | None = None
+        self._fell_back_at: float | None = None  # when the manifest copies were last looked at
         self.refresh()
 
     # -- loading ------------------------------------------------------------ #
@@ -57,48 +59,72 @@ class SnapshotReader:
                 return False
 
     def _refresh_locked(self) -> bool:
-        manifest = self._read_manifest()
-        if manifest is None:
-            return False
-        if self._is_current(manifest):
-            self._recovered()
-            return False
-        key = (manifest.version, manifest.published_at)
-        if self._failed and self._failed[0] == key:
-            if time.monotonic() - self._failed[1] < self.retry_failed_after:
+        manifest, problem = self._read_manifest()
+        if manifest is not None:
+            if self._is_current(manifest):
+                self._recovered()
                 return False
-        for attempt in (1, 2):
-            try:
-                snapshot = load_snapshot(self.serving_dir, manifest)
-            except (OSError, pa.ArrowException, SnapshotFormatError) as exc:
-                message = f"cannot load snapshot v{manifest.version}: {type(exc).__name__}: {exc}"
-                if attempt == 2:
-                    self._failed = ((manifest.version, manifest.published_at), time.monotonic())
-                    self._problem(message + f"; keeping v{self.version}")
-                    return False
-                # Usually a publisher replaced the manifest and collected the
-                # files in between: the newer manifest names files that exist.
-                newer = self._read_manifest()
-                if newer is None or self._is_current(newer):
-                    self._problem(message + f"; keeping v{self.version}")
-                    return False
-                manifest = newer
-                continue
-            self._snapshot = snapshot
-            self._failed = None
-            self._recovered()
-            return True
-        return False  # pragma: no cover - the loop always returns
+            if self._failed_recently(manifest):
+                return False
+            problem = self._load(manifest)
+            if problem is None:
+                self._failed = None
+                return True
+            # Usually a publisher replaced the manifest and collected the files in between:
+            # the newer manifest names files that exist.
+            newer, _ = self._read_manifest()
+            if newer is not None and not self._is_current(newer) and newer != manifest:
+                manifest, problem = newer, self._load(newer)
+                if problem is None:
+                    self._failed = None
+                    return True
+            self._failed = ((manifest.version, manifest.published_at), time.monotonic())
+        # manifest.json is missing, unreadable or names a damaged file: serve the newest
+        # whole snapshot of those still on disk (the previous version's), if newer than ours.
+        fallback = self._fall_back(problem)
+        if fallback is None and problem is not None:
+            self._problem(f"{problem}; keeping v{self.version}")
+        return fallback is not None
 
-    def _read_manifest(self) -> Manifest | None:
+    def _load(self, manifest: Manifest) -> str | None:
+        """Load the snapshot `manifest` names and serve it; None on success, else what went wrong."""
+        try:
+            snapshot = load_snapshot(self.serving_dir, manifest)
+        except (OSError, pa.ArrowException, SnapshotFormatError) as exc:
+            return f"cannot load snapshot v{manifest.version}: {type(exc).__name__}: {exc}"
+        self._snapshot = snapshot
+        self._recovered()
+        return None
+
+    def _failed_recently(self, manifest: Manifest) -> bool:
+        """A snapshot that failed to load is tried again only after `retry_failed_after` seconds."""
+        return (self._failed is not None and self._failed[0] == (manifest.version, manifest.published_at)
+                and time.monotonic() - self._failed[1] < self.retry_failed_after)
+
+    def _fall_back(self, problem: str | None) -> Manifest | None:
+        """Serve the newest whole snapshot newer than the current one, from the versions' manifest
+        copies (`published_manifests`); the folder is looked at again after `retry_failed_after` s."""
+        if self._fell_back_at is not None and time.monotonic() - self._fell_back_at < self.retry_failed_after:
+            return None
+        self._fell_back_at = time.monotonic()
+        for manifest in published_manifests(self.serving_dir, every_copy=True).manifests:
+            if manifest.version <= self.version:
+                break
+            if self._load(manifest) is None:
+                self._problem(f"{problem or MANIFEST_NAME + ' is missing'}; serving v{manifest.version}, "
+                              "the newest whole snapshot on disk, until a run publishes again")
+                return manifest
+        return None
+
+    def _read_manifest(self) -> tuple[Manifest | None, str | None]:
+        """manifest.json's manifest (None: missing or unreadable) and what is wrong with it."""
         try:
             manifest = read_manifest(self.serving_dir)
         except (OSError, SnapshotFormatError) as exc:
-            self._problem(f"unreadable snapshot manifest: {exc}; keeping v{self.version}")
-            return None
+            return None, f"unreadable snapshot manifest: {exc}"
         if manifest is None and self.version:
-            self._problem(f"{self.serving_dir / MANIFEST_NAME} is missing; keeping v{self.version}")
-        return manifest
+            return None, f"{self.serving_dir / MANIFEST_NAME} is missing"
+        return manifest, None
 
     def _is_current(self, manifest: Manifest) -> bool:
         current = self._snapshot.manifest
@@ -108,6 +134,7 @@ class SnapshotReader:
         )
 
     def _recovered(self) -> None:
+        self._fell_back_at = None
         if self.last_error is not None:
             logger.info("snapshot reader for %s is in step again at v%d", self.serving_dir, self.version)
             self.last_error = None

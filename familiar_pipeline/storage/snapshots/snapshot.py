@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from familiar_pipeline.storage.records import Watermark
 from familiar_pipeline.storage.tables import Table, column_values, declared
 
-from .manifest import Manifest, SnapshotFormatError, TableFile
+from .manifest import Manifest, SnapshotFormatError, TableFile, damage
 from .vectors import load_context_matrices, where
 
 T = TypeVar("T")
@@ -150,6 +150,9 @@ def load_snapshot(serving_dir: str | Path, manifest: Manifest) -> Snapshot:
     working after a later publish collects them.
     """
     serving_dir = Path(serving_dir)
+    problem = damage(serving_dir, manifest)
+    if problem is not None:  # a cut-short file is caught here, before a lazy table is read mid-reply
+        raise SnapshotFormatError(problem)
     context = load_context_matrices(serving_dir, manifest)
     tables: dict[str, pa.Table] = {}
     lazy: dict[str, Callable[[], pa.Table]] = {}
