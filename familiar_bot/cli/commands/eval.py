@@ -40,12 +40,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="litellm model string for [llm.background] with --facts extracted (its API key comes from "
                           "the provider's usual environment variable)")
     loc.add_argument("--out", metavar="DIR", help="write results.json, results.md and recall_at_k.png here")
-    loc.add_argument("--sweep", action="store_true",
-                     help="also sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file "
-                          "only); writes sweep.json and sweep.md into --out")
-    loc.add_argument("--ablation", action="store_true",
-                     help="also measure each retrieval change (people, time, replies, render) against the ranking "
-                          "before it, with paired bootstrap gains; writes ablation.json and ablation.md into --out")
+    for study, does in (
+        ("sweep", "sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file only)"),
+        ("ablation", "measure each retrieval change (people, time, replies, render) against the ranking before "
+                     "it, with paired bootstrap gains"),
+    ):
+        loc.add_argument(f"--{study}", action="store_true",
+                         help=f"also {does}; writes {study}.json and {study}.md into --out")
     loc.add_argument("--workdir", metavar="DIR", help="keep the throwaway familiars here instead of a temporary folder")
     loc.add_argument("--conversations", metavar="LIST",
                      help="only these conversations: comma-separated indices (0 is the file's first) or sample ids")
