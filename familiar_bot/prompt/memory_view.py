@@ -30,6 +30,7 @@ from familiar_pipeline.storage.turns import Turn, TurnLog
 
 from familiar_bot.prompt.cue_people import Directory
 from familiar_bot.prompt.layers.common import Labels, content_hash
+from familiar_bot.prompt.scoping import turn_scope_sql
 
 log = logging.getLogger(__name__)
 
@@ -289,8 +290,6 @@ class MemoryView:
         return self.per_assembly(("scope-ids", visible), lambda: self._grow_scope_ids(visible))
 
     def _grow_scope_ids(self, visible: tuple[str, ...]) -> np.ndarray:
-        from familiar_bot.prompt.scoping import turn_scope_sql
-
         with self._memo_lock:
             upto, ids = self._scope_ids.get(visible, (0, np.zeros(0, dtype=np.int64)))
         clause = turn_scope_sql(visible)
