@@ -60,6 +60,7 @@ from familiar_bot.prompt.layers.stack import default_layers  # noqa: E402
 
 FAMILIAR = "bench"
 GUILD = 900000000000000001
+SCOPE = f"guild:{GUILD}"  # the scope of every turn, so of every derived row
 CHANNELS = [1100000000000000001, 1100000000000000002, 1100000000000000003, 1100000000000000004]
 PEOPLE = [(f"discord:{100000000000000000 + i}", name) for i, name in enumerate(
     ["Ada", "Bo", "Cass", "Dee", "Eli", "Fen", "Gus", "Hal", "Ivy", "Jo", "Kit", "Lu"])]
@@ -171,12 +172,14 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
         "source_turn_ids": pa.array([[rng.randint(1, n_turns)] for _ in ids], pa.list_(pa.int64())),
         "importance": pa.array([None if rng.random() < 0.2 else rng.randint(1, 10) for _ in ids], pa.int8()),
         "created_at": pa.array([now] * len(ids), pa.timestamp("us", tz="UTC")),
+        "scope": pa.array([SCOPE] * len(ids)),
     })
     subject_rows = pa.table({
         "fact_id": pa.array([i for i, who in zip(ids, subjects) for _ in who], pa.int64()),
         "canonical_key": pa.array([k for who in subjects for k, _ in who]),
         "display_at_write": pa.array([n for who in subjects for _, n in who]),
         "position": pa.array([p for who in subjects for p in range(len(who))], pa.int32()),
+        "scope": pa.array([SCOPE] * sum(len(who) for who in subjects)),
     })
     vectors = pa.table({
         "fact_id": pa.array(ids, pa.int64()),
@@ -184,6 +187,7 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
         "dim": pa.array([pool_vectors.shape[1]] * len(ids), pa.int32()),
         "vector": pa.array(list(pool_vectors[base_of]), pa.list_(pa.float32())),
         "created_at": pa.array([now] * len(ids), pa.timestamp("us", tz="UTC")),
+        "scope": pa.array([SCOPE] * len(ids)),
     })
     retired = rng.sample(ids, n_facts // 10)
     with ProjectionStore(paths.memory_db) as store:
@@ -192,11 +196,11 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
         for name, table in (("b_facts", facts), ("b_subjects", subject_rows), ("b_vectors", vectors)):
             conn.register(name, table)
         conn.execute("""INSERT INTO facts (id, channel_id, text, norm_text, subject_set, dedup_key,
-                            source_turn_ids, importance, created_at, valid_from)
+                            source_turn_ids, importance, created_at, valid_from, scope)
                         SELECT id, channel_id, text, norm_text, subject_set, norm_text || chr(10) || subject_set,
-                               source_turn_ids, importance, created_at, created_at FROM b_facts""")
-        conn.execute("INSERT INTO fact_subjects SELECT * FROM b_subjects")
-        conn.execute("INSERT INTO fact_embeddings SELECT * FROM b_vectors")
+                               source_turn_ids, importance, created_at, created_at, scope FROM b_facts""")
+        conn.execute("INSERT INTO fact_subjects BY NAME SELECT * FROM b_subjects")
+        conn.execute("INSERT INTO fact_embeddings BY NAME SELECT * FROM b_vectors")
         # Every turn gets a vector too (a real MiniLM vector of a base statement: the dense turn
         # search's cost is one matrix product over all of them, whatever they say).
         turn_vectors = pa.table({
@@ -206,16 +210,17 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
             "vector": pa.array(list(pool_vectors[[rng.randrange(len(pool)) for _ in range(n_turns)]]),
                                pa.list_(pa.float32())),
             "created_at": pa.array([now] * n_turns, pa.timestamp("us", tz="UTC")),
+            "scope": pa.array([SCOPE] * n_turns),
         })
         conn.register("b_turn_vectors", turn_vectors)
-        conn.execute("INSERT INTO turn_embeddings SELECT * FROM b_turn_vectors")
+        conn.execute("INSERT INTO turn_embeddings BY NAME SELECT * FROM b_turn_vectors")
         # And a context-window vector per turn (projector turn_window_embedding), which the
         # snapshot precombines with the turn's own vector into the one matrix a reply searches.
         window_vectors = turn_vectors.set_column(
             3, "vector", pa.array(list(pool_vectors[[rng.randrange(len(pool)) for _ in range(n_turns)]]),
                                   pa.list_(pa.float32())))
         conn.register("b_window_vectors", window_vectors)
-        conn.execute("INSERT INTO turn_window_embeddings SELECT * FROM b_window_vectors")
+        conn.execute("INSERT INTO turn_window_embeddings BY NAME SELECT * FROM b_window_vectors")
         conn.execute(f"SELECT max(nextval('facts_id_seq')) FROM range({n_facts})")
         supersede_db.supersede(store, retired, None)
         print(f"  facts: {n_facts} in {time.perf_counter() - t0:.1f}s ({len(retired)} retired)")
@@ -229,6 +234,10 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
             reflection_db.append_reflection(store, channel_id=rng.choice(CHANNELS + [None]), text=f"Reflection {r}: " + chat_line(rng),
                                     cited_turn_ids=[rng.randint(1, n_turns)], cited_fact_ids=[rng.choice(texts)[0]],
                                     last_turn_id=n_turns, last_fact_id=n_facts)
+        # Every turn is said in the one server, so every derived row carries its scope: replies
+        # read by scope (familiar_bot/prompt/scoping.py), and a row scoped "familiar" is read by none.
+        for table in ("people_dossiers", "reflections", "summaries"):
+            store.conn.execute(f"UPDATE {table} SET scope = ?", [SCOPE])
         t0 = time.perf_counter()
         publish_snapshot(store.conn, paths.serving_dir, store_watermark={}, durable=False)
         print(f"  snapshot publish: {time.perf_counter() - t0:.1f}s")

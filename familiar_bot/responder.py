@@ -45,6 +45,7 @@ from familiar_pipeline.storage.turns import TurnLog, TurnLogError, TurnLogUnavai
 
 from familiar_bot.prompt.assembly import AssemblyContext, build_assembler, render_sections
 from familiar_bot.prompt.memory_view import MemoryView
+from familiar_bot.prompt.scoping import scope_mask
 from familiar_bot.spool import Spool, SpooledWrite, import_line, retry_delays
 
 log = logging.getLogger(__name__)
@@ -547,9 +548,12 @@ class Responder:
 
     async def context_report(self, channel_id: int, *, guild_id: int | None = None, cue: str = "") -> str:
         """The `/context` report: which layers said what, with token counts."""
-        report = render_sections(await self.inspect(channel_id, guild_id=guild_id, cue=cue))
+        prompt = await self.inspect(channel_id, guild_id=guild_id, cue=cue)
+        report = render_sections(prompt)
         snapshot = getattr(getattr(self.assembler, "memory", None), "snapshot", None)
-        return report + ("\n\n" + retired_facts_report(snapshot) if snapshot is not None else "")
+        # The footer quotes fact text: only the scopes this reply read (another scope's, never).
+        visible = tuple(prompt.debug.get("scopes", {}).get("visible", ()))
+        return report + ("\n\n" + retired_facts_report(snapshot, visible=visible) if snapshot is not None else "")
 
     # -- composing
 
@@ -653,19 +657,25 @@ class _ReplyFailed(Exception):
     pass
 
 
-def retired_facts_report(snapshot, limit: int = 5) -> str:
+def retired_facts_report(snapshot, limit: int = 5, visible: tuple[str, ...] | None = None) -> str:
     """How many facts memory holds, and the newest retired ones with what replaced them.
 
     The prompt shows only current facts; this is where `/context` shows supersession at work.
+    With ``visible`` (the reply's scopes), only those scopes' facts are counted and quoted.
     """
     try:
         facts = snapshot.table("facts")
     except (KeyError, OSError, ValueError):
         return "=== memory: no facts published yet ==="
+    where = ""
+    if visible is not None:
+        facts = facts.filter(scope_mask(facts, visible))
+        where = f" in {', '.join(visible) or 'no scope'}"
     retired = facts.filter(pc.is_valid(facts["superseded_at"]))
-    lines = [f"=== memory: {facts.num_rows - retired.num_rows} current facts, {retired.num_rows} retired ==="]
+    lines = [f"=== memory{where}: {facts.num_rows - retired.num_rows} current facts, {retired.num_rows} retired ==="]
     rows = retired.to_pylist()[-limit:]
-    by_id = {f.id: f for f in facts_by_ids(snapshot, [r["superseded_by"] for r in rows if r["superseded_by"]])}
+    by_id = {f.id: f for f in facts_by_ids(snapshot, [r["superseded_by"] for r in rows if r["superseded_by"]])
+             if visible is None or f.scope in visible}
     for row in reversed(rows):
         newer = by_id.get(row["superseded_by"])
         lines.append(f"retired #{row['id']} {row['text']!r}"

@@ -253,6 +253,9 @@ async def test_context_command_answers_ephemerally_without_recording(bot, fake):
     assert kwargs["allowed_mentions"].to_dict() == {"parse": []}  # Discord's replied_user default is off
     assert "=== character_card:" in text and "You are Fam, a fox spirit." in text
     assert "=== recent_history:" in text and "we talked about foxes" in text
+    # Which memory the reply read: the server's scope, nothing joined, and how many rows were left out.
+    assert f"=== scopes: this reply reads guild:{channel.guild.id} only ===" in text
+    assert "rows of other scopes left out: 0" in text
     assert len(all_turns(bot.test.log)) == 1 and fake.calls == []
     command = bot.tree.get_command("context")
     assert command is not None and command.guild_only

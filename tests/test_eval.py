@@ -143,6 +143,42 @@ def test_eval_gold_facts_are_labelled_an_oracle(tmp_path, capsys):
     assert results["overall"]["facts_any@10"] > 0
 
 
+def test_eval_imports_each_conversation_into_the_scope_its_questions_are_asked_in(tmp_path, capsys):
+    """Scoping cannot move the LoCoMo figures: the imported turns, the facts and the replies
+    of a conversation are all in one scope (a channel outside any server)."""
+    from familiar_bot.eval.answer import with_question_scopes
+    from familiar_bot.prompt.scoping import reply_scope, visible_scopes
+    from familiar_bot.prompt.types import AssemblyContext
+    from familiar_pipeline.config import load_config
+    from familiar_pipeline.storage.scopes import turn_scope
+    from familiar_pipeline.storage.snapshots import SnapshotReader
+    from familiar_pipeline.storage.turns import TurnLog
+
+    data = tmp_path / "tiny-locomo.json"
+    data.write_text(json.dumps(fixture()))
+    work = tmp_path / "work"
+    assert main(["eval", "locomo", "--data", str(data), "--facts", "gold", "--out", str(tmp_path / "out"),
+                 "--workdir", str(work)]) == 0
+    capsys.readouterr()
+    familiars = sorted(p.parent for p in work.rglob("character.toml") if p.parent.name.startswith("eval-"))
+    assert familiars
+    for folder in familiars:
+        with TurnLog(folder / "turns.db", readonly=True) as log:
+            assert {turn_scope(t) for t in log.turns_after(0)} == {evaluation.EVAL_SCOPE}
+        facts = SnapshotReader(folder / "serving").current().table("facts")
+        assert facts.num_rows and set(facts["scope"].to_pylist()) == {evaluation.EVAL_SCOPE}
+        ctx = AssemblyContext(folder.name, evaluation.EVAL_CHANNEL, None, "text", "q")
+        assert reply_scope(ctx) == evaluation.EVAL_SCOPE
+    # --answer asks each question in its own DM channel, joined to the conversation's scope only.
+    config = load_config(familiars[0].name, root=familiars[0].parent, env={})
+    conv = type("Conv", (), {"questions": [type("Q", (), {"index": i})() for i in range(3)]})()
+    joined = with_question_scopes(config, conv).memory.scopes
+    memory = type("M", (), {"config": type("C", (), {"memory": type("MM", (), {"scopes": joined})()})()})()
+    for i in range(3):
+        asked = AssemblyContext(familiars[0].name, 1_000_000 + i, None, "text", "q")
+        assert visible_scopes(asked, memory) == (f"channel:{1_000_000 + i}", evaluation.EVAL_SCOPE)
+
+
 def test_eval_extracted_facts_run_the_facts_asset_with_the_background_model(tmp_path, capsys, monkeypatch, fake_llm):
     data = tmp_path / "tiny-locomo.json"
     data.write_text(json.dumps(fixture()))

@@ -66,3 +66,32 @@ def test_nothing_published_yet(tmp_path, monkeypatch, capsys):
     make_familiar(tmp_path, "new")
     assert main(["facts", "--familiar", "new"]) == 0
     assert "no facts published yet" in capsys.readouterr().out
+
+
+def test_scope_keeps_only_that_scopes_facts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    paths = make_familiar(tmp_path)
+    with ProjectionStore(paths.memory_db) as store:
+        facts_db.append_fact(store, FactDraft("Cass plays oboe.", (1,), (CASS,), scope="guild:111"))
+        facts_db.append_fact(store, FactDraft("Cass told a secret.", (2,), (CASS,), scope="channel:9"))
+        facts_db.append_fact(store, FactDraft("Bo keeps bees.", (3,), (BO,), scope="guild:222"))
+        facts_db.append_fact(store, FactDraft("Old mixed fact.", (4,), (BO,)))  # written before scopes
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store.serving_watermark())
+    for scope, shown in (("guild:111", "oboe"), ("channel:9", "secret"), ("guild:222", "bees"),
+                         ("familiar", "mixed")):
+        assert main(["facts", "--familiar", "fam", "--scope", scope]) == 0
+        out = capsys.readouterr().out
+        assert f"1 fact(s) in scope {scope}, current" in out and shown in out
+        assert f"scope {scope}" in out
+        assert sum(word in out for word in ("oboe", "secret", "bees", "mixed")) == 1
+    assert main(["facts", "--familiar", "fam", "--scope", "guild:333"]) == 0
+    assert "0 fact(s) in scope guild:333" in capsys.readouterr().out
+    assert main(["facts", "--familiar", "fam"]) == 0
+    assert "4 fact(s), current" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", ["server:1", "guild:", "guild:x", "dm:5", ""])
+def test_bad_scope_is_one_clear_error(published, capsys, bad):
+    assert main(["facts", "--familiar", "fam", "--scope", bad]) != 0
+    err = capsys.readouterr().err
+    assert f"--scope {bad!r} is not a scope" in err and len(err.strip().splitlines()) == 1

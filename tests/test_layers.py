@@ -20,7 +20,7 @@ from familiar_bot.prompt.layers.people_dossier import PeopleDossierLayer
 from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer, history_view
 from familiar_bot.prompt.layers.reflection import ReflectionLayer
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, message_tokens, truncate_to_tokens
-from tests.test_assembly import BO, CASS, MIA, World, ctx
+from tests.test_assembly import BO, CASS, MIA, SCOPE, World, ctx
 
 
 @pytest.fixture
@@ -76,14 +76,14 @@ def test_operating_mode_per_tier(world):
 
 def test_summary_renders_truncates_and_keys_on_its_watermark(world):
     layer = ConversationSummaryLayer()
-    assert layer.build(ctx(), view(world)) == "" and layer.invalidation_key(ctx(), view(world)) == "none"
-    summary_db.put_summary(world.store, "They planned a hike.", 5)
+    assert layer.build(ctx(), view(world)) == "" and layer.invalidation_key(ctx(), view(world)).startswith("none|")
+    summary_db.put_summary(world.store, "They planned a hike.", 5, scope=SCOPE)
     world.publish()
     memory = view(world)
     assert layer.build(ctx(), memory) == "## Conversation so far\n\nThey planned a hike."
     assert layer.build(ctx(channel=999), memory) == layer.build(ctx(), memory)  # familiar-wide
     key = layer.invalidation_key(ctx(), memory)
-    summary_db.put_summary(world.store, "word " * 5000, 9)
+    summary_db.put_summary(world.store, "word " * 5000, 9, scope=SCOPE)
     world.publish()
     memory = view(world)
     assert layer.invalidation_key(ctx(), memory) != key
@@ -99,11 +99,11 @@ def test_reflection_breadcrumbs_and_stale_flag_with_key_change(world):
     f1 = world.fact("The team lost on Friday", subjects=[CASS], sources=[t.id])
     f2 = world.fact("Cass is captain", subjects=[CASS], sources=[t.id])
     reflection_db.append_reflection(world.store, channel_id=10, text="Crew morale dipped after Friday.",
-                                  cited_turn_ids=[t.id], cited_fact_ids=[f1.id], last_turn_id=t.id, last_fact_id=f1.id)
+                                  cited_turn_ids=[t.id], cited_fact_ids=[f1.id], last_turn_id=t.id, last_fact_id=f1.id, scope=SCOPE)
     reflection_db.append_reflection(world.store, channel_id=None, text="Cass leads\nquietly.",
-                                  cited_turn_ids=[], cited_fact_ids=[f2.id], last_turn_id=t.id, last_fact_id=f2.id)
+                                  cited_turn_ids=[], cited_fact_ids=[f2.id], last_turn_id=t.id, last_fact_id=f2.id, scope=SCOPE)
     reflection_db.append_reflection(world.store, channel_id=77, text="Elsewhere.", cited_turn_ids=[t.id],
-                                  cited_fact_ids=[], last_turn_id=t.id, last_fact_id=0)
+                                  cited_fact_ids=[], last_turn_id=t.id, last_fact_id=0, scope=SCOPE)
     world.publish()
     layer, memory = ReflectionLayer(), view(world)
     assert layer.build(ctx(), memory) == (
@@ -121,7 +121,7 @@ def test_reflection_caps(world):
     t = world.say("x")
     for i in range(15):
         reflection_db.append_reflection(world.store, channel_id=10, text=f"Thought {i} " + "blah " * 60,
-                                      cited_turn_ids=[t.id], cited_fact_ids=[], last_turn_id=1, last_fact_id=0)
+                                      cited_turn_ids=[t.id], cited_fact_ids=[], last_turn_id=1, last_fact_id=0, scope=SCOPE)
     world.publish()
     text = ReflectionLayer().build(ctx(tier="voice"), view(world))  # max 6, 600 tokens
     assert text.count("\n- ") <= 6 and "Thought 14" in text and "Thought 8" not in text
@@ -141,7 +141,7 @@ def test_people_dossier_order_ego_authors_mentions(world):
     world.log.upsert_participant("discord:555", username="dee", global_name="Dee", pronouns="she/her", bio="Jazz " * 100)
     for key, text in [("ego:fam", "I am Fam."), (CASS[0], "Cass captains."), (BO[0], "Bo bakes."),
                       (MIA[0], "Mia paints."), ("discord:555", "Dee sings\n# not a header")]:
-        dossier_db.put_dossier(world.store, key, text, 1)
+        dossier_db.put_dossier(world.store, key, text, 1, scope=SCOPE)
     world.publish()
     text = PeopleDossierLayer().build(ctx(), view(world))
     heads = [line for line in text.splitlines() if line.startswith("### ")]
@@ -156,7 +156,7 @@ def test_people_dossier_order_ego_authors_mentions(world):
 def test_people_dossier_caps_and_key(world):
     for key, name in [CASS, BO, MIA]:
         world.say(f"hi from {name}", (key, name))
-        dossier_db.put_dossier(world.store, key, f"{name} " + "detail " * 150, 1)
+        dossier_db.put_dossier(world.store, key, f"{name} " + "detail " * 150, 1, scope=SCOPE)
     world.publish()
     capped = PeopleDossierLayer().build(ctx(), view(world, {"FAMILIAR__BUDGET__TEXT__MAX_DOSSIER_PEOPLE": "2"}))
     assert "### Mia" in capped and "### Bo" in capped and "### Cass" not in capped

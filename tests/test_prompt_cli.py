@@ -45,8 +45,8 @@ def test_prompt_shows_every_section_with_tokens_and_writes_nothing(root, capsys)
     headers = [line for line in out.splitlines() if line.startswith("=== ")]
     names = [h.split(":")[0].removeprefix("=== ") for h in headers]
     assert names == ["character_card", "operating_mode", "lorebook", "conversation_summary", "reflection",
-                     "people_dossier", "rag_context", "recent_history", "total"]
-    assert all(" tokens" in h for h in headers)
+                     "people_dossier", "rag_context", "recent_history", "total", "scopes"]
+    assert all(" tokens" in h for h in headers[:-1])
     assert "You are Fam, a fox spirit." in out
     assert "Crumb & Co bakery" in out  # the lorebook matched "bakery" in the channel's recent turns
     assert "I just moved to Berlin for a new job at a bakery (#0)" in out  # recent history, as messages
@@ -71,3 +71,34 @@ def test_prompt_refusals_are_one_line(root, capsys):
     assert code == 2 and err.startswith("error: --channel")
     code, _, err = prompt(capsys, "--familiar", "fam", "hi")  # --channel is required
     assert code == 2 and "--channel" in err
+
+
+def test_prompt_says_which_scopes_it_read_and_counts_what_they_left_out(root, capsys):
+    from familiar_pipeline.projectors.facts import store as facts_db
+    from familiar_pipeline.projectors.facts.store import FactDraft
+    from familiar_pipeline.storage.snapshots import publish_snapshot
+    from familiar_pipeline.storage.store import ProjectionStore
+
+    paths = make_familiar(root, "fam")
+    with ProjectionStore(paths.memory_db) as store:
+        facts_db.append_fact(store, FactDraft("The walrus lives here.", (1,), scope="guild:1"))
+        facts_db.append_fact(store, FactDraft("The walrus was in a DM.", (2,), scope="channel:77"))
+        facts_db.append_fact(store, FactDraft("The walrus of old.", (3,)))  # familiar-wide
+        publish_snapshot(store.conn, paths.serving_dir, store_watermark=store.serving_watermark())
+        from familiar_pipeline.storage.fts import FtsIndex
+        with FtsIndex(paths.fts_facts, writable=True) as ix:
+            ix.rebuild(store.conn.execute("SELECT id, text FROM facts").fetchall())
+
+    code, out, err = prompt(capsys, "--familiar", "fam", "--channel", "10", "--guild", "1", "the walrus?")
+    assert code == 0, err
+    assert "The walrus lives here." in out and "DM" not in out and "of old" not in out
+    assert "=== scopes: this reply reads guild:1 only ===" in out
+    assert "rows of other scopes left out: 2 (" in out and "rag_context facts 2" in out
+
+    (paths.character_toml).write_text(paths.character_toml.read_text()
+                                      + '\n[memory.scopes]\ngroups = { mine = ["guild:1", "channel:77"] }\n')
+    code, out, err = prompt(capsys, "--familiar", "fam", "--channel", "10", "--guild", "1", "the walrus?")
+    assert code == 0, err
+    assert "The walrus was in a DM." in out and "of old" not in out
+    assert "=== scopes: this reply reads guild:1 and, joined by [memory.scopes], channel:77 ===" in out
+    assert "rag_context facts 1" in out

@@ -396,6 +396,34 @@ def test_context_report_names_the_retired_fact_and_its_replacement(tmp_path):
     assert retired_facts_report(SnapshotReader(tmp_path / "nothing").current()).startswith("=== memory:")
 
 
+def test_context_report_quotes_only_the_scopes_the_reply_read(tmp_path):
+    """The memory footer of `/context` quotes fact text: never another scope's."""
+    from familiar_bot.responder import retired_facts_report
+    from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot
+    from familiar_pipeline.projectors.facts.store import FactDraft
+    from familiar_pipeline.storage.store import ProjectionStore
+
+    with ProjectionStore(tmp_path / "memory.duckdb") as store:
+        old_a, new_a, old_dm, new_dm = (f for f, _ in facts_db.append_facts(store, [
+            FactDraft(text="Server fact, old.", source_turn_ids=[1], scope="guild:1"),
+            FactDraft(text="Server fact, new.", source_turn_ids=[2], scope="guild:1"),
+            FactDraft(text="Secret from the DM, old.", source_turn_ids=[3], scope="channel:9"),
+            FactDraft(text="Secret from the DM, new.", source_turn_ids=[4], scope="channel:9"),
+        ]))
+        supersede_db.supersede(store, [old_a.id], new_a.id)
+        supersede_db.supersede(store, [old_dm.id], new_dm.id)
+        publish_snapshot(store.conn, tmp_path / "serving", store_watermark=store.serving_watermark())
+    snapshot = SnapshotReader(tmp_path / "serving").current()
+    report = retired_facts_report(snapshot, visible=("guild:1",))
+    assert report.splitlines() == [
+        "=== memory in guild:1: 1 current facts, 1 retired ===",
+        f"retired #{old_a.id} 'Server fact, old.' <- replaced by #{new_a.id} 'Server fact, new.'",
+    ]
+    assert "Secret" not in report
+    assert "Secret from the DM, old." in retired_facts_report(snapshot, visible=("channel:9",))
+    assert retired_facts_report(snapshot, visible=()).startswith("=== memory in no scope: 0 current facts, 0 retired")
+
+
 # --------------------------------------------------------------------------- a full disk
 
 

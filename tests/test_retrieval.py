@@ -331,17 +331,24 @@ def test_turns_grouped_by_local_date_with_12h_clock_and_quoted_lines(world):
     assert "2026-05-02:\n> [7:29PM Peebo]: my brain's dying" in la
 
 
-def test_dm_turns_stay_out_of_guild_channels(world):
+def test_dm_turns_stay_out_of_guild_channels_and_servers_out_of_dms(world):
     world.say("my secret diary entry about otters", channel=50, guild=None)
     world.say("otters are great", channel=60, guild=1)
+    world.say("otters in another server", channel=70, guild=2)
+    world.say("otters in another dm", channel=51, guild=None)
     for _ in range(2):
         world.say("filler")
+    world.say("otters, said in the dm once more", channel=50, guild=None)
     world.index()
-    env = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "2"}
-    in_guild, _ = rag(world, "otters", env)
-    assert "otters are great" in in_guild and "diary" not in in_guild
-    in_dm, _ = rag(world, "otters", guild=None, channel=50)
-    assert "otters are great" in in_dm  # the DM itself shows the familiar's wider memory
+    env = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "2", "FAMILIAR__CHANNELS__50__HISTORY_WINDOW_SIZE": "1"}
+    in_guild, debug = rag(world, "otters", env)
+    assert "otters are great" in in_guild
+    assert "diary" not in in_guild and "another" not in in_guild
+    assert debug["scope_excluded_turns"] == 4  # the two DMs' three otter turns and the other server's
+    in_dm, debug = rag(world, "otters", env, guild=None, channel=50)
+    assert "diary" in in_dm  # the DM's own earlier turn
+    assert "otters are great" not in in_dm and "another" not in in_dm  # strict: a DM reads itself only
+    assert debug["scope_excluded_turns"] == 3
 
 
 def test_hostile_query_syntax_and_empty_cue(world):

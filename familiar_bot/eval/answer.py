@@ -37,12 +37,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from familiar_pipeline.config import load_config
+from familiar_pipeline.config import FrozenDict, load_config
 from familiar_pipeline.models.jsonparse import coerce_json
 from familiar_pipeline.models.llm import LlmError, client_for
 from familiar_pipeline.storage.paths import FamiliarPaths
 
-from familiar_bot.eval.evaluation import CATEGORIES, PreparedConversation, _percentile
+from familiar_bot.eval.evaluation import EVAL_SCOPE, CATEGORIES, PreparedConversation, _percentile
 from familiar_bot.responder import IncomingMessage, Person, open_responder
 
 ANSWER_STYLE = "(Answer in a few words, from what you remember of our conversations.)"
@@ -164,11 +164,22 @@ class _Recording:
         return reply
 
 
+def with_question_scopes(config, conv: PreparedConversation):
+    """``config`` with each question's channel joined to the conversation's scope (and to no other
+    question's): a question reads the imported conversation, as a reply in that scope would, but
+    never an earlier question or answer."""
+    groups = {f"question-{q.index}": (f"channel:{QUESTION_CHANNEL_BASE + q.index}", EVAL_SCOPE)
+              for q in conv.questions}
+    scopes = dataclasses.replace(config.memory.scopes, groups=FrozenDict(groups))
+    return dataclasses.replace(config, memory=dataclasses.replace(config.memory, scopes=scopes))
+
+
 def answer_conversation(conv: PreparedConversation, *, cache_path: Path, answer_model: str | None = None,
                         judge_model: str | None = None, progress: Callable[[int], None] | None = None) -> list[dict]:
     """One record per question of ``conv``: the answer, its F1 and judgement, tokens, cost and latency."""
     config = with_slots(load_config(conv.familiar_id, root=conv.root), answer_model=answer_model,
                         judge_model=judge_model)
+    config = with_question_scopes(config, conv)
     paths = FamiliarPaths.for_id(conv.familiar_id, conv.root)
     handle = open_responder(paths, config)
     # The same responder as the bot's, with its reply client's cache at cache_path (kept across runs).

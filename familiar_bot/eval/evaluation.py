@@ -70,12 +70,16 @@ from familiar_bot.eval.modes import EMBEDDER_MODES, FACT_MODES
 from familiar_bot.prompt.assembly import AssemblyContext
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.retrieval import retrieve, retrieve_facts, retrieve_turns
+from familiar_bot.prompt.scoping import visible_scopes
 from familiar_bot.prompt.tokens import estimate_tokens
 
 CATEGORIES: Mapping[int, str] = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 KS = (1, 5, 10, 20, 50)
 RANK_DEPTH = 50
 EVAL_CHANNEL = 1
+# The one scope a conversation is imported into and asked in (a channel outside any server):
+# every row it produces and every reply's visible scopes are this, so scoping changes no figure.
+EVAL_SCOPE = f"channel:{EVAL_CHANNEL}"
 FACT_MODE_LABELS = {
     "none": "turns only (no facts)",
     "extracted": "facts extracted by the familiar's own facts asset",
@@ -204,7 +208,7 @@ def load_gold_facts(sample: dict, paths, turn_of: Mapping[str, int], turns: list
         sources = [turn_of[i] for i in ids if i in turn_of]
         if not text.strip() or not sources:
             continue
-        drafts.append(FactDraft(text=text, source_turn_ids=tuple(sources), channel_id=EVAL_CHANNEL,
+        drafts.append(FactDraft(text=text, source_turn_ids=tuple(sources), channel_id=EVAL_CHANNEL, scope=EVAL_SCOPE,
                                 subjects=(Subject(locomo.speaker_key(speaker), speaker),),
                                 valid_from=min(at_turn[i] for i in ids if i in at_turn)))
     with ProjectionStore(paths.memory_db, tables=registry.tables()) as store:
@@ -389,7 +393,7 @@ def evaluate(prepared: list[PreparedConversation], *, retrieval=None, text_budge
                 started = time.perf_counter()
                 text, debug = retrieve(ctx, memory, frozenset())
                 latency_ms = (time.perf_counter() - started) * 1000
-                _, deep_debug = retrieve_facts(q.text, memory, deep)
+                _, deep_debug = retrieve_facts(q.text, memory, deep, visible_scopes(ctx, memory))
                 _, deep_turns = retrieve_turns(q.text, memory, ctx, deep, frozenset())
                 deep_debug["turns"] = deep_turns
                 gold = {conv.turn_of[d] for d in q.evidence}

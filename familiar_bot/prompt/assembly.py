@@ -29,6 +29,7 @@ from cachetools import LRUCache
 from familiar_pipeline.config import LAYER_NAMES, FamiliarConfig
 from familiar_pipeline.storage.paths import FamiliarPaths
 
+from familiar_bot.prompt import scoping
 from familiar_bot.prompt.layers.stack import default_layers
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.tokens import estimate_tokens, message_tokens
@@ -158,6 +159,7 @@ class Assembler:
             if text:
                 texts.append(text)
             sections.append(Section(layer.name, text, estimate_tokens(text), cached))
+        debug["scopes"] = scoping.report(ctx, memory, debug)
         debug["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return AssembledPrompt("\n\n".join(texts), history, sections, debug)
 
@@ -213,6 +215,10 @@ def render_sections(prompt: AssembledPrompt) -> str:
         out.append(s.text if s.text else "(empty)")
         out.append("")
     out.append(f"=== total: {total} tokens over {len(prompt.sections)} sections ===")
+    scopes = prompt.debug.get("scopes")
+    if scopes:
+        out.append("")
+        out.extend(scoping.render_report(scopes))
     rag = prompt.debug.get("rag")
     if rag and rag.get("facts"):
         out.append("")

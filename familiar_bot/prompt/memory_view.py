@@ -30,6 +30,7 @@ from familiar_pipeline.storage.turns import Turn, TurnLog
 
 from familiar_bot.prompt.cue_people import Directory
 from familiar_bot.prompt.layers.common import Labels, content_hash
+from familiar_bot.prompt.scoping import turn_scope_sql
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,8 @@ class MemoryView:
         self._cue_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="familiar-cue")
         # Names people are known by (retrieval's people in the cue): built up as turns arrive.
         self._names: dict = {"turn_id": 0, "profiles_at": None, "names": set(), "directory": Directory.build(())}
+        # Turn ids said in each set of visible scopes, grown as turns arrive (``scope_turn_ids``).
+        self._scope_ids: dict[tuple[str, ...], tuple[int, np.ndarray]] = {}
 
     def refresh(self) -> None:
         """Pick up a new snapshot or index commit; never raises."""
@@ -275,6 +278,37 @@ class MemoryView:
                 state["names"] |= new
                 state["directory"] = Directory.build(state["names"])
             return state["directory"]
+
+    def scope_turn_ids(self, visible: tuple[str, ...]) -> np.ndarray:
+        """Sorted ids of the turns said in the ``visible`` scopes (tombstones included).
+
+        A turn's scope follows from the turn alone and never changes, so the array is
+        kept per visible-scope set and grown by the turns newer than its last read:
+        one indexed range query per assembly. Retrieval filters candidates with it
+        before reading any row, so turns of other scopes never crowd a small scope out.
+        """
+        return self.per_assembly(("scope-ids", visible), lambda: self._grow_scope_ids(visible))
+
+    def _grow_scope_ids(self, visible: tuple[str, ...]) -> np.ndarray:
+        with self._memo_lock:
+            upto, ids = self._scope_ids.get(visible, (0, np.zeros(0, dtype=np.int64)))
+        clause = turn_scope_sql(visible)
+        if clause is None:
+            return ids
+        where, params = clause
+        latest = self.turn_log.latest_id()
+        if latest <= upto:
+            return ids
+        # The turn log has no public read by scope; this is its own table, read-only.
+        rows = self.turn_log._query(f"SELECT id FROM turns WHERE id > ? AND id <= ? AND {where} ORDER BY id",
+                                    [upto, latest, *params])
+        if rows:
+            ids = np.concatenate([ids, np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))])
+        with self._memo_lock:
+            known = self._scope_ids.get(visible)
+            if known is None or known[0] < latest:
+                self._scope_ids[visible] = (latest, ids)
+        return ids
 
     def window_token(self, channel_id: int) -> tuple[int, int]:
         """Changes whenever the channel's recent window could: a new turn, an edit or a delete.

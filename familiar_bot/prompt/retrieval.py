@@ -34,8 +34,12 @@ window the cue names; those turns also join the candidates by cosine), and the
 reply after a matching question. The ranked turns
 are then filtered: minus the turns ``recent_history`` already shows
 (the ids actually in that window, not id arithmetic: ids are global across
-channels) and minus deleted turns; in a guild channel only that guild's turns
-(a direct message is never quoted into a server). Each of the best
+channels) and minus deleted turns; only turns said in the reply's visible scopes
+(:mod:`~familiar_bot.prompt.scoping`: its own server or DM, plus what
+``[memory.scopes]`` joins) are candidates at all, filtered by id before any row
+is read and, for the cosine search, by a per-snapshot row mask, so other scopes'
+turns never crowd a small scope out. Facts are filtered the same way by their
+``scope`` column. Each of the best
 ``turn_neighbour_hits`` hits brings its ``turn_neighbours`` nearest neighbours
 before and after in the same channel (the rest come alone);
 hits join in rank order while they and their neighbours fit the section's
@@ -64,11 +68,13 @@ from familiar_pipeline.projectors.fact_embeddings.tables import vectors_in as fa
 from familiar_pipeline.projectors.facts.reads import current_facts
 from familiar_pipeline.projectors.turn_embeddings.tables import turn_matrix
 from familiar_pipeline.projectors.turn_windows.tables import context_turn_matrix
+from familiar_pipeline.storage.scopes import turn_scope
 from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
+from familiar_bot.prompt.scoping import keep_ids, visible_row_ids, visible_scopes
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
                                               next_replies, window_id_ranges)
@@ -78,6 +84,9 @@ TURNS_HEADER = "## Possibly relevant earlier turns"
 NEUTRAL = 0.5
 NEIGHBOUR_SPAN = 3  # how far (in ids) to look for a hit's same-channel neighbours
 MAX_REFETCH_ROUNDS = 3
+# More rounds (each 4x deeper) while other scopes' rows crowd the candidates out: a
+# scope with few rows in a large familiar still fills its section from its own rows.
+SCOPE_REFETCH_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -140,18 +149,38 @@ def current_fact_rows(snapshot, ids, now: datetime) -> dict:
     return {f.id: f for f in current_facts(snapshot, now, ids=ids)}
 
 
-def _current_candidates(cue: str, memory, limit: int, wanted: int) -> tuple[list[tuple[Any, float]], int]:
-    """``[(fact, bm25)]`` of current facts in BM25 order, fetching more while retired ones crowd the top."""
+def _all_fact_ids(snapshot) -> np.ndarray:
+    snap = snapshot.current()
+    return snap.cached(("scope-all-ids", "facts"), lambda: np.unique(
+        np.asarray(snap.table("facts")["id"].to_numpy(), dtype=np.int64)))
+
+
+def _current_candidates(cue: str, memory, limit: int, wanted: int,
+                        visible: tuple[str, ...] | None = None) -> tuple[list[tuple[Any, float]], int, int]:
+    """``[(fact, bm25)]`` of current facts in BM25 order, fetching more while retired ones (or, with
+    ``visible``, other scopes' facts) crowd the top; plus the hits fetched and the hits whose scope
+    is not visible (filtered by id before any row is read)."""
     now = datetime.now(timezone.utc)
     fetch = limit
-    for _ in range(MAX_REFETCH_ROUNDS):
+    allowed = None if visible is None else visible_row_ids(memory.snapshot, "facts", visible)
+    excluded = 0
+    round_ = 0
+    while True:
         hits = memory.fts_facts.search(cue, fetch)
-        rows = current_fact_rows(memory.snapshot, [h[0] for h in hits], now)
-        found = [(rows[fid], score) for fid, score in hits if fid in rows]
-        if len(found) >= wanted or len(hits) < fetch:
-            return found[:limit], len(hits)
+        if allowed is not None:
+            ids = [h[0] for h in hits]
+            keep = keep_ids(ids, allowed)
+            excluded = int((~keep & keep_ids(ids, _all_fact_ids(memory.snapshot))).sum())
+            hits_here = [h for h, k in zip(hits, keep) if k]
+        else:
+            hits_here = hits
+        rows = current_fact_rows(memory.snapshot, [h[0] for h in hits_here], now)
+        found = [(rows[fid], score) for fid, score in hits_here if fid in rows]
+        round_ += 1
+        rounds = MAX_REFETCH_ROUNDS + (SCOPE_REFETCH_ROUNDS if excluded else 0)
+        if len(found) >= wanted or len(hits) < fetch or round_ >= rounds:
+            return found[:limit], len(hits), excluded
         fetch *= 4
-    return found[:limit], len(hits)
 
 
 def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, float], bool]:
@@ -164,8 +193,9 @@ def _similarities(cue: str, memory, fact_ids: list[int]) -> tuple[dict[int, floa
     return cue_cosines(cue_vec, vectors), True
 
 
-def retrieve_facts(cue: str, memory, budget) -> tuple[list, dict[str, Any]]:
-    """The top ``max_rag_facts`` current facts for ``cue`` and the scoring debug."""
+def retrieve_facts(cue: str, memory, budget, visible: tuple[str, ...] | None = None) -> tuple[list, dict[str, Any]]:
+    """The top ``max_rag_facts`` current facts for ``cue`` and the scoring debug; with
+    ``visible``, only facts whose scope is among those scopes."""
     retrieval = memory.config.memory.retrieval
     weights = Weights.from_config(retrieval)
     if weights.embedding > 0 and memory.embedder is None:
@@ -181,7 +211,8 @@ def retrieve_facts(cue: str, memory, budget) -> tuple[list, dict[str, Any]]:
         )
         weights = Weights(weights.bm25, weights.recency, weights.importance, 0.0)
     max_facts = budget.max_rag_facts
-    found, fetched = _current_candidates(cue, memory, retrieval.fact_overfetch * max_facts, max_facts)
+    found, fetched, out_of_scope = _current_candidates(cue, memory, retrieval.fact_overfetch * max_facts,
+                                                       max_facts, visible)
     facts = {f.id: f for f, _ in found}
     similarities: dict[int, float] = {}
     embedded = False
@@ -192,7 +223,7 @@ def retrieve_facts(cue: str, memory, budget) -> tuple[list, dict[str, Any]]:
         s["selected"] = position < max_facts
         s["text"] = facts[s["fact_id"]].text
     debug = {"cue": cue, "weights": weights.as_dict(), "embedded_cue": embedded,
-             "fetched_facts": fetched, "facts": scored}
+             "fetched_facts": fetched, "facts": scored, "scope_excluded_facts": out_of_scope}
     return [facts[s["fact_id"]] for s in scored[:max_facts]], debug
 
 
@@ -294,7 +325,7 @@ def _dense_turns(cue: str, memory, limit: int, also: list[int],
         return {}
     cache = {} if cache is None else cache
     if "sims" not in cache:
-        cache["sims"] = _turn_similarities(cue, memory, embedder)
+        cache["sims"] = _turn_similarities(cue, memory, embedder, cache.get("visible"))
     if cache["sims"] is None:
         return {}
     scores: TurnScores = cache["sims"]
@@ -359,10 +390,20 @@ class TurnScores:
     start: int
     sims: np.ndarray
     blended: bool
+    # Rows the nearest-turn searches may return (turns of the reply's visible scopes); None: all.
+    visible: np.ndarray | None = None
+
+    def _hide(self, sims: np.ndarray, low: int) -> np.ndarray:
+        """``sims`` of rows ``low..`` with the rows of other scopes at -inf."""
+        if self.visible is None:
+            return sims
+        return np.where(self.visible[low:low + len(sims)], sims, -np.inf)
 
     def nearest(self, limit: int) -> dict[int, float]:
         """``{turn id: cosine}`` of the ``limit`` best-scoring searched rows."""
-        return {int(self.ids[self.start + r]): float(self.sims[r]) for r in top_rows(self.sims, limit)}
+        sims = self._hide(self.sims, self.start)
+        return {int(self.ids[self.start + r]): float(sims[r]) for r in top_rows(sims, limit)
+                if sims[r] > -np.inf}
 
     def nearest_in(self, first_id: int, last_id: int, limit: int) -> dict[int, float]:
         """``{turn id: cosine}`` of the ``limit`` best turns with ids in ``[first_id, last_id]``
@@ -379,8 +420,8 @@ class TurnScores:
             parts.append(row_dots(self.matrix[low:split], self.cue))
         if high > split:
             parts.append(self.sims[split - self.start:high - self.start])
-        sims = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return {int(self.ids[low + r]): float(sims[r]) for r in top_rows(sims, limit)}
+        sims = self._hide(np.concatenate(parts) if len(parts) > 1 else parts[0], low)
+        return {int(self.ids[low + r]): float(sims[r]) for r in top_rows(sims, limit) if sims[r] > -np.inf}
 
     def of(self, wanted) -> dict[int, float]:
         """``{turn id: cosine}`` for the ``wanted`` ids that have a vector (a binary search)."""
@@ -396,8 +437,9 @@ class TurnScores:
         return out
 
 
-def _turn_similarities(cue: str, memory, embedder) -> TurnScores | None:
-    """The cue's :class:`TurnScores`, or None without usable vectors."""
+def _turn_similarities(cue: str, memory, embedder, visible: tuple[str, ...] | None = None) -> TurnScores | None:
+    """The cue's :class:`TurnScores`, or None without usable vectors; with ``visible``, its
+    nearest-turn searches rank only turns said in those scopes."""
     snapshot = memory.snapshot
     retrieval = memory.config.memory.retrieval
     found = None
@@ -415,7 +457,12 @@ def _turn_similarities(cue: str, memory, embedder) -> TurnScores | None:
     cue_vec = cue_vec / (float(np.linalg.norm(cue_vec)) or 1.0)
     searched = retrieval.turn_vector_search_rows
     start = max(0, len(ids) - searched) if searched > 0 else 0
-    return TurnScores(ids, matrix, cue_vec, start, row_dots(matrix[start:], cue_vec), blended)
+    mask = None
+    if visible is not None:
+        allowed = memory.scope_turn_ids(visible)
+        mask = memory.memo(("turn-scope-mask", snapshot.version, embedder.name, blended, visible),
+                           lambda: keep_ids(ids, allowed))
+    return TurnScores(ids, matrix, cue_vec, start, row_dots(matrix[start:], cue_vec), blended, mask)
 
 
 class _TurnRows:
@@ -457,7 +504,8 @@ def turn_fetch(memory, budget) -> int:
 
 def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
                    token_budget: int | None = None,
-                   first_hits: list[tuple[int, float]] | None = None) -> tuple[list, list[dict]]:
+                   first_hits: list[tuple[int, float]] | None = None,
+                   scope_counts: dict[str, int] | None = None) -> tuple[list, list[dict]]:
     """Hit turns (not excluded, not deleted, visible here) with their neighbours, ascending by id.
 
     Candidates are the union of the top ``turn_candidates`` BM25 hits and, when
@@ -467,18 +515,25 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     ranking is redone. With ``token_budget``, hits join in rank order only
     while they and their neighbours fit it (see :func:`fit_by_rank`).
     ``first_hits``: the full-text search of the first round (``turn_fetch`` hits),
-    when the caller already ran it.
+    when the caller already ran it. Only turns said in the reply's visible scopes
+    (:mod:`~familiar_bot.prompt.scoping`) are candidates; ``scope_counts["turns"]``
+    gets how many candidates another scope's turns were.
     """
     retrieval = memory.config.memory.retrieval
     limit = budget.max_rag_turns
     rows_of = _TurnRows(memory.turn_log)
-    dense_cache: dict = {}
+    visible = visible_scopes(ctx, memory)
+    allowed = memory.scope_turn_ids(visible)
+    dense_cache: dict = {"visible": visible}
+    out_of_scope: set[int] = set()
     fetch = turn_fetch(memory, budget)
     signals = read_cue(cue, memory, ctx)
     id_ranges = _time_id_ranges(signals, memory) if signals is not None and _dense_turns_on(memory) else []
     kept: list = []
     ranked: list[dict] = []
-    for round_ in range(MAX_REFETCH_ROUNDS + 1):
+    round_ = -1
+    while True:
+        round_ += 1
         hits = first_hits if round_ == 0 and first_hits is not None else memory.fts_turns.search(cue, fetch)
         bm25 = dict(hits)
         dense = _dense_turns(cue, memory, fetch, list(bm25),
@@ -488,6 +543,10 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fuse = rrf_turns if retrieval.turn_fusion == "rrf" else fuse_turns
         fused = fuse(bm25, dense, retrieval.bm25_weight, retrieval.turn_embedding_weight, order)
         fused = [f for f in fused if f["turn_id"] not in exclude]
+        # Other scopes' turns go before any row is read (an id lookup), so they cannot crowd this one out.
+        keep = keep_ids([f["turn_id"] for f in fused], allowed)
+        out_of_scope = {f["turn_id"] for f, k in zip(fused, keep) if not k}
+        fused = [f for f, k in zip(fused, keep) if k]
         if signals is not None and signals.active:
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
         kept, ranked = [], []
@@ -500,15 +559,18 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
             rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in chunk)}
             for f in chunk:
                 turn = rows.get(f["turn_id"])
-                if turn is None or turn.deleted or not _visible(turn, ctx):
+                if turn is None or turn.deleted or turn_scope(turn) not in visible:
                     continue
                 kept.append(turn)
                 ranked.append(f)
                 if len(kept) == limit:
                     break
-        if len(kept) >= limit or (len(hits) < fetch and len(dense) < fetch):
+        rounds = MAX_REFETCH_ROUNDS + (SCOPE_REFETCH_ROUNDS if out_of_scope else 0)
+        if len(kept) >= limit or (len(hits) < fetch and len(dense) < fetch) or round_ >= rounds:
             break
         fetch *= 4
+    if scope_counts is not None:
+        scope_counts["turns"] = len(out_of_scope)
     if not kept:
         return [], []
     reach = retrieval.turn_neighbours
@@ -609,10 +671,6 @@ def fit_by_rank(groups: list[list], token_budget: int | None) -> dict[int, Any]:
     return chosen
 
 
-def _visible(turn, ctx) -> bool:
-    return ctx.guild_id is None or turn.guild_id == ctx.guild_id
-
-
 def turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str]]:
     """``(kind, line)`` pairs: date headers, quoted turn lines, and blank separators."""
     return [(kind, line) for kind, line, _ in owned_turn_lines(turns, labels, tz)]
@@ -681,18 +739,22 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
     """The rendered ``rag_context`` section for ``ctx.cue`` and its debug structure."""
     cue = ctx.cue.strip()
     if not cue:
-        return "", {"cue": "", "facts": [], "turns": []}
+        return "", {"cue": "", "facts": [], "turns": [], "scope_excluded": 0}
     budget = memory.config.budget_for(ctx.tier)
     labels = memory.labels(ctx.guild_id)
     # The turns' full-text search does not need the cue's vector: run it before the facts'
     # cosines wait for that vector, while the model call (started by ``prefetch``) runs.
     first_hits = memory.fts_turns.search(cue, turn_fetch(memory, budget))
-    facts, debug = retrieve_facts(cue, memory, budget)
+    visible = visible_scopes(ctx, memory)
+    facts, debug = retrieve_facts(cue, memory, budget, visible)
     fact_lines = [f"- {one_line(f.text)}{rename_note(f, labels)}" for f in facts]
     fact_tokens = sum(estimate_tokens(line) for line in cap_blocks(fact_lines, budget.rag_tokens))
+    scope_counts: dict[str, int] = {}
     turns, turn_debug = retrieve_turns(cue, memory, ctx, budget, exclude,
                                        token_budget=max(0, budget.rag_tokens - fact_tokens),
-                                       first_hits=first_hits)
+                                       first_hits=first_hits, scope_counts=scope_counts)
+    debug["scope_excluded_turns"] = scope_counts.get("turns", 0)
+    debug["scope_excluded"] = debug["scope_excluded_facts"] + debug["scope_excluded_turns"]
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)
     owned = owned_turn_lines(turns, labels, memory.config.tz)

@@ -93,6 +93,8 @@ def render_config(cfg: FamiliarConfig) -> str:
     _render_section(lines, "providers.embedding", cfg.embedding)
     _render_section(lines, "providers.history", cfg.history)
     _render_section(lines, "memory.retrieval", cfg.memory.retrieval)
+    lines += ["", "[memory.scopes.groups]"]
+    lines += [f"{key_text(name)} = {toml_value(list(members))}" for name, members in cfg.memory.scopes.groups.items()]
     for tier in ("voice", "text", "background"):
         _render_section(lines, f"budget.{tier}", cfg.budgets[tier])
 

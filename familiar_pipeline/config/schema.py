@@ -32,7 +32,7 @@ __all__ = [
     "BUDGET_TIERS", "DEFAULT_BUDGETS", "DEFAULT_FAMILIAR_ID", "DEFAULT_LLM_SLOTS", "DEFAULT_PROJECTORS", "LAYER_NAMES", "LLM_SLOTS",
     "MESSAGE_RENDERINGS", "ChannelConfig", "ConfigError", "EmbeddingConfig", "FamiliarConfig", "FrozenDict",
     "HistoryConfig", "LlmConfig", "LlmSlotConfig", "MemoryConfig", "PipelineConfig", "RetrievalConfig",
-    "Secrets", "TierBudget",
+    "SCOPE_HINT", "SCOPE_PATTERN", "ScopesConfig", "Secrets", "TierBudget",
 ]
 
 
@@ -211,10 +211,36 @@ class RetrievalConfig:
     turn_reply_credit: float = knob(0.8, minimum=0.0, maximum=1.0)
 
 
+# A scope string a reply or a row can carry (see familiar_pipeline.storage.scopes); "familiar"
+# is the scope of rows built across scopes or before scopes existed.
+SCOPE_PATTERN = re.compile(r"^(?:(?:guild|channel):[1-9][0-9]{0,19}|familiar)$")
+SCOPE_HINT = 'a scope such as "guild:123456789", "channel:123456789" or "familiar"'
+
+
+@dataclass(frozen=True)
+class ScopesConfig:
+    """``[memory.scopes]``: which scopes a reply may read besides its own (default: none).
+
+    ``groups`` maps a name to scopes that see one another's memory (every member reads
+    every member's rows). Listing ``familiar`` in a group lets its members read the rows
+    built across scopes or before scopes existed. The default is strict: a reply reads
+    its own scope only.
+    """
+
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: FrozenDict({}))
+
+    def visible(self, scope: str) -> tuple[str, ...]:
+        """The scopes a reply said in ``scope`` reads: its own first, then its groups' members, sorted."""
+        joined = {member for members in self.groups.values() if scope in members for member in members}
+        joined.discard(scope)
+        return (scope, *sorted(joined))
+
+
 @dataclass(frozen=True)
 class MemoryConfig:
     projectors: tuple[str, ...] = DEFAULT_PROJECTORS
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    scopes: ScopesConfig = field(default_factory=ScopesConfig)
     # [providers.memory.<name>] by projector name: the knob dataclass its registered spec declares,
     # or, for a projector registered without knobs, its table as written (untyped).
     tables: Mapping[str, Any] = field(default_factory=lambda: FrozenDict(catalogue.default_knobs()))

@@ -44,7 +44,10 @@ from familiar_pipeline.config.schema import (
     LlmSlotConfig,
     MemoryConfig,
     PipelineConfig,
+    SCOPE_HINT,
+    SCOPE_PATTERN,
     RetrievalConfig,
+    ScopesConfig,
     Secrets,
     TierBudget,
     embedding_backends,
@@ -304,6 +307,36 @@ def _channel_keys(value: Any, handler: Callable[[Any], Any]) -> dict[str, Any]:
     return handler(value)
 
 
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _scope_groups(value: Any, handler: Callable[[Any], Any]) -> dict[str, tuple[str, ...]]:
+    """``[memory.scopes].groups``: named arrays of scope strings, each scope valid and listed once."""
+    if not isinstance(value, dict):
+        raise _invalid(value, "is invalid: expected a table of named arrays of scopes, "
+                              'e.g. groups = { team = ["guild:111", "guild:222"] }')
+    groups: dict[str, tuple[str, ...]] = {}
+    for name, members in value.items():
+        where = ("memory", "scopes", "groups", name)
+        if not _GROUP_NAME.fullmatch(name):
+            raise _fail_at(where, f"memory.scopes.groups has an invalid group name {name!r}: "
+                                  "expected letters, digits, '-' or '_'")
+        if (not isinstance(members, list) or not members
+                or not all(isinstance(m, str) for m in members)):
+            raise _fail_at(where, f"{dotted(where)} = {shown(members)} is invalid: expected a non-empty "
+                                  f"array of scopes, each {SCOPE_HINT}")
+        for member in members:
+            if not SCOPE_PATTERN.fullmatch(member):
+                raise _fail_at(where, f"{dotted(where)} lists {member!r}, which is not a scope: "
+                                      f"expected {SCOPE_HINT}")
+        duplicates = sorted({m for m in members if members.count(m) > 1})
+        if duplicates:
+            raise _fail_at(where, f"{dotted(where)} lists {', '.join(repr(d) for d in duplicates)} "
+                                  "more than once")
+        groups[name] = tuple(members)
+    return groups
+
+
 def _no_api_key(value: Any, handler: Callable[[Any], Any]) -> Any:
     """An API key pasted into a file is refused, and not echoed."""
     if isinstance(value, dict) and "api_key" in value:
@@ -335,7 +368,11 @@ def _root_adapter(knob_tables: tuple[tuple[str, type | None], ...]) -> TypeAdapt
             "history": table_type(HistoryConfig),
             "memory": _typed_table("MemoryTable", memory),
         }),
-        "memory": _typed_table("MemorySectionTable", {"retrieval": table_type(RetrievalConfig)}),
+        "memory": _typed_table("MemorySectionTable", {
+            "retrieval": table_type(RetrievalConfig),
+            "scopes": _typed_table("ScopesTable", {
+                "groups": Annotated[dict[str, Any], WrapValidator(_scope_groups)]}),
+        }),
         "budget": _typed_table("BudgetTable", dict.fromkeys(_TIERS, table_type(TierBudget)), what="budget tier"),
         "llm": _typed_table("LlmTable", llm),
         "channels": channels,
@@ -371,8 +408,10 @@ def build(tree: Tree, familiar_id: str, secrets_env: Mapping[str, str]) -> Famil
             tables[name] = replace(cls(), **table.get(name, {}))
         elif name in table:
             tables[name] = FrozenDict(copy.deepcopy(table[name]))
+    groups = data.get("memory", {}).get("scopes", {}).get("groups", {})
     memory = MemoryConfig(projectors=tuple(table.get("projectors", DEFAULT_PROJECTORS)),
-                          retrieval=retrieval, tables=FrozenDict(tables))
+                          retrieval=retrieval, tables=FrozenDict(tables),
+                          scopes=ScopesConfig(groups=FrozenDict(dict(sorted(groups.items())))))
     _check_embedding_switches(tree, memory, embedding)
     _check_retrieval_weights(tree, retrieval, embedding.backend != "off")
 

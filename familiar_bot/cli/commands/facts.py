@@ -6,7 +6,9 @@ expired). `--as-of DATE` gives the world-time slice at that instant, retired
 rows included, so an earlier belief can be reconstructed; `--include-retired`
 adds retired rows to the current view. Each line shows the fact's world-time
 validity, its importance and subjects, the turns it came from, and its
-lineage: what it replaced and what replaced it.
+lineage: what it replaced and what replaced it. `--scope SCOPE` keeps only the
+facts of one scope (``guild:<id>``, ``channel:<id>`` or ``familiar``: see
+`familiar_pipeline.storage.scopes`), as a reply in that scope would read them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 from datetime import datetime, timezone
 
 from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
+from familiar_pipeline.config import SCOPE_HINT, SCOPE_PATTERN
 from familiar_pipeline.projectors.facts.reads import facts_for_subject, recent_facts
 from familiar_pipeline.storage.times import parse_instant
 
@@ -30,11 +33,22 @@ def parse_when(text: str) -> datetime:
     return when
 
 
-def select_facts(snapshot, *, subject: str | None, as_of: datetime | None, include_retired: bool, now: datetime | None = None) -> list:
-    """The facts to print (``Fact`` records), ascending by id, in the snapshot's ``FactView`` of these options."""
+def parse_scope(text: str) -> str:
+    """A scope string as ``[memory.scopes]`` accepts it, else a one-line usage error."""
+    if not SCOPE_PATTERN.fullmatch(text):
+        raise CliError(f"--scope {text!r} is not a scope: expected {SCOPE_HINT}", EXIT_CONFIG)
+    return text
+
+
+def select_facts(snapshot, *, subject: str | None, as_of: datetime | None, include_retired: bool,
+                 now: datetime | None = None, scope: str | None = None) -> list:
+    """The facts to print (``Fact`` records), ascending by id, in the snapshot's ``FactView`` of these
+    options; with ``scope``, only that scope's."""
     if subject:
-        return facts_for_subject(snapshot, subject, as_of, include_superseded=include_retired, now=now)
-    return recent_facts(snapshot, 10**9, as_of, include_superseded=include_retired, now=now)[::-1]
+        rows = facts_for_subject(snapshot, subject, as_of, include_superseded=include_retired, now=now)
+    else:
+        rows = recent_facts(snapshot, 10**9, as_of, include_superseded=include_retired, now=now)[::-1]
+    return rows if scope is None else [f for f in rows if f.scope == scope]
 
 
 def _day(value: datetime | None) -> str:
@@ -52,7 +66,7 @@ def render_fact(fact, replaced: list[int]) -> str:
     return (
         f"#{fact.id} [{status}] {fact.text}\n"
         f"    valid {_day(fact.valid_from)} → {_day(fact.valid_to)}; {importance}; about {subjects}; "
-        f"from turns {turns}{lineage}"
+        f"from turns {turns}{lineage}; scope {fact.scope}"
     )
 
 
@@ -61,6 +75,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subject", metavar="KEY", help="only facts about this canonical key, e.g. discord:1234 or ego:<id>")
     parser.add_argument("--as-of", metavar="DATE", help="world-time slice at this date or ISO timestamp (retired rows included)")
     parser.add_argument("--include-retired", action="store_true", help="also show facts a newer fact retired")
+    parser.add_argument("--scope", metavar="SCOPE",
+                        help='only the facts of this scope: "guild:<id>", "channel:<id>" or "familiar"')
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     paths = require_familiar(args.familiar)
     as_of = parse_when(args.as_of) if args.as_of else None
+    only = parse_scope(args.scope) if args.scope is not None else None
     try:
         manifest = read_manifest(paths.serving_dir)
     except SnapshotFormatError as exc:
@@ -79,15 +96,17 @@ def run(args: argparse.Namespace) -> int:
     snapshot = reader.current()
     if reader.last_error:
         raise CliError(f"cannot read the snapshot in {paths.serving_dir}: {reader.last_error}")
-    rows = select_facts(snapshot, subject=args.subject, as_of=as_of, include_retired=args.include_retired)
+    rows = select_facts(snapshot, subject=args.subject, as_of=as_of, include_retired=args.include_retired,
+                        scope=only)
     replaced: dict[int, list[int]] = {}
     lineage = snapshot.table("facts").select(["id", "superseded_by"]).to_pylist()
     for row in lineage:
         if row["superseded_by"] is not None:
             replaced.setdefault(row["superseded_by"], []).append(row["id"])
     view = f"as of {as_of.isoformat()}" if as_of else ("current and retired" if args.include_retired else "current")
-    scope = f" about {args.subject}" if args.subject else ""
-    print(f"{len(rows)} fact(s){scope}, {view} (snapshot v{snapshot.version})")
+    about = f" about {args.subject}" if args.subject else ""
+    where = f" in scope {only}" if only else ""
+    print(f"{len(rows)} fact(s){about}{where}, {view} (snapshot v{snapshot.version})")
     for fact in rows:
         print(render_fact(fact, sorted(replaced.get(fact.id, []))))
     return 0

@@ -1,16 +1,19 @@
-"""``conversation_summary``: the rolling summary of the whole conversation.
+"""``conversation_summary``: the rolling summary of the conversation this reply is in.
 
-The summary is familiar-wide (one scope), so every channel and tier sees the
-same text. It is LLM output derived from user turns: header lines are escaped.
+There is one summary per scope; a reply reads its own scope's, then those of the
+scopes ``[memory.scopes]`` joins to it (:mod:`familiar_bot.prompt.scoping`), each
+its own paragraph. Every other summary is counted as excluded, never shown. It is
+LLM output derived from user turns: header lines are escaped.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from familiar_bot.prompt.layers.common import neutralise_headers
+from familiar_bot.prompt.scoping import scope_key, scope_mask, visible_scopes
 from familiar_bot.prompt.tokens import truncate_to_tokens
-from familiar_pipeline.projectors.summary.tables import Summary, summary
+from familiar_pipeline.projectors.summary.tables import SUMMARIES, Summary
 
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView
@@ -19,26 +22,42 @@ if TYPE_CHECKING:
 HEADER = "## Conversation so far"
 
 
-def _summary(memory: MemoryView) -> Summary | None:
+def _summaries(ctx: AssemblyContext, memory: MemoryView) -> tuple[list[Summary], int]:
+    """The visible scopes' summaries (the reply's own first) and how many others exist."""
     snapshot = memory.snapshot
-    return memory.memo(("summary", snapshot.version), lambda: summary(snapshot))
+    visible = visible_scopes(ctx, memory)
+
+    def compute() -> tuple[list[Summary], int]:
+        snap = snapshot.current()
+        table = snap.table("summaries")
+        mask = scope_mask(table, visible)
+        rows = {r.scope: r for r in snap.records(SUMMARIES, table.filter(mask))}
+        shown = [rows[s] for s in visible if s in rows]
+        return shown, table.num_rows - len(rows)
+
+    return memory.memo(("summary", snapshot.version, visible), compute)
 
 
 class ConversationSummaryLayer:
     name = "conversation_summary"
 
     def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
-        row = _summary(memory)
-        if not row:
-            return "none"
+        rows, excluded = _summaries(ctx, memory)
         cap = memory.config.budget_for(ctx.tier).summary_tokens
-        return f"t{row.last_turn_id}|{row.created_at.isoformat()}|cap{cap}"
+        if not rows:
+            return f"none|{scope_key(ctx, memory)}|x{excluded}"
+        parts = ";".join(f"{r.scope}:t{r.last_turn_id}:{r.created_at.isoformat()}" for r in rows)
+        return f"{parts}|{scope_key(ctx, memory)}|x{excluded}|cap{cap}"
+
+    def build_with_debug(self, ctx: AssemblyContext, memory: MemoryView) -> tuple[str, dict[str, Any]]:
+        rows, excluded = _summaries(ctx, memory)
+        debug = {"scope_excluded": excluded, "scopes": [r.scope for r in rows]}
+        texts = [neutralise_headers(r.summary_text.strip()) for r in rows]
+        text = "\n\n".join(t for t in texts if t)
+        if not text:
+            return "", debug
+        cap = memory.config.budget_for(ctx.tier).summary_tokens
+        return f"{HEADER}\n\n{truncate_to_tokens(text, cap)}", debug
 
     def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
-        row = _summary(memory)
-        text = row.summary_text if row else ""
-        text = neutralise_headers(text.strip())
-        if not text:
-            return ""
-        cap = memory.config.budget_for(ctx.tier).summary_tokens
-        return f"{HEADER}\n\n{truncate_to_tokens(text, cap)}"
+        return self.build_with_debug(ctx, memory)[0]

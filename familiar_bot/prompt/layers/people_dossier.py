@@ -8,6 +8,11 @@ turn (the extractor resolved who a turn was about; the pipeline never writes
 ``turns.db``). Only people with a dossier count toward ``max_dossier_people``;
 ``dossier_tokens`` caps the whole section.
 
+Dossiers are read from the reply's visible scopes only (:mod:`familiar_bot.prompt.scoping`),
+the familiar's own included: a person's dossier of another scope is counted as excluded,
+never shown. With scopes joined, a person's dossiers of each visible scope are shown
+together, the reply's own scope's first.
+
 Dossier prose is LLM output derived from user text and names are user-chosen:
 header lines in the prose are escaped and names are collapsed to one line.
 """
@@ -21,11 +26,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from familiar_pipeline.projectors.dossiers.tables import dossiers_for
+from familiar_pipeline.projectors.dossiers.tables import DOSSIERS
 from familiar_pipeline.storage.identity import ego_key, is_ego_key
 
 from familiar_bot.prompt.layers.common import neutralise_headers, one_line
 from familiar_bot.prompt.layers.recent_history import window_size
+from familiar_bot.prompt.scoping import scope_key, scope_mask, visible_scopes
 from familiar_bot.prompt.tokens import cap_blocks
 
 if TYPE_CHECKING:
@@ -97,6 +103,27 @@ def candidate_keys(ctx: AssemblyContext, memory: MemoryView) -> list[str]:
     return list(seen)
 
 
+def visible_dossiers(snapshot: Any, keys: Iterable[str], visible: tuple[str, ...]) -> tuple[dict[str, str], int]:
+    """``{key: dossier text}`` from the ``visible`` scopes' dossiers of ``keys`` (a person's dossiers
+    of several visible scopes joined, in ``visible`` order), and how many of their dossiers the
+    scope excluded."""
+    wanted = pa.array(sorted({str(k) for k in keys}), type=pa.string())
+    if len(wanted) == 0:
+        return {}, 0
+    snap = snapshot.current()
+    table = snap.table("people_dossiers")
+    table = table.filter(pc.is_in(table["canonical_key"], value_set=wanted))
+    seen = table.filter(scope_mask(table, visible))
+    order = {scope: i for i, scope in enumerate(visible)}
+    texts: dict[str, list[tuple[int, str]]] = {}
+    for row in snap.records(DOSSIERS, seen):
+        text = row.dossier_text.strip()
+        if text:
+            texts.setdefault(row.canonical_key, []).append((order.get(row.scope, len(order)), text))
+    joined = {key: "\n\n".join(t for _, t in sorted(parts)) for key, parts in texts.items()}
+    return joined, table.num_rows - seen.num_rows
+
+
 def _profile_lines(memory: MemoryView, key: str) -> list[str]:
     person = memory.turn_log.participant(key)
     if person is None:
@@ -118,24 +145,28 @@ class PeopleDossierLayer:
     def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         budget = memory.config.budget_for(ctx.tier)
         window = memory.window_token(ctx.channel_id) if ctx.channel_id is not None else None
-        return (f"ch{ctx.channel_id}|g{ctx.guild_id}|w{window}|s{memory.snapshot.version}"
+        return (f"ch{ctx.channel_id}|g{ctx.guild_id}|{scope_key(ctx, memory)}|w{window}|s{memory.snapshot.version}"
                 f"|cap{budget.max_dossier_people},{budget.dossier_tokens},{window_size(ctx, memory)}")
 
     def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
+        return self.build_with_debug(ctx, memory)[0]
+
+    def build_with_debug(self, ctx: AssemblyContext, memory: MemoryView) -> tuple[str, dict[str, Any]]:
         budget = memory.config.budget_for(ctx.tier)
         ego = ego_key(memory.config.familiar_id)
         people = candidate_keys(ctx, memory)
-        dossiers = dossiers_for(memory.snapshot, [ego, *people])
+        dossiers, excluded = visible_dossiers(memory.snapshot, [ego, *people], visible_scopes(ctx, memory))
+        debug = {"scope_excluded": excluded}
         labels = memory.labels(ctx.guild_id)
         blocks = []
-        own = dossiers[ego].dossier_text.strip() if ego in dossiers else ""
+        own = dossiers.get(ego, "")
         if own:
             blocks.append(f"### {labels.ego}\n\n{neutralise_headers(own)}")
         shown = 0
         for key in people:
             if shown >= budget.max_dossier_people:
                 break
-            text = dossiers[key].dossier_text.strip() if key in dossiers else ""
+            text = dossiers.get(key, "")
             if not text:
                 continue
             shown += 1
@@ -143,5 +174,5 @@ class PeopleDossierLayer:
             blocks.append(f"{head}\n\n{neutralise_headers(text)}")
         kept = cap_blocks(blocks, budget.dossier_tokens)
         if not kept:
-            return ""
-        return HEADER + "\n\n" + "\n\n".join(kept)
+            return "", debug
+        return HEADER + "\n\n" + "\n\n".join(kept), debug

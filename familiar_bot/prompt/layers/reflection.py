@@ -9,12 +9,16 @@ next reflection was written.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from familiar_bot.prompt.layers.common import one_line
+from familiar_bot.prompt.scoping import scope_key, scope_mask, visible_scopes
 from familiar_bot.prompt.tokens import cap_blocks
 from familiar_pipeline.projectors.facts.reads import superseded_fact_ids
-from familiar_pipeline.projectors.reflections.tables import Reflection, recent_reflections_in
+from familiar_pipeline.projectors.reflections.tables import REFLECTIONS, Reflection
 
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView
@@ -23,17 +27,36 @@ if TYPE_CHECKING:
 HEADER = "## Recent reflections"
 
 
-def _rows(ctx: AssemblyContext, memory: MemoryView) -> tuple[list[Reflection], set[int]]:
+def recent_visible(snapshot: Any, channel_id: int | None, limit: int,
+                   visible: tuple[str, ...]) -> tuple[list[Reflection], int]:
+    """Newest first: the channel's reflections plus channel-agnostic ones (every one with
+    ``channel_id=None``), of the ``visible`` scopes only; and how many others of the
+    channel's the scope excluded."""
+    if limit <= 0:
+        return [], 0
+    snap = snapshot.current()
+    table = snap.table("reflections")
+    if channel_id is not None:
+        channel = table["channel_id"]
+        here = pc.equal(channel, pa.scalar(int(channel_id), pa.int64()))
+        table = table.filter(pc.or_kleene(pc.is_null(channel), here))
+    seen = table.filter(scope_mask(table, visible))
+    newest = seen.slice(max(seen.num_rows - int(limit), 0))
+    return snap.records(REFLECTIONS, newest)[::-1], table.num_rows - seen.num_rows
+
+
+def _rows(ctx: AssemblyContext, memory: MemoryView) -> tuple[list[Reflection], set[int], int]:
     limit = memory.config.budget_for(ctx.tier).max_reflections
     snapshot = memory.snapshot
+    visible = visible_scopes(ctx, memory)
 
-    def compute() -> tuple[list[Reflection], set[int]]:
-        rows = recent_reflections_in(snapshot, ctx.channel_id, limit)
+    def compute() -> tuple[list[Reflection], set[int], int]:
+        rows, excluded = recent_visible(snapshot, ctx.channel_id, limit, visible)
         cited = {f for r in rows for f in r.cited_fact_ids}
-        return rows, (superseded_fact_ids(snapshot, cited) if cited else set())
+        return rows, (superseded_fact_ids(snapshot, cited) if cited else set()), excluded
 
     # A published snapshot never changes, so its version names these rows.
-    return memory.memo(("reflections", snapshot.version, ctx.channel_id, limit), compute)
+    return memory.memo(("reflections", snapshot.version, ctx.channel_id, limit, visible), compute)
 
 
 def reflection_line(row: Reflection, stale: set[int]) -> str:
@@ -53,16 +76,20 @@ class ReflectionLayer:
 
     def invalidation_key(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         budget = memory.config.budget_for(ctx.tier)
-        rows, stale = _rows(ctx, memory)
+        rows, stale, excluded = _rows(ctx, memory)
         newest = rows[0].id if rows else 0
         stale_part = ",".join(str(f) for f in sorted(stale))
-        return (f"ch{ctx.channel_id}|r{newest}|n{len(rows)}|stale{stale_part}"
+        return (f"ch{ctx.channel_id}|{scope_key(ctx, memory)}|x{excluded}|r{newest}|n{len(rows)}|stale{stale_part}"
                 f"|cap{budget.max_reflections},{budget.reflection_tokens}")
 
-    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
-        rows, stale = _rows(ctx, memory)
+    def build_with_debug(self, ctx: AssemblyContext, memory: MemoryView) -> tuple[str, dict[str, Any]]:
+        rows, stale, excluded = _rows(ctx, memory)
+        debug = {"scope_excluded": excluded}
         lines = [reflection_line(r, stale) for r in rows if one_line(r.text)]
         kept = cap_blocks(lines, memory.config.budget_for(ctx.tier).reflection_tokens)
         if not kept:
-            return ""
-        return HEADER + "\n\n" + "\n".join(kept)
+            return "", debug
+        return HEADER + "\n\n" + "\n".join(kept), debug
+
+    def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
+        return self.build_with_debug(ctx, memory)[0]

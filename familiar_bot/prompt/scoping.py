@@ -1,0 +1,121 @@
+"""Which memory a reply may read: its own scope, plus the scopes the operator joined to it.
+
+A reply's scope is :func:`~familiar_pipeline.storage.scopes.turn_scope` of where it is
+said (``guild:<id>`` in a server, ``channel:<id>`` elsewhere); ``[memory.scopes]``
+groups add scopes on purpose (:meth:`ScopesConfig.visible`). Every derived row a layer
+reads (facts, dossiers, summaries, reflections, quoted turns, turn vectors) is kept only
+when its ``scope`` is visible; rows scoped ``familiar`` (built across scopes, or before
+scopes existed) are visible only when a group lists ``familiar``. Authored canon
+(character card, lorebook) and the persona are not derived rows and are read everywhere.
+
+The filters are applied in the candidate steps (before ranking and the token cut), so
+a scope with few rows still fills its sections from its own rows; what a filter needs
+per snapshot (row masks, id arrays) is built once per (snapshot, visible scopes).
+Each section counts the rows its scope excluded (counts only) for ``/context``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from familiar_pipeline.storage.scopes import FAMILIAR_WIDE
+
+if TYPE_CHECKING:
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.prompt.types import AssemblyContext
+
+
+def reply_scope(ctx: AssemblyContext) -> str:
+    """The scope a reply here is said in; ``familiar`` for a context with no channel (no transport makes one)."""
+    if ctx.guild_id is None and ctx.channel_id is None:
+        return FAMILIAR_WIDE
+    if ctx.guild_id is not None:
+        return f"guild:{int(ctx.guild_id)}"
+    return f"channel:{int(ctx.channel_id)}"  # type: ignore[arg-type]  # not None: checked above
+
+
+def visible_scopes(ctx: AssemblyContext, memory: MemoryView) -> tuple[str, ...]:
+    """The reply's scope first, then the scopes ``[memory.scopes]`` joins to it."""
+    return memory.config.memory.scopes.visible(reply_scope(ctx))
+
+
+def scope_key(ctx: AssemblyContext, memory: MemoryView) -> str:
+    """For invalidation keys: changes whenever the visible scopes do."""
+    return "sc" + ",".join(visible_scopes(ctx, memory))
+
+
+def scope_mask(table: pa.Table, visible: tuple[str, ...]) -> pa.ChunkedArray | pa.Array:
+    """Arrow mask of the rows of ``table`` whose ``scope`` is visible (a NULL scope is not)."""
+    return pc.fill_null(pc.is_in(table["scope"], value_set=pa.array(visible, pa.string())), False)
+
+
+def visible_row_ids(snapshot: Any, table: str, visible: tuple[str, ...], id_column: str = "id") -> np.ndarray:
+    """Sorted ids of ``table``'s visible rows, built once per snapshot and visible scopes."""
+    snap = snapshot.current()
+
+    def build() -> np.ndarray:
+        rows = snap.table(table)
+        ids = pc.filter(rows[id_column], scope_mask(rows, visible)).to_numpy()
+        return np.unique(np.asarray(ids, dtype=np.int64))
+
+    return snap.cached(("scope-ids", table, id_column, visible), build)
+
+
+def keep_ids(ids: np.ndarray | list[int], allowed: np.ndarray) -> np.ndarray:
+    """Boolean mask: which of ``ids`` are in the sorted array ``allowed`` (a binary search)."""
+    want = np.asarray(ids, dtype=np.int64)
+    if len(allowed) == 0 or len(want) == 0:
+        return np.zeros(len(want), dtype=bool)
+    at = np.minimum(np.searchsorted(allowed, want), len(allowed) - 1)
+    return allowed[at] == want
+
+
+def turn_scope_sql(visible: tuple[str, ...]) -> tuple[str, list[int]] | None:
+    """A ``turns`` WHERE clause matching the turns said in ``visible`` (None: none can be)."""
+    guilds = [int(s.partition(":")[2]) for s in visible if s.startswith("guild:")]
+    channels = [int(s.partition(":")[2]) for s in visible if s.startswith("channel:")]
+    parts, params = [], []
+    if guilds:
+        parts.append(f"guild_id IN ({', '.join('?' * len(guilds))})")
+        params += guilds
+    if channels:
+        parts.append(f"(guild_id IS NULL AND channel_id IN ({', '.join('?' * len(channels))}))")
+        params += channels
+    return ("(" + " OR ".join(parts) + ")", params) if parts else None
+
+
+SCOPED_SECTIONS = ("conversation_summary", "reflection", "people_dossier", "rag_context")
+
+
+def report(ctx: AssemblyContext, memory: MemoryView, debug: dict[str, Any]) -> dict[str, Any]:
+    """The debug block ``/context`` shows: the scopes read, and per section how many rows
+    of other scopes were left out (counts only; ``rag_context`` as facts and turns)."""
+    excluded: dict[str, int] = {}
+    for name in SCOPED_SECTIONS:
+        found = debug.get("rag" if name == "rag_context" else name)
+        if not isinstance(found, dict):
+            continue
+        if name == "rag_context":
+            for part in ("facts", "turns"):
+                if f"scope_excluded_{part}" in found:
+                    excluded[f"rag_context {part}"] = int(found[f"scope_excluded_{part}"])
+        elif "scope_excluded" in found:
+            excluded[name] = int(found["scope_excluded"])
+    return {"reply": reply_scope(ctx), "visible": list(visible_scopes(ctx, memory)),
+            "excluded": excluded, "excluded_total": sum(excluded.values())}
+
+
+def render_report(scopes: dict[str, Any]) -> list[str]:
+    """``/context`` and ``familiar prompt`` lines for :func:`report`'s block."""
+    reply, visible = scopes["reply"], scopes["visible"]
+    joined = [s for s in visible if s != reply]
+    lines = [f"=== scopes: this reply reads {reply}"
+             + (f" and, joined by [memory.scopes], {', '.join(joined)}" if joined else " only") + " ==="]
+    parts = ", ".join(f"{name} {n}" for name, n in scopes["excluded"].items())
+    lines.append(f"rows of other scopes left out: {scopes['excluded_total']}"
+                 + (f" ({parts})" if parts else ""))
+    return lines
