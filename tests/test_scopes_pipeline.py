@@ -168,3 +168,75 @@ def test_supersession_never_crosses_scopes(tmp_path, instance, fake_llm):
     assert lisbon.superseded_by == madrid.id, "within one scope supersession works as before"
     assert madrid.superseded_at is None
     assert decisions and all(berlin.id not in shown for _, shown in decisions), "the DM fact is never shown"
+
+
+def test_summaries_are_per_scope_and_fold_only_their_scope(tmp_path, instance, fake_llm):
+    """Windows cut as before; each scope's turns fold into that scope's summary only (one call per scope)."""
+    from familiar_pipeline.projectors.summary import tables as summary_db
+    from familiar_pipeline.projectors.summary.prompt import SYSTEM_MARK as SUMMARY_MARK
+    from familiar_pipeline.storage.snapshots import SnapshotReader
+
+    paths = make_familiar(tmp_path)
+    say(paths, MIXED)
+    say(paths, [(row[0], row[1], row[2].replace("zephyrine", "zephyrine again").replace("quokkaland", "quokkaland again"))
+                for row in MIXED], start_minute=10)
+    run_assets(tmp_path, instance, ["rolling_summary"])
+    calls = [c for c in fake_llm.calls if SUMMARY_MARK in c.system]
+    assert len(calls) == 4, "two windows of ten turns, two scopes in each"
+    assert not any("zephyrine" in c.user and "quokkaland" in c.user for c in calls)
+    reader = SnapshotReader(paths.serving_dir)
+    reader.refresh()
+    rows = {row.scope: row for row in summary_db.summaries(reader)}
+    dm, server = f"channel:{DM_CHANNEL}", f"guild:{SERVER}"
+    assert set(rows) == {dm, server}
+    assert "zephyrine" in rows[dm].summary_text and "quokkaland" not in rows[dm].summary_text
+    assert "quokkaland" in rows[server].summary_text and "zephyrine" not in rows[server].summary_text
+    assert rows[dm].last_turn_id == rows[server].last_turn_id == 20  # every turn of each scope up to 20
+    assert [r.scope for r in summary_db.summaries(reader, scopes=[dm])] == [dm]
+    assert summary_db.summaries(reader, scopes=[]) == []
+    # the second window folds into its own scope's prior
+    second_dm = [c for c in calls if "zephyrine again" in c.user]
+    assert second_dm and all(c.user.startswith("Previous summary:") for c in second_dm)
+
+
+def test_two_scopes_incremental_build_equals_rebuild(tmp_path, instance, fake_llm):
+    """Same rows whether the two scopes' turns arrived in pieces or are rebuilt at once, with no provider call."""
+    from .test_pipeline import all_tables
+
+    paths = make_familiar(tmp_path, extra_toml=GRAPH_TOML)
+    everything = ["turns_fts", "rolling_summary", "facts", "fact_embeddings", "fact_supersessions",
+                  "people_dossiers", "reflections"]
+    rows = MIXED + MOVES + [(r[0], r[1], r[2] + " later") for r in MIXED]
+    start = 0
+    for size in (7, 12, 11):
+        say(paths, rows[start:start + size], start_minute=start)
+        start += size
+        run_assets(tmp_path, instance, everything)
+    incremental = all_tables(paths.memory_db)
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        scopes = {r[0] for r in store.conn.execute("SELECT scope FROM facts UNION SELECT scope FROM summaries").fetchall()}
+    assert scopes == {f"channel:{DM_CHANNEL}", f"guild:{SERVER}"}
+    calls = len(fake_llm.calls)
+    run_assets(tmp_path, instance, everything, rebuild=True)
+    assert len(fake_llm.calls) == calls, "a rebuild of unchanged prompts makes no provider calls"
+    assert all_tables(paths.memory_db) == incremental
+
+
+def test_a_reflection_window_never_spans_scopes(tmp_path, instance, fake_llm):
+    """One call per scope of a window, each showing that scope's turns and facts; every row carries its scope."""
+    from familiar_pipeline.projectors.reflections.prompt import SYSTEM_MARK as REFLECT_MARK
+
+    paths = make_familiar(tmp_path, extra_toml=GRAPH_TOML + "\n[providers.memory.reflection]\nturns_threshold = 10\n")
+    say(paths, MIXED)
+    run_assets(tmp_path, instance, ["facts", "fact_supersessions", "reflections"])
+    calls = [c for c in fake_llm.calls if REFLECT_MARK in c.system]
+    assert len(calls) == 2, "one reflection call per scope of the window"
+    assert not any("zephyrine" in c.user and "quokkaland" in c.user for c in calls), "turns or facts of two scopes"
+    with TurnLog(paths.turns_db) as log:
+        scope_of = {t.id: (f"channel:{DM_CHANNEL}" if t.guild_id is None else f"guild:{SERVER}") for t in log.turns_after(0)}
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        rows = store.conn.execute("SELECT scope, cited_turn_ids, cited_fact_ids FROM reflections").fetchall()
+        fact_scope = dict(store.conn.execute("SELECT id, scope FROM facts").fetchall())
+    assert {r[0] for r in rows} == {f"channel:{DM_CHANNEL}", f"guild:{SERVER}"}
+    for scope, turns, facts in rows:
+        assert all(scope_of[t] == scope for t in turns) and all(fact_scope[f] == scope for f in facts)
