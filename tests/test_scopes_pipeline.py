@@ -240,3 +240,28 @@ def test_a_reflection_window_never_spans_scopes(tmp_path, instance, fake_llm):
     assert {r[0] for r in rows} == {f"channel:{DM_CHANNEL}", f"guild:{SERVER}"}
     for scope, turns, facts in rows:
         assert all(scope_of[t] == scope for t in turns) and all(fact_scope[f] == scope for f in facts)
+
+
+def test_fact_reads_filter_by_scopes(tmp_path, instance, fake_llm):
+    """The bot's snapshot reads take the reply's visible scopes; None reads every scope, as before."""
+    from familiar_pipeline.projectors.facts import reads as fact_reads
+    from familiar_pipeline.storage.snapshots import SnapshotReader
+
+    paths = make_familiar(tmp_path)
+    say(paths, MIXED)
+    run_assets(tmp_path, instance, ["facts"])
+    reader = SnapshotReader(paths.serving_dir)
+    reader.refresh()
+    dm, server = f"channel:{DM_CHANNEL}", f"guild:{SERVER}"
+    everything = fact_reads.current_facts(reader)
+    assert {f.scope for f in everything} == {dm, server}
+    assert fact_reads.current_facts(reader, scopes=None) == everything
+    for scope, marker, other in ((dm, "zephyrine", "quokkaland"), (server, "quokkaland", "zephyrine")):
+        for found in (fact_reads.current_facts(reader, scopes=[scope]),
+                      fact_reads.recent_facts(reader, 50, scopes={scope}),
+                      fact_reads.facts_for_subject(reader, CASS[0], scopes=[scope]) if scope == dm else
+                      fact_reads.facts_for_subject(reader, BO[0], scopes=[scope])):
+            assert found and all(f.scope == scope and marker in f.text and other not in f.text for f in found)
+    assert fact_reads.facts_for_subject(reader, CASS[0], scopes=[server]) == []
+    assert fact_reads.recent_facts(reader, 50, scopes=[]) == []
+    assert len(fact_reads.recent_facts(reader, 2, scopes=[dm])) == 2  # the limit counts the scope's rows only
