@@ -64,8 +64,14 @@ def add_facts(paths, drafts, *, rich_note_turn: int | None = None) -> list:
     return written
 
 
-def fact(text: str, *subjects: Subject, turn: int = 1, importance=None, valid_to=None) -> FactDraft:
-    return FactDraft(text=text, source_turn_ids=(turn,), subjects=subjects, importance=importance, valid_to=valid_to)
+# The scope of `helpers.append_chat`'s turns (server 1): extraction gives a fact its turns' scope.
+CHAT_SCOPE = "guild:1"
+
+
+def fact(text: str, *subjects: Subject, turn: int = 1, importance=None, valid_to=None,
+         scope: str = CHAT_SCOPE) -> FactDraft:
+    return FactDraft(text=text, source_turn_ids=(turn,), subjects=subjects, importance=importance, valid_to=valid_to,
+                     scope=scope)
 
 
 def materialize(root, instance, assets, *, familiar_id: str = "fam", rebuild: bool = False, raise_on_error=True):

@@ -179,7 +179,7 @@ def test_rolling_summary_compounds_and_empty_reply_keeps_watermark(tmp_path, ins
     assert meta["watermark_after"] == {"turn_id": 20}
     assert meta["dropped_reasons"] == {"empty_reply": 1}
     with ProjectionStore(paths.memory_db, read_only=True) as store:
-        assert summary_db.get_summary(store).last_turn_id == 20
+        assert summary_db.get_summary(store, "guild:1").last_turn_id == 20
 
 
 def test_turns_fts_follows_edits_and_deletions(tmp_path, instance, fake_llm):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 from familiar_pipeline.models.jsonparse import as_int
 from familiar_pipeline.projectors.prompting import MAX_FACT_CHARS
 from familiar_pipeline.storage.identity import ego_key
-from familiar_pipeline.storage.scopes import scope_of_turns
+from familiar_pipeline.storage.scopes import scope_of_turns, turn_scope
 from familiar_pipeline.storage.times import parse_instant
 from familiar_pipeline.storage.turns import Turn, TurnLog
 
@@ -77,6 +77,8 @@ def build_manifest(
 ) -> list[ManifestEntry]:
     """Who the model may tag: the batch's authors, widened per channel up to participants_max, then the familiar.
 
+    The extractor passes one scope's turns (`scope_groups`); widening keeps to that scope.
+
     Labels come from each author's display snapshot on their latest turn up to the
     batch's end, never from the live participants table, so a rebuild shows the
     model exactly what the incremental run showed.
@@ -86,6 +88,7 @@ def build_manifest(
         if turn.author_key and turn.role == "user":
             entries[turn.author_key] = turn.author_display or turn.author_key
     end_id = batch[-1].id
+    scopes = {turn_scope(t) for t in batch}  # never widened past the batch's own scope
     channels = list(dict.fromkeys(t.channel_id for t in batch))
     for channel in channels:
         if len(entries) >= participants_max:
@@ -93,11 +96,25 @@ def build_manifest(
         for turn in reversed(turn_log.recent(channel, WIDENING_SCAN_TURNS, before_id=end_id + 1)):
             if len(entries) >= participants_max:
                 break
-            if turn.author_key and turn.role == "user" and turn.author_key not in entries:
+            if (turn.author_key and turn.role == "user" and turn.author_key not in entries
+                    and turn_scope(turn) in scopes):
                 entries[turn.author_key] = turn.author_display or turn.author_key
     manifest = [ManifestEntry(k, v) for k, v in disambiguate_labels(entries, self_name).items()]
     manifest.append(ManifestEntry(self_key, self_name))
     return manifest
+
+
+def scope_groups(batch: Sequence[Turn]) -> list[list[Turn]]:
+    """A batch split by scope (`scopes.turn_scope`), each group in id order, groups in order of their first turn.
+
+    Batches end where they always did (`batches.close_batch`); each group is then one
+    model call with its own manifest, so no prompt ever holds turns, or participants,
+    of two scopes. A single-scope batch is one group: the batch itself.
+    """
+    groups: dict[str, list[Turn]] = {}
+    for turn in batch:
+        groups.setdefault(turn_scope(turn), []).append(turn)
+    return list(groups.values())
 
 
 def disambiguate_labels(labels: dict[str, str], self_name: str) -> dict[str, str]:
@@ -120,8 +137,8 @@ class BatchOutcome:
     drafts: list[FactDraft] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
 
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
 
 
 def validate_facts(
@@ -230,6 +247,29 @@ def write_outcomes(rt: FamiliarRuntime, report: ProjectionReport, pending: list[
     )
 
 
+def extract_group(rt: FamiliarRuntime, report: ProjectionReport, group: Sequence[Turn], turn_log: TurnLog, *,
+                  self_key: str, self_name: str) -> BatchOutcome:
+    """One scope's turns of a batch: one model call, its manifest built from that scope alone."""
+    prompt_turns = [t for t in group if t.mode != ACTIVITY_RETURN and not t.deleted]
+    if not prompt_turns:
+        report.drop("activity_return_only_batches")
+        return BatchOutcome()
+    knobs = rt.config.memory.rich_note
+    manifest = build_manifest(group, turn_log, participants_max=knobs.participants_max, self_key=self_key, self_name=self_name)
+    messages = extraction_messages(group, manifest, self_key=self_key, self_name=self_name)
+    llm_started = time.perf_counter()
+    reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
+    report.llm_seconds += time.perf_counter() - llm_started
+    raw_facts, malformed = prompt.parse_reply(reply.text)
+    if not (reply.text or "").strip():
+        report.drop("empty_reply")  # not the same as "[]": the model said nothing at all
+    report.drop("malformed_items", malformed)
+    outcome = validate_facts(raw_facts, group, manifest, self_key=self_key, self_name=self_name)
+    scope = turn_scope(group[0])
+    outcome.drafts = [replace(d, scope=scope) for d in outcome.drafts]
+    return outcome
+
+
 def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:
     """Process every full batch past the watermark, up to `max_batches_per_run`."""
     cfg = rt.config
@@ -255,21 +295,12 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
             break
         report.batches += 1
         report.turns_read += len(batch)
-        prompt_turns = [t for t in batch if t.mode != ACTIVITY_RETURN and not t.deleted]
         outcome = BatchOutcome()
-        if prompt_turns:
-            manifest = build_manifest(batch, turn_log, participants_max=knobs.participants_max, self_key=self_key, self_name=self_name)
-            messages = extraction_messages(batch, manifest, self_key=self_key, self_name=self_name)
-            llm_started = time.perf_counter()
-            reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
-            report.llm_seconds += time.perf_counter() - llm_started
-            raw_facts, malformed = prompt.parse_reply(reply.text)
-            if not (reply.text or "").strip():
-                report.drop("empty_reply")  # not the same as "[]": the model said nothing at all
-            report.drop("malformed_items", malformed)
-            outcome = validate_facts(raw_facts, batch, manifest, self_key=self_key, self_name=self_name)
-        else:
-            report.drop("activity_return_only_batches")
+        for group in scope_groups(batch):
+            found = extract_group(rt, report, group, turn_log, self_key=self_key, self_name=self_name)
+            outcome.drafts.extend(found.drafts)
+            for reason, n in found.dropped.items():
+                outcome.drop(reason, n)
         for reason, n in outcome.dropped.items():
             report.drop(reason, n)
         watermark = batch[-1].id

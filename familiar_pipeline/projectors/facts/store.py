@@ -412,20 +412,28 @@ def facts_retired_between(store: ProjectionStore, after_id: int, upto_id: int) -
                   [values.as_int(after_id, "after_id"), values.as_int(upto_id, "upto_id")])
 
 
-def facts_current_at_horizon(store: ProjectionStore, horizon: int, limit: int) -> list[Fact]:
+def facts_current_at_horizon(store: ProjectionStore, horizon: int, limit: int, *,
+                             scope: str | None = None) -> list[Fact]:
     """The ``limit`` newest facts with id <= ``horizon`` that were current right after fact
-    ``horizon`` was evaluated (not retired, or retired by a newer fact), newest first."""
+    ``horizon`` was evaluated (not retired, or retired by a newer fact), newest first;
+    only facts of ``scope`` when given."""
     limit, horizon = values.as_int(limit, "limit"), values.as_int(horizon, "horizon")
     if limit <= 0 or horizon <= 0:
         return []
-    return select(store, "t.id <= ? AND (t.superseded_at IS NULL OR t.superseded_by > ?)", [horizon, horizon],
-                  order="t.id DESC", limit=limit)
+    where = "t.id <= ? AND (t.superseded_at IS NULL OR t.superseded_by > ?)"
+    params: list[Any] = [horizon, horizon]
+    if scope is not None:
+        where, params = where + " AND t.scope = ?", [*params, scope]
+    return select(store, where, params, order="t.id DESC", limit=limit)
 
 
-def fact_ids_upto(store: ProjectionStore, upto_id: int) -> set[int]:
-    """Ids of the facts that exist with id <= ``upto_id``."""
-    return {row[0] for row in store.sql("SELECT id FROM facts WHERE id <= ?",
-                                        [values.as_int(upto_id, "upto_id")]).fetchall()}
+def fact_ids_upto(store: ProjectionStore, upto_id: int, *, scope: str | None = None) -> set[int]:
+    """Ids of the facts that exist with id <= ``upto_id`` (of ``scope`` only, when given)."""
+    where = "id <= ?"
+    params: list[Any] = [values.as_int(upto_id, "upto_id")]
+    if scope is not None:
+        where, params = where + " AND scope = ?", [*params, scope]
+    return {row[0] for row in store.sql(f"SELECT id FROM facts WHERE {where}", params).fetchall()}
 
 
 # --------------------------------------------------------------------------- integrity reads (asset checks)

@@ -13,7 +13,10 @@ Kept: citations of turns shown in the window and of facts that existed at that
 point (retired ones too: a reflection may rest on an earlier belief; readers
 mark it stale); items with no valid citation are dropped; at most
 `max_reflections_per_tick` rows per window, enforced here, not only asked for.
-A window whose turns span several channels yields channel-agnostic rows
+A window never spans scopes: it is split by scope (`scopes.turn_scope`), one call per
+scope, each showing that scope's turns and only facts of that scope, and each row
+carries its scope. A single-scope window sends the prompt it always did. A part
+whose turns span several channels of one server yields channel-agnostic rows
 (channel NULL). The watermark always advances past a window, even when the
 reply is `[]`, garbage, or the call failed: a window that produced nothing is
 never re-sent, so prompts cannot grow without bound.
@@ -24,7 +27,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from familiar_pipeline.projectors.facts.store import fact_horizon, fact_ids_upto, facts_current_at_horizon
-from familiar_pipeline.storage.scopes import scope_of_turns
+from familiar_pipeline.storage.scopes import turn_scope
+from familiar_pipeline.storage.turns import Turn
 
 from . import prompt
 from .tables import append_reflections
@@ -41,6 +45,14 @@ def window_channel(turns) -> int | None:
     """The window's channel when all its turns share one, else None (channel-agnostic)."""
     channels = {t.channel_id for t in turns}
     return channels.pop() if len(channels) == 1 else None
+
+
+def by_scope(window: list[Turn]) -> dict[str, list[Turn]]:
+    """The window's turns per scope, in id order; scopes in the order of their first turn."""
+    parts: dict[str, list[Turn]] = {}
+    for turn in window:
+        parts.setdefault(turn_scope(turn), []).append(turn)
+    return parts
 
 
 def filter_items(items, *, shown_turn_ids: set[int], known_fact_ids: set[int], limit: int, report):
@@ -86,40 +98,48 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
             if supersede is not None and supersede < horizon:
                 waiting = "supersession has not reached this window yet"
                 break
-            facts = facts_current_at_horizon(store, horizon, knobs.recent_facts_limit)
-            known = fact_ids_upto(store, horizon)
-        shown = [t for t in window if not t.deleted][-knobs.max_turns_per_tick :]
+            parts = []
+            for scope, part in by_scope(window).items():
+                facts = facts_current_at_horizon(store, horizon, knobs.recent_facts_limit, scope=scope)
+                parts.append((scope, part, facts, fact_ids_upto(store, horizon, scope=scope)))
         report.turns_read += len(window)
         report.batches += 1
-        rows, failed = [], None
-        if shown:
-            messages = prompt.build_messages(shown, [(f.id, f.text) for f in facts], max_items=knobs.max_reflections_per_tick)
-            try:
-                reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
-                report.llm_seconds += reply.latency_s
-                items, malformed = prompt.parse_reply(reply.text)
-                report.drop("malformed_items", malformed)
-                rows = filter_items(
-                    items, shown_turn_ids={t.id for t in shown}, known_fact_ids=known,
-                    limit=knobs.max_reflections_per_tick, report=report,
-                )
-            except Exception as exc:  # the watermark still advances: never re-send a window
-                failed = exc
-                report.drop("llm_error")
-                report.extra["llm_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        channel = window_channel(window)
+        written: list[tuple[str, int | None, list]] = []  # (scope, channel, rows) per part
+        failed: Exception | None = None
+        for scope, part, facts, known in parts:
+            shown = [t for t in part if not t.deleted][-knobs.max_turns_per_tick :]
+            rows: list = []
+            if shown and failed is None:
+                messages = prompt.build_messages(shown, [(f.id, f.text) for f in facts],
+                                                 max_items=knobs.max_reflections_per_tick)
+                try:
+                    reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
+                    report.llm_seconds += reply.latency_s
+                    items, malformed = prompt.parse_reply(reply.text)
+                    report.drop("malformed_items", malformed)
+                    rows = filter_items(
+                        items, shown_turn_ids={t.id for t in shown}, known_fact_ids=known,
+                        limit=knobs.max_reflections_per_tick, report=report,
+                    )
+                except Exception as exc:  # the watermark still advances: never re-send a window
+                    failed = exc
+                    report.drop("llm_error")
+                    report.extra["llm_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            written.append((scope, window_channel(part), rows))
         turn_wm, fact_wm = end, horizon
         with rt.store() as store:
             with store.transaction():
-                append_reflections(store, rows, channel_id=channel, last_turn_id=end, last_fact_id=horizon,
-                                   scope=scope_of_turns(window))
+                for scope, channel, rows in written:
+                    append_reflections(store, rows, channel_id=channel, last_turn_id=end, last_fact_id=horizon,
+                                       scope=scope)
                 store.set_watermark(PROJECTOR, turn_id=end, fact_id=horizon)
             rt.publish(store)
-        report.rows_written += len(rows)
-        report.preview.extend(
-            {"channel": channel, "text": text[:200], "turns": ", ".join(map(str, t)), "facts": ", ".join(map(str, f))}
-            for text, t, f in rows
-        )
+        for _, channel, rows in written:
+            report.rows_written += len(rows)
+            report.preview.extend(
+                {"channel": channel, "text": text[:200], "turns": ", ".join(map(str, t)), "facts": ", ".join(map(str, f))}
+                for text, t, f in rows
+            )
         if failed is not None:
             break  # one failed call per run is enough; the next run tries the next window
     report.watermark_after = {"turn_id": turn_wm, "fact_id": fact_wm}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,3 +60,21 @@ def summary(source: Any, scope: str = FAMILIAR_WIDE) -> Summary | None:
     table = snap.table("summaries")
     rows = snap.records(SUMMARIES, where(table, pc.equal(table["scope"], pa.scalar(scope, pa.string()))))
     return rows[0] if rows else None
+
+
+def stored_summaries(store: ProjectionStore) -> list[Summary]:
+    """Every scope's summary in the store (the projector's priors)."""
+    return store.rows(SUMMARIES)
+
+
+def summaries(source: Any, scopes: Iterable[str] | None = None) -> list[Summary]:
+    """The summaries of a serving snapshot (or a reader's current one), one per scope, sorted by scope.
+
+    ``scopes``: only these scopes' rows (None: every scope, ``familiar`` included).
+    """
+    snap = source.current()
+    table = snap.table("summaries")
+    if scopes is not None:
+        wanted = pa.array(sorted({str(s) for s in scopes}), type=pa.string())
+        table = where(table, pc.is_in(table["scope"], value_set=wanted))
+    return sorted(snap.records(SUMMARIES, table), key=lambda row: row.scope)

@@ -10,7 +10,8 @@ For each subject, the new facts about it that one extraction batch wrote are
 judged together (at most `new_facts_per_call` per call), one model call per group: each new fact may retire the
 newest `priors_max` current facts about that subject with a *smaller* id (earlier
 new facts of the group included): a fact can only be retired by a newer one, and
-never by one about someone else. What may be retired is decided in code, not by
+never by one about someone else or said in another scope (a group holds one scope's
+facts, and its pool only that scope's current facts). What may be retired is decided in code, not by
 the model: only ids in that fact's own pool, never the new fact itself.
 Retirement uses the existing-id form of `ProjectionStore.supersede` (nothing
 minted; an already-retired prior lands in `skipped`), which also drops the
@@ -57,7 +58,8 @@ class Decision:
 def select_priors(new: Fact, key: str, candidates: list[Fact], retired: set[int], priors_max: int) -> list[Fact]:
     """The newest `priors_max` facts about `key` that were current when `new` arrived.
 
-    Candidates must be facts naming `key`; kept are those with a smaller id,
+    Candidates must be facts naming `key`; kept are those of the new fact's own scope
+    (a fact in one scope never retires a fact in another) with a smaller id,
     not retired (in the store or earlier in this run), and not already over in
     world time when the new fact began.
     """
@@ -67,6 +69,7 @@ def select_priors(new: Fact, key: str, candidates: list[Fact], retired: set[int]
         if f.id < new.id
         and f.id not in retired
         and f.superseded_at is None
+        and f.scope == new.scope
         and key in f.subject_keys
         and not (f.valid_to is not None and new.valid_from is not None and f.valid_to <= new.valid_from)
     ]
@@ -110,10 +113,10 @@ def plan_groups(chunk: list[Fact], by_subject: dict[str, list[Fact]], per_call: 
     """
     groups: list[Group] = []
     for key in sorted({k for f in chunk for k in f.subject_keys}):
-        written: dict[object, list[Fact]] = {}  # facts written together: one extraction batch
+        written: dict[object, list[Fact]] = {}  # facts written together (one extraction batch), per scope
         for f in chunk:
             if f.superseded_at is None and key in f.subject_keys:
-                written.setdefault(f.created_at, []).append(f)
+                written.setdefault((f.created_at, f.scope), []).append(f)
         for mine in written.values():
             for i in range(0, len(mine), per_call):
                 part = mine[i : i + per_call]
