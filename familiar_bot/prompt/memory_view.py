@@ -30,7 +30,6 @@ from familiar_pipeline.storage.turns import Turn, TurnLog
 
 from familiar_bot.prompt.cue_people import Directory
 from familiar_bot.prompt.layers.common import Labels, content_hash
-from familiar_bot.prompt.scoping import turn_scope_sql
 
 log = logging.getLogger(__name__)
 
@@ -292,18 +291,12 @@ class MemoryView:
     def _grow_scope_ids(self, visible: tuple[str, ...]) -> np.ndarray:
         with self._memo_lock:
             upto, ids = self._scope_ids.get(visible, (0, np.zeros(0, dtype=np.int64)))
-        clause = turn_scope_sql(visible)
-        if clause is None:
-            return ids
-        where, params = clause
         latest = self.turn_log.latest_id()
         if latest <= upto:
             return ids
-        # The turn log has no public read by scope; this is its own table, read-only.
-        rows = self.turn_log._query(f"SELECT id FROM turns WHERE id > ? AND id <= ? AND {where} ORDER BY id",
-                                    [upto, latest, *params])
-        if rows:
-            ids = np.concatenate([ids, np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))])
+        found = self.turn_log.ids_in_scopes(visible, after_id=upto, upto_id=latest)
+        if found:
+            ids = np.concatenate([ids, np.fromiter(found, dtype=np.int64, count=len(found))])
         with self._memo_lock:
             known = self._scope_ids.get(visible)
             if known is None or known[0] < latest:

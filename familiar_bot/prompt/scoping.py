@@ -74,20 +74,6 @@ def keep_ids(ids: np.ndarray | list[int], allowed: np.ndarray) -> np.ndarray:
     return allowed[at] == want
 
 
-def turn_scope_sql(visible: tuple[str, ...]) -> tuple[str, list[int]] | None:
-    """A ``turns`` WHERE clause matching the turns said in ``visible`` (None: none can be)."""
-    guilds = [int(s.partition(":")[2]) for s in visible if s.startswith("guild:")]
-    channels = [int(s.partition(":")[2]) for s in visible if s.startswith("channel:")]
-    parts, params = [], []
-    if guilds:
-        parts.append(f"guild_id IN ({', '.join('?' * len(guilds))})")
-        params += guilds
-    if channels:
-        parts.append(f"(guild_id IS NULL AND channel_id IN ({', '.join('?' * len(channels))}))")
-        params += channels
-    return ("(" + " OR ".join(parts) + ")", params) if parts else None
-
-
 SCOPED_SECTIONS = ("conversation_summary", "reflection", "people_dossier", "rag_context")
 
 

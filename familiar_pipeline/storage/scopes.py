@@ -46,3 +46,20 @@ def common_scope(scopes: Iterable[str]) -> str:
 def scope_of_turns(turns: Iterable[Located]) -> str:
     """The scope of a row built from these turns."""
     return common_scope(turn_scope(t) for t in turns)
+
+
+def turn_scope_sql(scopes: Iterable[str]) -> tuple[str, list[int]] | None:
+    """A WHERE clause over the turn log's ``turns`` matching the turns said in ``scopes``, by
+    the rule of :func:`turn_scope` (None when no turn can match, e.g. only ``familiar``)."""
+    wanted = list(scopes)
+    guilds = [int(s.partition(":")[2]) for s in wanted if s.startswith("guild:")]
+    channels = [int(s.partition(":")[2]) for s in wanted if s.startswith("channel:")]
+    parts: list[str] = []
+    params: list[int] = []
+    if guilds:
+        parts.append(f"guild_id IN ({', '.join('?' * len(guilds))})")
+        params += guilds
+    if channels:
+        parts.append(f"(guild_id IS NULL AND channel_id IN ({', '.join('?' * len(channels))}))")
+        params += channels
+    return ("(" + " OR ".join(parts) + ")", params) if parts else None

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, overload
 
 from familiar_pipeline.storage.identity import check_key, is_ego_key
 from familiar_pipeline.storage.private import private_dir, private_file
+from familiar_pipeline.storage.scopes import turn_scope_sql
 from familiar_pipeline.storage.times import utc_text
 
 SCHEMA_VERSION = 3
@@ -1020,6 +1021,17 @@ class TurnLog:
         rows = self._query("SELECT id, channel_id FROM turns WHERE id IN (SELECT value FROM json_each(?)) "
                            "AND deleted_at IS NULL", [json.dumps(wanted)])
         return {int(i): int(c) for i, c in rows}
+
+    def ids_in_scopes(self, scopes: Iterable[str], *, after_id: int, upto_id: int) -> list[int]:
+        """Ids of the turns said in ``scopes`` (``scopes.turn_scope``) with ``after_id`` < id <=
+        ``upto_id``, ascending, tombstones included: what a reply of those scopes may quote."""
+        clause = turn_scope_sql(scopes)
+        if clause is None:
+            return []
+        where, params = clause
+        rows = self._query(f"SELECT id FROM turns WHERE id > ? AND id <= ? AND {where} ORDER BY id",
+                           [int(after_id), int(upto_id), *params])
+        return [r[0] for r in rows]
 
     def latest_id(self, channel_id: int | None = None) -> int:
         """The highest turn id (in the channel, if given), tombstones included; 0 when empty."""
