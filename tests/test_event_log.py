@@ -74,6 +74,37 @@ def test_the_stock_event_log_plans_one_event_per_familiar_and_asset(data):
         assert len(planned(instance, result.run_id)) == len(ASSETS) * len(NAMES)
 
 
+def check_rows(instance) -> list[tuple]:
+    """Each check execution of the index, as the UI reads it, with what its ids point at."""
+    storage = instance.event_log_storage
+    with storage.index_connection() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT c.asset_key, c.check_name, c.partition, c.execution_status, c.evaluation_event,"
+            " e.dagster_event_type, m.partition FROM asset_check_executions c"
+            " JOIN event_logs e ON e.id = c.evaluation_event_storage_id"
+            " LEFT JOIN event_logs m ON m.id = c.materialization_event_storage_id").fetchall()
+    out = []
+    for asset_key, check_name, partition, status, event, event_type, target_partition in rows:
+        evaluation = dg.deserialize_value(event, dg.EventLogEntry).dagster_event.event_specific_data
+        assert (evaluation.check_name, evaluation.partition, evaluation.passed) == (
+            check_name, partition, status == "SUCCEEDED")
+        out.append((asset_key, check_name, partition, status, event_type, target_partition))
+    return sorted(out, key=repr)
+
+
+def test_check_evaluations_are_stored_as_dagsters_own_event_log_stores_them(tmp_path, monkeypatch, data):
+    with dg.instance_for_test() as stock:
+        expected = check_rows(stock) if range_run(stock, data).success else None
+    with repo_instance(tmp_path / "home", monkeypatch) as instance:
+        assert range_run(instance, data).success
+        got = check_rows(instance)
+    assert got == expected
+    per_familiar = [row for row in got if row[2] is not None]
+    assert {row[2] for row in per_familiar} == set(NAMES), "one evaluation per familiar, on its own partition"
+    assert all(row[4] == "ASSET_CHECK_EVALUATION" and row[5] == row[2] for row in per_familiar), \
+        "each points at its evaluation event and its own partition's materialization"
+
+
 def test_kept_engines_stay_bounded_and_let_go_of_deleted_runs(tmp_path):
     storage = FamiliarSqliteEventLogStorage(str(tmp_path / "runs"))
     runs = [f"run{i:02d}" for i in range(KEPT_RUN_SHARDS + 4)]

@@ -535,6 +535,9 @@ def test_the_ui_agrees_on_each_familiars_checks_after_a_range_run(env):
             target = instance.fetch_materializations(
                 dg.AssetRecordsFilter(asset_key=dg.AssetKey("facts"), asset_partitions=[name]), limit=1).records[0]
             assert evaluation.target_materialization_data.storage_id == target.storage_id, "checks the latest"
+            # read from the index's columns (dagster_internals.latest_materialization_targets): the same run and time
+            assert evaluation.target_materialization_data.run_id == target.run_id
+            assert abs(evaluation.target_materialization_data.timestamp - target.timestamp) < 1e-3
             assert ("carried_over" in evaluation.metadata) == (name == "a2")
         infos = instance.event_log_storage.get_asset_check_partition_info([key])
         assert {(i.partition_key, i.latest_execution_status, i.is_current) for i in infos} == {

@@ -312,9 +312,8 @@ def materialize_projections(
             f"({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}) is left to a later run; "
             "their snapshots list it as pending and the turn sensor requests it"
         )
-    for check in checks:  # each familiar's evaluation on its own partition (checks.partition_evaluations)
-        yield from partition_evaluations(context.instance, context.run.run_id, check, check_results[check.key],
-                                         context.partition_keys)
+    # each familiar's evaluation of each check on its own partition (checks.partition_evaluations)
+    yield from partition_evaluations(context.instance, context.run.run_id, checks, check_results, context.partition_keys)
     lost = [(asset, f, e) for asset, errors in failed.items() if errors and not done[asset] for f, e in errors.items()]
     if len(lost) == 1:
         raise lost[0][2]

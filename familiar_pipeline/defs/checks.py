@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import dagster as dg
 
@@ -98,9 +98,10 @@ class MemoryCheck:
         )
 
 
-def partition_evaluations(instance: dg.DagsterInstance, run_id: str, check: MemoryCheck,
-                          results: dict[str, dg.AssetCheckResult], familiars: Sequence[str]) -> list[AssetCheckEvaluation]:
-    """One check's evaluations for a run: one per familiar of the run's partitions, on its own partition.
+def partition_evaluations(instance: dg.DagsterInstance, run_id: str, checks: Sequence[MemoryCheck],
+                          results: dict[dg.AssetCheckKey, dict[str, dg.AssetCheckResult]],
+                          familiars: Sequence[str]) -> Iterator[AssetCheckEvaluation]:
+    """The checks' evaluations for a run: per check, one per familiar of the run's partitions, on its own partition.
 
     Dagster plans a partitioned check once per partition of the run (as "planned" rows), but
     an `AssetCheckResult` of a run over several partitions is recorded with no partition:
@@ -109,26 +110,29 @@ def partition_evaluations(instance: dg.DagsterInstance, run_id: str, check: Memo
     familiar the step checked gets its evaluation on its partition, pointing at the
     materialization it checked; one the run did not process (it lies in the run's range
     but nothing was due for it) keeps its last result, carried over with a note, as long
-    as that result still targets the partition's latest materialization.
+    as that result still targets the partition's latest materialization. The targets are
+    looked up once per asset (its checks share them), not once per check.
     """
-    key = check.key
-    targets = latest_materialization_targets(instance, key.asset_key, familiars)
-    evaluations = [
-        AssetCheckEvaluation(
-            asset_key=key.asset_key, check_name=check.name, passed=result.passed, metadata=result.metadata,
-            target_materialization_data=targets.get(familiar), severity=result.severity,
-            blocking=check.blocking, partition=familiar,
-        )
-        for familiar, result in results.items()
-    ]
-    unchecked = [f for f in familiars if f not in results and f in targets]
-    for familiar, previous in previous_check_evaluations(instance, key, unchecked, run_id).items():
-        target = previous.target_materialization_data
-        if target is None or target.storage_id != targets[familiar].storage_id:
-            continue  # it checked an older materialization: nothing to carry over
-        note = f"not checked again: this run changed nothing of {familiar}'s {check.asset}; its last result stands"
-        evaluations.append(carried_over(previous, note))
-    return evaluations
+    targets_by_asset: dict[dg.AssetKey, dict] = {}
+    for check in checks:
+        key = check.key
+        if key.asset_key not in targets_by_asset:
+            targets_by_asset[key.asset_key] = latest_materialization_targets(instance, key.asset_key, familiars)
+        targets = targets_by_asset[key.asset_key]
+        checked = results.get(key, {})
+        for familiar, result in checked.items():
+            yield AssetCheckEvaluation(
+                asset_key=key.asset_key, check_name=check.name, passed=result.passed, metadata=result.metadata,
+                target_materialization_data=targets.get(familiar), severity=result.severity,
+                blocking=check.blocking, partition=familiar,
+            )
+        unchecked = [f for f in familiars if f not in checked and f in targets]
+        for familiar, previous in previous_check_evaluations(instance, key, unchecked, run_id).items():
+            target = previous.target_materialization_data
+            if target is None or target.storage_id != targets[familiar].storage_id:
+                continue  # it checked an older materialization: nothing to carry over
+            note = f"not checked again: this run changed nothing of {familiar}'s {check.asset}; its last result stands"
+            yield carried_over(previous, note)
 
 
 def spec_checks(spec: ProjectorSpec) -> tuple[MemoryCheck, ...]:
