@@ -65,7 +65,7 @@ def test_facts_batches_and_watermark(tmp_path, instance, fake_llm):
     result = run_assets(tmp_path, "fam", instance, [facts])
     meta = metadata_of(result, "facts")
     assert meta["batches"] == 2 and meta["turns_read"] == 20
-    assert meta["watermark_after"] == {"turn_id": 20}
+    assert meta["watermark_after"]["turn_id"] == 20
     assert meta["rows_written"] > 0 and meta["llm_calls"] == 2
     assert "preview" in meta
     with ProjectionStore(paths.memory_db, read_only=True) as store:
@@ -97,7 +97,7 @@ def test_malformed_reply_still_advances_watermark(tmp_path, instance, fake_llm):
     append_chat(paths, 10)
     fake_llm.script(lambda messages: "I'm sorry, here are the facts: [{'text': broken")
     meta = metadata_of(run_assets(tmp_path, "fam", instance, [facts]), "facts")
-    assert meta["watermark_after"] == {"turn_id": 10}
+    assert meta["watermark_after"]["turn_id"] == 10
     assert meta["rows_written"] == 0 and meta["rows_dropped"] >= 1
     assert "malformed_items" in meta["dropped_reasons"]
 
@@ -108,7 +108,7 @@ def test_activity_return_batch_skips_the_model(tmp_path, instance, fake_llm):
     calls = len(fake_llm.calls)
     meta = metadata_of(run_assets(tmp_path, "fam", instance, [facts]), "facts")
     assert len(fake_llm.calls) == calls
-    assert meta["watermark_after"] == {"turn_id": 10} and meta["rows_written"] == 0
+    assert meta["watermark_after"]["turn_id"] == 10 and meta["rows_written"] == 0
 
 
 def test_hallucinated_ids_and_keys_are_dropped(tmp_path, instance, fake_llm):
@@ -170,13 +170,13 @@ def test_rolling_summary_compounds_and_empty_reply_keeps_watermark(tmp_path, ins
     paths = make_familiar(tmp_path)
     append_chat(paths, 25)
     meta = metadata_of(run_assets(tmp_path, "fam", instance, [rolling_summary]), "rolling_summary")
-    assert meta["watermark_after"] == {"turn_id": 20} and meta["rows_written"] == 2
+    assert meta["watermark_after"]["turn_id"] == 20 and meta["rows_written"] == 2
     second_prompt = [c for c in fake_llm.calls if "running summary" in c["messages"][0]["content"]][-1]
     assert second_prompt["messages"][1]["content"].startswith("Previous summary:")
     append_chat(paths, 10, start=25)
     fake_llm.script(lambda messages: "   ")
     meta = metadata_of(run_assets(tmp_path, "fam", instance, [rolling_summary]), "rolling_summary")
-    assert meta["watermark_after"] == {"turn_id": 20}
+    assert meta["watermark_after"]["turn_id"] == 20
     assert meta["dropped_reasons"] == {"empty_reply": 1}
     with ProjectionStore(paths.memory_db, read_only=True) as store:
         assert summary_db.get_summary(store, "guild:1").last_turn_id == 20

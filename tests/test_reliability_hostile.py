@@ -216,7 +216,7 @@ def test_a_model_that_follows_injections_is_held_to_the_contract(tmp_path, insta
         fake.script(gullible_model)
         result = run_assets(tmp_path, "fam", instance, ["facts"])
     meta = {k: v.value for k, v in materializations(result, "facts")[-1].metadata.items()}
-    assert meta["watermark_after"] == {"turn_id": 10}
+    assert meta["watermark_after"]["turn_id"] == 10
     dropped = meta["dropped_reasons"]
     for reason in ("unknown_subject_keys", "unknown_source_ids", "empty_text", "malformed_items"):
         assert reason in str(dropped), (reason, dropped)

@@ -186,7 +186,7 @@ def test_every_projection_survives_the_fault(tmp_path, kind, prepared, clean_ref
                 assert "malformed_items" in meta["facts"]["dropped_reasons"], meta["facts"]
             if kind in ("empty", "no_choices", "one_megabyte"):
                 assert meta["rolling_summary"]["dropped_reasons"], "an unusable summary reply is recorded"
-            assert meta["facts"]["watermark_after"] == {"turn_id": 60}, "bad output never stalls extraction"
+            assert meta["facts"]["watermark_after"]["turn_id"] == 60, "bad output never stalls extraction"
         if kind == "one_megabyte":
             assert longest_text(paths) < MAX_STORED_CHARS, "a runaway reply never becomes a megabyte of memory"
         fake.script(careful_model)

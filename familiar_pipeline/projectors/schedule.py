@@ -244,6 +244,10 @@ class FamiliarState:
     def turn_watermark(self, projector: str) -> int:
         return int(self.watermarks.get(projector, {}).get("turn_id", 0))
 
+    def changes_pending(self, projector: str) -> bool:
+        """The turn log has edits or deletions the projector has not followed yet."""
+        return self.latest_change_seq > int(self.watermarks.get(projector, {}).get("change_seq", 0))
+
     def signature(self) -> list[int | str]:
         # `closed` counts: a batch that closes for quiet, with nothing else new, is news.
         return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version, len(self.closed), self.log_id,
@@ -327,7 +331,8 @@ def due_assets(config: FamiliarConfig, state: FamiliarState, *, hold: frozenset[
     for spec in triggered(TURNS):
         pending = state.latest_turn_id - state.turn_watermark(spec.name)
         if spec.name in active and spec.asset not in hold and (pending >= batch_size(spec, config.memory.knobs(spec.name))
-                                    or spec.name in state.closed):
+                                    or spec.name in state.closed
+                                    or (spec.follows_changes and state.changes_pending(spec.name))):
             due.append(spec.asset)
     if "facts" in due:
         # The fact-driven assets ride in the same run: one process start instead of a second

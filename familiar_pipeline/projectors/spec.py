@@ -112,6 +112,8 @@ class ProjectorSpec:
     are checked after each run; `scripted` answers its prompt in the scripted offline
     model; `snapshot_check` adds the check that the bot's snapshot is in step with the store;
     `matrices(config)` names vector tables each publish precombines (``snapshots.vectors``).
+    `follows_changes`: its run follows the turn log's edits and deletions past its watermark's
+    `change_seq`, so the sensor requests it as soon as the log has changes past that.
     """
 
     name: str
@@ -135,6 +137,7 @@ class ProjectorSpec:
     scripted: Scripted | None = None
     snapshot_check: bool = True
     matrices: Callable[[FamiliarConfig], ContextMatrix | None] | None = None
+    follows_changes: bool = False
 
     def __post_init__(self) -> None:
         if not self.asset:

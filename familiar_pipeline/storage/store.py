@@ -36,7 +36,7 @@ import duckdb
 
 from familiar_pipeline.storage import store_schema
 from familiar_pipeline.storage.records import Watermark
-from familiar_pipeline.storage.tables import Table, declared_tables
+from familiar_pipeline.storage.tables import Table, declared_tables, in_dependency_order, removal_sql, stale_sql
 from familiar_pipeline.storage.times import as_utc, now_or
 from familiar_pipeline.storage.values import as_int
 
@@ -416,6 +416,32 @@ class ProjectionStore:
                 self.sql(f"CREATE OR REPLACE SEQUENCE {sequence} START 1")
             self.sql("DELETE FROM watermarks WHERE projector IN (SELECT unnest(?))", [watermarks])
             self._marks = None
+
+    def remove_resting_on(self, turn_ids: Iterable[int]) -> dict[str, int]:
+        """Delete every row resting on these (edited or deleted) turns, directly or through removed rows.
+
+        One generic pass over the declared provenance (`tables.removal_sql`), tables in
+        dependency order, in one transaction: a fact citing a turn goes, then every row
+        built through that fact. Tables whose projector follows changes itself
+        (``on_change="own"``: dossiers, summaries, turn vectors) are left to it. Rows
+        deleted per table (tables with none left out).
+        """
+        turns = sorted({as_int(t, "turn id") for t in turn_ids})
+        removed: dict[str, int] = {}
+        with self.transaction():
+            for table in in_dependency_order(self.tables.values()):
+                sql = removal_sql(table, self.tables)
+                if sql is None:
+                    continue
+                n = len(self.sql(sql.replace("$turns", "?::BIGINT[]"), [turns] * sql.count("$turns")).fetchall())
+                if n:
+                    removed[table.name] = n
+        return removed
+
+    def stale_keys(self, table: Table) -> list[tuple]:
+        """Keys of ``table``'s rows built through a row that is gone (`tables.stale_sql`), in key order."""
+        sql = stale_sql(table, self.tables)
+        return [tuple(row) for row in self.sql(sql).fetchall()] if sql else []
 
     def table_rows(self, table: str, *, exclude: Iterable[str] = ()) -> list[tuple]:
         """Every row of ``table`` in key order, for table-by-table comparisons.

@@ -148,10 +148,16 @@ class Provenance:
     turns: tuple[str, ...] = ()
     through: tuple[Through, ...] = ()
     upto: str | None = None
+    # When a source goes (a turn edited or deleted, a row it was built through removed):
+    # "delete" — the row goes with it (`removal_sql`, run by `ProjectionStore.remove_resting_on`);
+    # "own" — its projector follows the change itself (rebuilds the row, or re-embeds the turn).
+    on_change: str = "delete"
 
     def __post_init__(self) -> None:
         if not (self.turns or self.through or self.upto):
             raise ValueError("a derived table must say where its rows come from (turns, through or upto)")
+        if self.on_change not in ("delete", "own"):
+            raise ValueError(f"on_change is 'delete' or 'own', not {self.on_change!r}")
 
 
 @dataclass(frozen=True)
@@ -377,6 +383,57 @@ def provenance_sql(table: Table, tables: Mapping[str, Table] | None = None) -> s
             f"JOIN ({provenance_sql(source, known)}) s ON s.row_key = r.source_id"
         )
     return " UNION ALL ".join(parts)
+
+
+def _gone_sources(table: Table, known: Mapping[str, Table]) -> list[str]:
+    """Conditions true of a row of ``table`` built through a row that no longer exists."""
+    conditions = []
+    for through in table.provenance.through:
+        source = known.get(through.table)
+        if source is None or len(source.key) != 1:
+            continue
+        key = source.key[0]
+        if table.column(through.column).is_list:
+            conditions.append(f"EXISTS (SELECT 1 FROM (SELECT unnest({through.column}) AS i) u "
+                              f"WHERE u.i NOT IN (SELECT {key} FROM {source.name}))")
+        else:
+            conditions.append(f"{through.column} NOT IN (SELECT {key} FROM {source.name})")
+    return conditions
+
+
+def removal_sql(table: Table, tables: Mapping[str, Table] | None = None) -> str | None:
+    """``DELETE`` of the rows of ``table`` resting on a changed turn or on a row that is gone, or None.
+
+    Parameter ``$turns`` (``BIGINT[]``): the changed turns. A row goes when one of its
+    ``turns`` columns names one of them, or when a row it was built ``through`` no longer
+    exists in its table (run in dependency order, so a removal reaches every row built on
+    it). Returns the deleted rows' keys. None for a table whose projector follows changes
+    itself (``on_change="own"``).
+    """
+    if table.provenance.on_change != "delete":
+        return None
+    hits = []
+    for name in table.provenance.turns:
+        hit = "list_has_any({c}, $turns)" if table.column(name).is_list else "{c} IN (SELECT unnest($turns))"
+        hits.append(hit.format(c=name))
+    hits += _gone_sources(table, dict(tables or _TABLES))
+    if not hits:
+        return None
+    return f"DELETE FROM {table.name} WHERE " + " OR ".join(f"({h})" for h in hits) + \
+        " RETURNING " + ", ".join(table.key)
+
+
+def stale_sql(table: Table, tables: Mapping[str, Table] | None = None) -> str | None:
+    """``SELECT`` of the keys of ``table``'s rows built through a row that no longer exists, or None.
+
+    For a table whose projector follows changes itself (a dossier that folded a removed fact
+    is rebuilt, not deleted, by its projector).
+    """
+    conditions = _gone_sources(table, dict(tables or _TABLES))
+    if not conditions:
+        return None
+    return (f"SELECT {', '.join(table.key)} FROM {table.name} WHERE " + " OR ".join(f"({c})" for c in conditions)
+            + f" ORDER BY {', '.join(table.key)}")
 
 
 # --------------------------------------------------------------------------- the declarations

@@ -29,12 +29,13 @@ A subject whose fold got an empty reply is folded again at its next step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from familiar_pipeline.projectors.facts.batches import processed_batch
 from familiar_pipeline.projectors.facts.store import (
     fact_horizon,
+    fact_ids_existing,
     fact_ids_for_subject,
     facts_by_ids,
     facts_in_range,
@@ -46,10 +47,12 @@ from familiar_pipeline.projectors.horizon import current_at
 from familiar_pipeline.projectors.prompting import MAX_PROSE_CHARS
 from familiar_pipeline.storage.identity import is_ego_key
 from familiar_pipeline.storage.scopes import common_scope
+from familiar_pipeline.storage.records import Watermark
 from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.turns import Turn, TurnLog
 
 from . import prompt
-from .tables import delete_dossiers, get_dossier, put_dossier
+from .tables import DOSSIERS, delete_dossiers, get_dossier, put_dossier
 
 if TYPE_CHECKING:
     from familiar_pipeline.projectors.report import ProjectionReport
@@ -166,12 +169,92 @@ def fold(rt: FamiliarRuntime, report: ProjectionReport, plan: Plan, max_facts: i
     return text
 
 
+# More changed messages than this since the dossiers last looked: rebuild instead of redacting.
+REDACT_MAX_MESSAGES = 20
+
+
+def removed_messages(turn_log: TurnLog, change_seq: int) -> tuple[list[tuple[Turn, str | None]], int]:
+    """The turns changed past `change_seq` as they were (with the new text of an edit that stands), and the last seq."""
+    changes = turn_log.changes_after(change_seq)
+    if not changes:
+        return [], change_seq
+    now = {t.id: t for t in turn_log.turns_by_ids({c.turn_id for c in changes})}
+    removed: dict[tuple[int, str], tuple[Turn, str | None]] = {}
+    for c in changes:
+        turn = now[c.turn_id]
+        was = replace(turn, content=c.prior_content or "") if c.kind == "edit" else turn
+        removed[(turn.id, was.content)] = (was, None if turn.deleted else turn.content)
+    return list(removed.values()), changes[-1].seq
+
+
+def rebuild_stale(rt: FamiliarRuntime, report: ProjectionReport, mark: Watermark) -> int:
+    """Take edited and deleted messages out of every dossier that folded a fact which is gone; how many.
+
+    Such a dossier's text may still say what the removed fact said. A subject whose current
+    facts fit one prompt is folded again from them, with no prior text (exactly what a rebuild
+    writes); a longer one costs one call instead, which rewrites the dossier without the
+    changed messages' words (a rebuild from every fact would cost one call per
+    `max_facts_per_prompt` facts). When the model gives nothing, or no fact is left, the
+    dossier is deleted rather than kept. The watermark's `change_seq` follows the turn log; a
+    run with no change past it does not look (facts go only through changes, or a rebuild,
+    which drops the dossiers too).
+    """
+    knobs = rt.config.memory.people_dossier
+    removed, seq = removed_messages(rt.turn_log(), mark.change_seq)
+    if seq == mark.change_seq:
+        return 0
+    with rt.store() as store:
+        stale = [key for (key,) in store.stale_keys(DOSSIERS)]
+        if not stale:
+            if seq != mark.change_seq:
+                store.set_watermark(PROJECTOR, change_seq=seq)
+            return 0
+        step = Step(mark.turn_id, mark.fact_id)
+        plans = {key: plan_subject(store, key, step, invalidated=True, ego_label=rt.config.display_name)
+                 for key in stale}
+        priors = {key: get_dossier(store, key) for key in stale}
+        existing = set(fact_ids_existing(store, [i for p in priors.values() if p for i in p.source_fact_ids]))
+    writes: dict[str, tuple[str, tuple[int, ...], str, int]] = {}
+    redacted = 0
+    for key in stale:
+        plan, prior = plans[key], priors[key]
+        if plan is None or prior is None:
+            continue
+        if len(plan.facts) <= knobs.max_facts_per_prompt or not removed or len(removed) > REDACT_MAX_MESSAGES:
+            text = fold(rt, report, plan, knobs.max_facts_per_prompt)
+            if text:
+                writes[key] = (text, plan.sources, plan.scope, plan.last_fact_id)
+            continue
+        reply = rt.llm.complete(prompt.build_redact_messages(label=plan.label, subject_key=key,
+                                                             text=prior.dossier_text, removed=removed))
+        report.llm_seconds += reply.latency_s
+        text = prompt.parse_reply(reply.text, ego=is_ego_key(key))
+        if text and len(text) <= MAX_PROSE_CHARS:
+            writes[key] = (text, tuple(i for i in prior.source_fact_ids if i in existing), prior.scope,
+                           prior.last_fact_id)
+            redacted += 1
+        else:
+            report.drop("empty_reply" if not text else "oversized_reply")
+    with rt.store() as store:
+        with store.transaction():
+            delete_dossiers(store, [key for key in stale if key not in writes])
+            for key, (text, sources, scope, last) in writes.items():
+                put_dossier(store, key, text, last, source_fact_ids=sources, scope=scope)
+            store.set_watermark(PROJECTOR, change_seq=seq)
+        rt.publish(store)
+    report.rows_written += len(writes)
+    report.extra["stale_dossiers"] = (f"{len(stale)} folded a removed fact: {len(writes) - redacted} folded again, "
+                                      f"{redacted} redacted, {len(stale) - len(writes)} deleted")
+    return len(stale)
+
+
 def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:
     cfg = rt.config
     ego_label = cfg.display_name
     with rt.store() as store:
         mark = store.get_watermark(PROJECTOR)
         steps = steps_pending(rt, store, mark.turn_id, mark.fact_id)
+    stale = 0 if rebuild else rebuild_stale(rt, report, mark)
     report.watermark_before = {"turn_id": mark.turn_id, "fact_id": mark.fact_id}
     previous = mark.fact_id
     for step in steps:
@@ -207,5 +290,5 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
         previous = step.horizon
     last = steps[-1] if steps else None
     report.watermark_after = {"turn_id": last.turn_id if last else mark.turn_id, "fact_id": previous}
-    if not steps:
+    if not steps and not stale:
         report.no_op("no new extraction batch (or supersession has not caught up)")

@@ -37,7 +37,7 @@ DOSSIERS = Table(
     "people_dossiers",
     Dossier,
     key=("canonical_key",),
-    provenance=Provenance(through=(Through("source_fact_ids", "facts"),)),
+    provenance=Provenance(through=(Through("source_fact_ids", "facts"),), on_change="own"),  # rebuilt: dossiers.run
     # A dossier written before provenance folded every fact about its subject up to its last_fact_id.
     migrations=(Migration("source facts", (
         "UPDATE people_dossiers d SET source_fact_ids = coalesce((SELECT list(s.fact_id ORDER BY s.fact_id) "

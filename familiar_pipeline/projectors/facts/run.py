@@ -27,6 +27,7 @@ from familiar_pipeline.storage.turns import Turn, TurnLog
 
 from . import prompt
 from .batches import next_batch
+from .changes import Followed, forget_changed, pending_changes
 from .prompt import ManifestEntry, RawFact
 from .store import FactDraft, append_facts, fact_texts
 from .tables import Subject
@@ -270,8 +271,45 @@ def extract_group(rt: FamiliarRuntime, report: ProjectionReport, group: Sequence
     return outcome
 
 
+def follow_changes(rt: FamiliarRuntime, report: ProjectionReport, turn_log: TurnLog, *, change_seq: int,
+                   watermark: int, self_key: str, self_name: str) -> Followed | None:
+    """Follow the turn log's edits and deletions past `change_seq` (see `changes`); None when there were none.
+
+    The edited turns are extracted first (the model calls, with the store closed); then one
+    transaction removes what the changed turns produced, adds the new facts and moves the
+    watermark's `change_seq`, so a killed run leaves either all of it or none.
+    """
+    followed = pending_changes(turn_log, change_seq, watermark)
+    if followed.change_seq == change_seq:
+        return None
+    drafts: list[FactDraft] = []
+    for turn in followed.to_extract:
+        outcome = extract_group(rt, report, [turn], turn_log, self_key=self_key, self_name=self_name)
+        drafts.extend(outcome.drafts)
+        for reason, n in outcome.dropped.items():
+            report.drop(reason, n)
+    with rt.store() as store:
+        with store.transaction():
+            forget_changed(store, followed)
+            inserted = [fact for fact, is_new in append_facts(store, drafts) if is_new]
+            store.set_watermark(PROJECTOR, change_seq=followed.change_seq)
+        rt.publish(store)
+    index = rt.fts_facts()
+    index.delete_many(followed.facts_removed)
+    index.upsert_many((f.id, f.text) for f in inserted)
+    if not index.commit():
+        report.drop("fts_commit_skipped")
+    report.rows_written += len(inserted)
+    report.extra["changes_followed"] = (
+        f"{len(followed.turns)} changed turn(s): {len(followed.facts_removed)} fact(s) removed "
+        f"({', '.join(f'{n} {t}' for t, n in sorted(followed.removed.items()))}), "
+        f"{len(followed.facts_restored)} made current again, {len(inserted)} extracted from "
+        f"{len(followed.to_extract)} edited turn(s)")
+    return followed
+
+
 def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:
-    """Process every full batch past the watermark, up to `max_batches_per_run`."""
+    """Follow edits and deletions (`follow_changes`), then every full batch past the watermark, up to `max_batches_per_run`."""
     cfg = rt.config
     knobs = cfg.memory.rich_note
     self_key, self_name = ego_key(cfg.familiar_id), cfg.display_name
@@ -280,13 +318,16 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
         if rebuild:
             rt.fts_facts().clear()
             rt.fts_facts().commit()
-        watermark = store.get_watermark(PROJECTOR).turn_id
+        mark = store.get_watermark(PROJECTOR)
+        watermark = mark.turn_id
         all_facts = fact_texts(store)
     if rt.fts_facts().doc_count() != len(all_facts):
         # a killed run or a skipped commit left fts/facts out of step: the store is canonical
         rt.fts_facts().rebuild(all_facts)
         report.extra["fts_facts_repaired"] = f"reindexed {len(all_facts)} facts from the store"
-    report.watermark_before = {"turn_id": watermark}
+    report.watermark_before = {"turn_id": watermark, "change_seq": mark.change_seq}
+    followed = follow_changes(rt, report, turn_log, change_seq=mark.change_seq, watermark=watermark,
+                              self_key=self_key, self_name=self_name)
     pending: list[tuple[int, BatchOutcome]] = []
     group_started = time.monotonic()
     for _ in range(cfg.pipeline.max_batches_per_run):
@@ -309,6 +350,7 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
             write_outcomes(rt, report, pending)
             pending, group_started = [], time.monotonic()
     write_outcomes(rt, report, pending)
-    report.watermark_after = {"turn_id": watermark}
-    if report.batches == 0:
+    report.watermark_after = {"turn_id": watermark,
+                              "change_seq": followed.change_seq if followed else mark.change_seq}
+    if report.batches == 0 and followed is None:
         report.no_op(f"fewer than batch_size={knobs.batch_size} new turns and no quiet gap of quiet_s={knobs.quiet_s}")

@@ -60,6 +60,7 @@ SPEC = ProjectorSpec(
     group="facts",
     kinds={"duckdb", "tantivy", "llm"},
     trigger=TURNS,
+    follows_changes=True,
     batch_knob="batch_size",
     batch_closed=batch_closed,
     knobs=RichNoteConfig,

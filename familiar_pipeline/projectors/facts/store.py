@@ -427,6 +427,15 @@ def facts_current_at_horizon(store: ProjectionStore, horizon: int, limit: int, *
     return select(store, where, params, order="t.id DESC", limit=limit)
 
 
+def fact_ids_existing(store: ProjectionStore, ids: Iterable[int]) -> list[int]:
+    """Those of ``ids`` that are facts in the store, ascending."""
+    wanted = sorted({values.as_int(i, "fact id") for i in ids})
+    if not wanted:
+        return []
+    return [row[0] for row in store.sql("SELECT id FROM facts WHERE id IN (SELECT unnest(?::BIGINT[])) ORDER BY id",
+                                        [wanted]).fetchall()]
+
+
 def fact_ids_upto(store: ProjectionStore, upto_id: int, *, scope: str | None = None) -> set[int]:
     """Ids of the facts that exist with id <= ``upto_id`` (of ``scope`` only, when given)."""
     where = "id <= ?"

@@ -36,3 +36,26 @@ def parse_reply(text: str | None) -> str:
     if cleaned.startswith("```") and cleaned.endswith("```"):
         cleaned = cleaned.strip("`").strip()
     return cleaned
+
+
+# Redaction: one call that takes changed turns out of a summary (see run.refold_changed).
+REDACT_MARK = "must no longer be remembered"
+
+REDACT_SYSTEM = (
+    "You keep the running summary of a long group conversation for a companion who takes part in it. "
+    "Some messages were deleted or edited by the people who wrote them: what they said there "
+    "must no longer be remembered. Rewrite the summary so that nothing in it comes from the removed "
+    "text (where an edit gives new text, that is what was said), and keep everything else as it "
+    "is. Return the updated summary only, plain prose, no preamble.\n\n" + UNTRUSTED_NOTE
+)
+
+
+def build_redact_messages(summary: str, removed: Sequence[tuple[TurnLike, str | None]]) -> list[dict]:
+    """The summary and each changed turn as it was, with its new text when it was edited (None: deleted)."""
+    parts = ["Summary:", summary.strip(), "", "Removed (id, channel, speaker, text as it was):"]
+    parts.extend(render_turn_lines([turn for turn, _ in removed], with_channel=True))
+    edited = [(turn, new) for turn, new in removed if new is not None]
+    if edited:
+        parts += ["", "Edited to read (id: new text):"]
+        parts += [f"{turn.id}: {new}" for turn, new in edited]
+    return [{"role": "system", "content": REDACT_SYSTEM}, {"role": "user", "content": "\n".join(parts)}]

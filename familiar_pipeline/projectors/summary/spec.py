@@ -18,6 +18,10 @@ class RollingSummaryConfig:
     # 20: one summary per two of the old 10-turn windows halves its calls (10 -> 5 per 100 turns).
     turns_threshold: int = knob(20, minimum=1)
     backfill_cap: int = knob(200, minimum=1)
+    # An edited or deleted turn this many of its scope's windows back or fewer is folded out
+    # exactly (the summary folded again from the first window: the cached windows are free,
+    # one call per window from the changed one on); an older one costs one redaction call.
+    refold_windows_max: int = knob(8, minimum=0)
 
 
 SPEC = ProjectorSpec(
@@ -30,6 +34,7 @@ SPEC = ProjectorSpec(
     group="synthesis",
     kinds={"duckdb", "llm"},
     trigger=TURNS,
+    follows_changes=True,
     batch_knob="turns_threshold",
     knobs=RollingSummaryConfig,
     tables=(SUMMARIES,),

@@ -31,7 +31,7 @@ SUMMARIES = Table(
     "summaries",
     Summary,
     key=("scope",),
-    provenance=Provenance(upto="last_turn_id"),
+    provenance=Provenance(upto="last_turn_id", on_change="own"),  # folded again: summary.run
     # The one summary written before scopes was familiar-wide, under the name "conversation".
     migrations=(Migration("familiar-wide scope", (
         f"UPDATE summaries SET scope = '{FAMILIAR_WIDE}' WHERE scope = 'conversation'",)),),
@@ -47,6 +47,15 @@ def put_summary(store: ProjectionStore, summary_text: str, last_turn_id: int, *,
     at = now_or(now)
     with store.transaction():
         store.sql("INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?)", [values.scope(scope), text, turn, at])
+
+
+def delete_summaries(store: ProjectionStore, scopes: Iterable[str]) -> int:
+    """Delete these scopes' summaries; how many existed."""
+    wanted = sorted(set(scopes))
+    if not wanted:
+        return 0
+    return len(store.sql("DELETE FROM summaries WHERE scope IN (SELECT unnest(?::VARCHAR[])) RETURNING scope",
+                         [wanted]).fetchall())
 
 
 def get_summary(store: ProjectionStore, scope: str = FAMILIAR_WIDE) -> Summary | None:

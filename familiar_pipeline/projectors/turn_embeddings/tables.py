@@ -14,7 +14,7 @@ TURN_EMBEDDINGS = Table(
     "turn_embeddings",
     TurnVector,
     key=("turn_id", "model"),
-    provenance=Provenance(turns=("turn_id",)),
+    provenance=Provenance(turns=("turn_id",), on_change="own"),  # re-embedded or dropped by its run
     description="A vector per (live turn, embedding model) (projector turn_embedding).",
 )
 

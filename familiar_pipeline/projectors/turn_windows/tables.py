@@ -18,7 +18,7 @@ TURN_WINDOW_EMBEDDINGS = Table(
     key=("turn_id", "model"),
     # The window text holds the neighbours too; the projector re-embeds every window within reach
     # of an edited or deleted turn, so a window vector never outlives a neighbour's text.
-    provenance=Provenance(turns=("turn_id",)),
+    provenance=Provenance(turns=("turn_id",), on_change="own"),  # re-embedded or dropped by its run
     description="A vector per (live turn, model) of the turn with its nearest same-channel turns "
                 "(projector turn_window_embedding).",
 )

@@ -1,0 +1,84 @@
+"""Edited and deleted turns, followed into memory: what such a turn produced stops being remembered.
+
+The turn log records every edit and deletion in `turn_changes`, numbered (`seq`). The fact
+extractor keeps how far it has followed them as its watermark's `change_seq`; each run first
+takes the changes past it. A changed turn the extractor has not reached yet needs nothing:
+its batch will be read as it is now. For one it has already extracted:
+
+* every fact citing it is removed, with its subjects, vectors, full-text entry and
+  supersession decisions, even a fact that also cites other turns (its words may be the
+  changed turn's). The facts it had retired are current again, and are judged anew by
+  the next fact about their subject that supersession sees;
+* reflections citing the turn or a removed fact are removed (they are not rewritten: the next
+  window reflects again);
+* an edited turn that still stands is extracted again, alone (one model call), so what it
+  says now is remembered; a deleted one is not.
+
+The removals go by the declared provenance (`ProjectionStore.remove_resting_on`), so this
+module names no other projector's table. Rows whose projector follows changes itself notice
+by their provenance: a dossier that folded a removed fact is rebuilt or redacted by the next
+dossier run (`dossiers.run.rebuild_stale`), and the summary of the turn's scope is folded again
+or redacted (`summary.run.refold_changed`). What differs from a rebuild (`familiar backfill
+--rebuild`): it re-extracts the changed turn's whole batch, so a fact that also rested on other
+turns of that batch can come back there; following changes costs one call per edited turn
+here and none per deletion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.turns import Turn, TurnLog
+
+
+@dataclass
+class Followed:
+    """What following the changes did: which turns, which rows went, which turns to extract again."""
+
+    change_seq: int
+    turns: list[int] = field(default_factory=list)  # changed turns the extractor had already read
+    facts_removed: list[int] = field(default_factory=list)
+    facts_restored: list[int] = field(default_factory=list)  # retired by a removed fact: current again
+    removed: dict[str, int] = field(default_factory=dict)  # rows deleted per table
+    to_extract: list[Turn] = field(default_factory=list)  # edited turns that still stand
+
+
+def pending_changes(turn_log: TurnLog, after_seq: int, extracted_upto: int) -> Followed:
+    """The changes past `after_seq` to turns at or before `extracted_upto`, and the seq they run to."""
+    changes = turn_log.changes_after(after_seq)
+    followed = Followed(change_seq=changes[-1].seq if changes else after_seq)
+    ids = sorted({c.turn_id for c in changes if c.turn_id <= extracted_upto})
+    followed.turns = ids
+    followed.to_extract = [t for t in turn_log.turns_by_ids(ids) if not t.deleted]
+    return followed
+
+
+def facts_citing(store: ProjectionStore, turn_ids: Iterable[int]) -> list[int]:
+    """Ids of the facts whose source turns include any of `turn_ids`, ascending."""
+    wanted = sorted(set(turn_ids))
+    if not wanted:
+        return []
+    rows = store.sql("SELECT id FROM facts WHERE list_has_any(source_turn_ids, ?::BIGINT[]) ORDER BY id",
+                     [wanted]).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def forget_changed(store: ProjectionStore, followed: Followed) -> Followed:
+    """Remove what the changed turns produced, in one transaction; `followed`, filled in.
+
+    The facts they retired are made current first (supersession's columns are the facts'
+    own); then the kernel removes every row resting on the turns, through the declared
+    provenance (`ProjectionStore.remove_resting_on`): the facts, and what was built on them.
+    """
+    with store.transaction():
+        followed.facts_removed = facts_citing(store, followed.turns)
+        if followed.facts_removed:
+            followed.facts_restored = [int(r[0]) for r in store.sql(
+                "UPDATE facts SET superseded_at = NULL, superseded_by = NULL "
+                "WHERE superseded_by IN (SELECT unnest(?::BIGINT[])) "
+                "AND NOT list_has_any(source_turn_ids, ?::BIGINT[]) RETURNING id",
+                [followed.facts_removed, followed.turns]).fetchall()]
+        followed.removed = store.remove_resting_on(followed.turns)
+    return followed
