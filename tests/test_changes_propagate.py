@@ -212,7 +212,7 @@ def test_the_kernel_removes_what_rests_on_a_turn_through_the_declared_provenance
         assert followed.facts_removed == [b.id] and followed.facts_restored == [a.id]
         assert followed.removed == {"facts": 1, "fact_subjects": 1, "supersede_decisions": 1, "fact_embeddings": 1}
         assert store.sql("SELECT id, superseded_at FROM facts ORDER BY id").fetchall() == [(a.id, None), (c.id, None)]
-        assert store.stale_keys(DOSSIERS) == [("discord:1",)], "left to its projector, which rebuilds it"
+        assert store.stale_keys(DOSSIERS) == [("discord:1", "familiar")], "left to its projector, which rebuilds it"
         assert store.count(store.table("reflections")) == 1, "it cites turn 1 and fact a, both still there"
 
         followed = forget_changed(store, Followed(change_seq=2, turns=[1]))

@@ -49,7 +49,7 @@ def familiar(tmp_path, fake_llm):
     paths = make_familiar(tmp_path, extra_toml=GRAPH_TOML + "\n[providers.memory.reflection]\nturns_threshold = 10\n")
     minute = 0
     with TurnLog(paths.turns_db) as log:
-        for round_ in range(6):  # round-robin over the places: every batch holds several scopes
+        for round_ in range(8):  # round-robin over the places: every batch holds several scopes (3 batches: a dossier fold)
             for channel, guild, marker, people in PLACES.values():
                 key, name = people[round_ % len(people)]
                 log.upsert_participant(key, username=name.lower(), global_name=name)
@@ -105,3 +105,23 @@ def test_familiar_facts_by_scope(familiar, monkeypatch, capsys):
         assert main(["facts", "--familiar", "fam", "--scope", scope_of(place)]) == 0
         out = capsys.readouterr().out
         assert {m for m in MARKERS.values() if m in out} == {MARKERS[place]}, place
+
+
+def test_a_person_heard_in_several_places_has_a_dossier_in_each_holding_only_that_place(familiar):
+    """Cass talks in server A and in a DM, Bo in both servers: one dossier per person and place,
+    each folding only what was said there, and each place's prompt shows its own."""
+    from familiar_pipeline.storage.store import ProjectionStore
+
+    root, paths = familiar
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        rows = store.sql("SELECT canonical_key, scope, dossier_text FROM people_dossiers "
+                         "WHERE canonical_key IN ('discord:111', 'discord:222')").fetchall()
+    places = {scope_of(place): place for place in PLACES}
+    seen = {(key, scope) for key, scope, _ in rows}
+    assert {("discord:111", "guild:111"), ("discord:111", "channel:50"), ("discord:222", "guild:111"),
+            ("discord:222", "guild:222")} <= seen
+    for key, scope, text in rows:
+        assert {m for m in MARKERS.values() if m in text} == {MARKERS[places[scope]]}, (key, scope)
+    for place in ("server-a", "dm"):
+        dossiers = {s.name: s.text for s in assemble(root, paths, place).sections}["people_dossier"]
+        assert MARKERS[place] in dossiers, place

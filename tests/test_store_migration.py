@@ -17,6 +17,7 @@ import duckdb
 import pytest
 
 from familiar_pipeline.projectors import registry
+from familiar_pipeline.projectors.dossiers import tables as dossier_db
 from familiar_pipeline.projectors.facts import store as facts_db
 from familiar_pipeline.projectors.facts.store import FactDraft
 from familiar_pipeline.projectors.facts.tables import Subject
@@ -92,6 +93,13 @@ def test_a_store_written_by_main_migrates_without_losing_a_row(tmp_path):
         assert inserted and new.id == max(r[0] for r in before["facts"]) + 1
         migrations = dict(store.sql("SELECT name, migrations FROM table_versions").fetchall())
         assert migrations["summaries"] == ["familiar-wide scope"] and migrations["people_dossiers"] == ["source facts"]
+        # Dossiers were keyed by subject; now by subject and scope (rekeyed by copying every row).
+        [(key,)] = store.sql("SELECT constraint_column_names FROM duckdb_constraints() WHERE table_name = "
+                             "'people_dossiers' AND constraint_type = 'PRIMARY KEY'").fetchall()
+        assert list(key) == ["canonical_key", "scope"]
+        subject = store.sql("SELECT canonical_key FROM people_dossiers LIMIT 1").fetchone()[0]
+        dossier_db.put_dossier(store, subject, "What was said in one server.", 1, scope="guild:1")
+        assert {d.scope for d in dossier_db.dossiers(store) if d.canonical_key == subject} == {FAMILIAR_WIDE, "guild:1"}
     with ProjectionStore(path, read_only=True, tables=registry.tables()) as reader:  # now current: reads work
         assert reader.schema_version == store_schema.SCHEMA_VERSION
 

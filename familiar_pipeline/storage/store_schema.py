@@ -164,6 +164,9 @@ def _reconcile_table(conn: duckdb.DuckDBPyConnection, table: Table, migrations: 
         if fill:
             conn.execute(f"ALTER TABLE {table.name} ALTER COLUMN {column.name} DROP DEFAULT")
         changed.append(f"added {table.name}.{column.name}")
+    if _primary_key(conn, table.name) != table.key:
+        _rekey(conn, table)
+        changed.append(f"rekeyed {table.name} by ({', '.join(table.key)})")
     if table.sequence and not _has(conn, "sequence", table.sequence):
         conn.execute(f"CREATE SEQUENCE {table.sequence} START 1")
     for index in table.indexes:
@@ -177,6 +180,27 @@ def _reconcile_table(conn: duckdb.DuckDBPyConnection, table: Table, migrations: 
             done.append(migration.name)
             changed.append(f"migrated {table.name}: {migration.name}")
     return done
+
+
+def _primary_key(conn: duckdb.DuckDBPyConnection, table: str) -> tuple[str, ...]:
+    row = conn.execute("SELECT constraint_column_names FROM duckdb_constraints() WHERE database_name = current_database() "
+                       "AND table_name = ? AND constraint_type = 'PRIMARY KEY'", [table]).fetchone()
+    return tuple(row[0]) if row else ()
+
+
+def _rekey(conn: duckdb.DuckDBPyConnection, table: Table) -> None:
+    """A table whose declared key changed, copied into one with the new key (DuckDB alters no
+    primary key in place); every row is kept, and a key that would now be duplicated is an error."""
+    temporary = f"{table.name}__rekey"
+    [create] = [s for s in table.ddl() if s.startswith("CREATE TABLE ")]
+    conn.execute(create.replace(f"CREATE TABLE {table.name} (", f"CREATE TABLE {temporary} (", 1))
+    columns = ", ".join(c.name for c in table.stored)
+    try:
+        conn.execute(f"INSERT INTO {temporary} ({columns}) SELECT {columns} FROM {table.name}")
+    except duckdb.ConstraintException as exc:
+        raise SchemaError(f"{table.name}: its rows are not unique by the new key ({', '.join(table.key)}): {exc}") from None
+    conn.execute(f"DROP TABLE {table.name}")
+    conn.execute(f"ALTER TABLE {temporary} RENAME TO {table.name}")
 
 
 def views_fingerprint(tables: Iterable[Table]) -> str:

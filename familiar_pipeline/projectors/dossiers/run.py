@@ -46,13 +46,12 @@ from familiar_pipeline.projectors.facts.tables import Fact
 from familiar_pipeline.projectors.horizon import current_at
 from familiar_pipeline.projectors.prompting import MAX_PROSE_CHARS
 from familiar_pipeline.storage.identity import is_ego_key
-from familiar_pipeline.storage.scopes import common_scope
 from familiar_pipeline.storage.records import Watermark
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import Turn, TurnLog
 
 from . import prompt
-from .tables import DOSSIERS, delete_dossiers, get_dossier, put_dossier
+from .tables import DOSSIERS, delete_dossier_rows, get_dossier, put_dossier
 
 if TYPE_CHECKING:
     from familiar_pipeline.projectors.report import ProjectionReport
@@ -88,19 +87,20 @@ def ego_selection(facts: list[Fact]) -> list[Fact]:
     return sorted(kept, key=lambda f: -(f.importance if f.importance is not None else EGO_MIN_IMPORTANCE))
 
 
-def plan_subject(store: ProjectionStore, key: str, step: Step, *, invalidated: bool, ego_label: str) -> Plan | None:
-    prior = get_dossier(store, key)
+def plan_subject(store: ProjectionStore, key: str, scope: str, step: Step, *, invalidated: bool,
+                 ego_label: str) -> Plan | None:
+    """What the dossier of `key` in `scope` needs at `step`: only that scope's facts are folded into it."""
+    prior = get_dossier(store, key, scope)
     rebuild = invalidated or prior is None
     after = 0 if rebuild or prior is None else prior.last_fact_id
     ids = fact_ids_for_subject(store, key, after_id=after, upto_id=step.horizon)
-    facts = [f for f in facts_by_ids(store, ids) if current_at(f, step.horizon)]
+    facts = [f for f in facts_by_ids(store, ids) if f.scope == scope and current_at(f, step.horizon)]
     if not facts and not (rebuild and prior is not None):
         return None
     label = ego_label if is_ego_key(key) else _label(facts, key)
     kept = () if rebuild or prior is None else prior.source_fact_ids
-    scopes = [f.scope for f in facts] + ([] if rebuild or prior is None else [prior.scope])
     return Plan(key, label, None if rebuild or prior is None else prior.dossier_text, facts, rebuild,
-                max([after, *ids]), tuple(dict.fromkeys([*kept, *(f.id for f in facts)])), common_scope(scopes))
+                max([after, *ids]), tuple(dict.fromkeys([*kept, *(f.id for f in facts)])), scope)
 
 
 def _label(facts: list[Fact], key: str) -> str:
@@ -204,41 +204,41 @@ def rebuild_stale(rt: FamiliarRuntime, report: ProjectionReport, mark: Watermark
     if seq == mark.change_seq:
         return 0
     with rt.store() as store:
-        stale = [key for (key,) in store.stale_keys(DOSSIERS)]
+        stale: list[tuple[str, str]] = [(key, scope) for key, scope in store.stale_keys(DOSSIERS)]
         if not stale:
             if seq != mark.change_seq:
                 store.set_watermark(PROJECTOR, change_seq=seq)
             return 0
         step = Step(mark.turn_id, mark.fact_id)
-        plans = {key: plan_subject(store, key, step, invalidated=True, ego_label=rt.config.display_name)
-                 for key in stale}
-        priors = {key: get_dossier(store, key) for key in stale}
+        plans = {pair: plan_subject(store, *pair, step, invalidated=True, ego_label=rt.config.display_name)
+                 for pair in stale}
+        priors = {pair: get_dossier(store, *pair) for pair in stale}
         existing = set(fact_ids_existing(store, [i for p in priors.values() if p for i in p.source_fact_ids]))
-    writes: dict[str, tuple[str, tuple[int, ...], str, int]] = {}
+    writes: dict[tuple[str, str], tuple[str, tuple[int, ...], int]] = {}
     redacted = 0
-    for key in stale:
-        plan, prior = plans[key], priors[key]
+    for pair in stale:
+        key = pair[0]
+        plan, prior = plans[pair], priors[pair]
         if plan is None or prior is None:
             continue
         if len(plan.facts) <= knobs.max_facts_per_prompt or not removed or len(removed) > REDACT_MAX_MESSAGES:
             text = fold(rt, report, plan, knobs.max_facts_per_prompt)
             if text:
-                writes[key] = (text, plan.sources, plan.scope, plan.last_fact_id)
+                writes[pair] = (text, plan.sources, plan.last_fact_id)
             continue
         reply = rt.llm.complete(prompt.build_redact_messages(label=plan.label, subject_key=key,
                                                              text=prior.dossier_text, removed=removed))
         report.llm_seconds += reply.latency_s
         text = prompt.parse_reply(reply.text, ego=is_ego_key(key))
         if text and len(text) <= MAX_PROSE_CHARS:
-            writes[key] = (text, tuple(i for i in prior.source_fact_ids if i in existing), prior.scope,
-                           prior.last_fact_id)
+            writes[pair] = (text, tuple(i for i in prior.source_fact_ids if i in existing), prior.last_fact_id)
             redacted += 1
         else:
             report.drop("empty_reply" if not text else "oversized_reply")
     with rt.store() as store:
         with store.transaction():
-            delete_dossiers(store, [key for key in stale if key not in writes])
-            for key, (text, sources, scope, last) in writes.items():
+            delete_dossier_rows(store, [pair for pair in stale if pair not in writes])
+            for (key, scope), (text, sources, last) in writes.items():
                 put_dossier(store, key, text, last, source_fact_ids=sources, scope=scope)
             store.set_watermark(PROJECTOR, change_seq=seq)
         rt.publish(store)
@@ -259,34 +259,38 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
     previous = mark.fact_id
     for step in steps:
         with rt.store() as store:
-            touched = {k for f in facts_in_range(store, previous, step.horizon) for k in f.subject_keys}
-            invalidated = {k for f in facts_retired_between(store, previous, step.horizon) for k in f.subject_keys}
-            deferred = {k for f in facts_retired_between(store, step.horizon, latest_fact_id(store))
+            # one dossier per subject and scope: a fact folds only into its own scope's
+            touched = {(k, f.scope) for f in facts_in_range(store, previous, step.horizon) for k in f.subject_keys}
+            invalidated = {(k, f.scope) for f in facts_retired_between(store, previous, step.horizon)
+                           for k in f.subject_keys}
+            deferred = {(k, f.scope) for f in facts_retired_between(store, step.horizon, latest_fact_id(store))
                         for k in f.subject_keys}
             report.drop("deferred_until_rebuild", len((touched | invalidated) & deferred))
             plans = [
                 p
-                for key in sorted((touched | invalidated) - deferred)
-                if (p := plan_subject(store, key, step, invalidated=key in invalidated, ego_label=ego_label))
+                for key, scope in sorted((touched | invalidated) - deferred)
+                if (p := plan_subject(store, key, scope, step, invalidated=(key, scope) in invalidated,
+                                      ego_label=ego_label))
             ]
-        writes: dict[str, tuple[str, Plan]] = {}
+        writes: dict[tuple[str, str], tuple[str, Plan]] = {}
         for plan in plans:
             text = fold(rt, report, plan, cfg.memory.people_dossier.max_facts_per_prompt)
             if text:
-                writes[plan.key] = (text, plan)
+                writes[(plan.key, plan.scope)] = (text, plan)
         report.batches += 1
         with rt.store() as store:
             with store.transaction():
                 # A rebuilt subject loses its old text even when the model gave nothing:
                 # the old text still carries the retired facts.
-                delete_dossiers(store, [p.key for p in plans if p.rebuild and p.key not in writes])
-                for key, (text, plan) in writes.items():
-                    put_dossier(store, key, text, plan.last_fact_id, source_fact_ids=plan.sources, scope=plan.scope)
+                delete_dossier_rows(store, [(p.key, p.scope) for p in plans
+                                            if p.rebuild and (p.key, p.scope) not in writes])
+                for (key, scope), (text, plan) in writes.items():
+                    put_dossier(store, key, text, plan.last_fact_id, source_fact_ids=plan.sources, scope=scope)
                 store.set_watermark(PROJECTOR, turn_id=step.turn_id, fact_id=step.horizon)
             rt.publish(store)
         report.rows_written += len(writes)
-        report.preview.extend({"subject": k, "last_fact_id": v[1].last_fact_id, "dossier": v[0][:200]}
-                              for k, v in writes.items())
+        report.preview.extend({"subject": k, "scope": scope, "last_fact_id": v[1].last_fact_id, "dossier": v[0][:200]}
+                              for (k, scope), v in writes.items())
         previous = step.horizon
     last = steps[-1] if steps else None
     report.watermark_after = {"turn_id": last.turn_id if last else mark.turn_id, "fact_id": previous}

@@ -36,19 +36,20 @@ class Dossier:
 DOSSIERS = Table(
     "people_dossiers",
     Dossier,
-    key=("canonical_key",),
+    key=("canonical_key", "scope"),  # one per subject and scope (a store keyed by subject alone is rekeyed)
     provenance=Provenance(through=(Through("source_fact_ids", "facts"),), on_change="own"),  # rebuilt: dossiers.run
     # A dossier written before provenance folded every fact about its subject up to its last_fact_id.
     migrations=(Migration("source facts", (
         "UPDATE people_dossiers d SET source_fact_ids = coalesce((SELECT list(s.fact_id ORDER BY s.fact_id) "
         "FROM fact_subjects s WHERE s.canonical_key = d.canonical_key AND s.fact_id <= d.last_fact_id), [])",)),),
-    description="One compounding dossier per person, and the familiar's self-record (projector people_dossier).",
+    description="One compounding dossier per person and scope, and the familiar's self-record (projector "
+                "people_dossier).",
 )
 
 
 def put_dossier(store: ProjectionStore, key: str, text: str, last_fact_id: int, *,
                 source_fact_ids: Iterable[int] = (), scope: str = FAMILIAR_WIDE, now: Any = None) -> None:
-    """Replace a subject's dossier. An empty text is refused (never overwrite with nothing)."""
+    """Replace a subject's dossier in `scope`. An empty text is refused (never overwrite with nothing)."""
     check_key(key, "subject key")
     body = values.text(text, "dossier text")
     fact_id = values.as_int(last_fact_id, "last_fact_id", minimum=0)
@@ -59,8 +60,12 @@ def put_dossier(store: ProjectionStore, key: str, text: str, last_fact_id: int, 
                   [key, body, fact_id, at, values.scope(scope), sources])
 
 
-def get_dossier(store: ProjectionStore, key: str) -> Dossier | None:
-    rows = store.rows(DOSSIERS, "t.canonical_key = ?", [key])
+def get_dossier(store: ProjectionStore, key: str, scope: str | None = None) -> Dossier | None:
+    """The subject's dossier in `scope` (None: its first by scope, for a subject heard in one)."""
+    if scope is None:
+        rows = store.rows(DOSSIERS, "t.canonical_key = ?", [key])
+    else:
+        rows = store.rows(DOSSIERS, "t.canonical_key = ? AND t.scope = ?", [key, scope])
     return rows[0] if rows else None
 
 
@@ -73,15 +78,29 @@ def delete_dossiers(store: ProjectionStore, keys: Iterable[str]) -> int:
     return len(drop_dossiers(store, keys))
 
 
-def drop_dossiers(store: ProjectionStore, keys: Iterable[str]) -> list[str]:
-    """Delete these subjects' dossiers; the keys that had one, sorted."""
+def drop_dossiers(store: ProjectionStore, keys: Iterable[str], scopes: Iterable[str] | None = None) -> list[str]:
+    """Delete these subjects' dossiers (in `scopes` only, when given); the keys that had one, sorted."""
     wanted = sorted(set(keys))
     if not wanted:
         return []
+    where, params = "canonical_key IN (SELECT unnest(?::VARCHAR[]))", [wanted]
+    if scopes is not None:
+        where, params = where + " AND scope IN (SELECT unnest(?::VARCHAR[]))", [wanted, sorted(set(scopes))]
     with store.transaction():
-        rows = store.sql("DELETE FROM people_dossiers WHERE canonical_key IN (SELECT unnest(?)) RETURNING canonical_key",
-                         [wanted]).fetchall()
-    return sorted(row[0] for row in rows)
+        rows = store.sql(f"DELETE FROM people_dossiers WHERE {where} RETURNING canonical_key", params).fetchall()
+    return sorted({row[0] for row in rows})
+
+
+def delete_dossier_rows(store: ProjectionStore, pairs: Iterable[tuple[str, str]]) -> int:
+    """Delete these (subject key, scope) dossiers; how many existed."""
+    wanted = sorted(set(pairs))
+    if not wanted:
+        return 0
+    with store.transaction():
+        rows = store.sql("DELETE FROM people_dossiers d WHERE EXISTS (SELECT 1 FROM (SELECT unnest(?::VARCHAR[]) AS k, "
+                         "unnest(?::VARCHAR[]) AS s) w WHERE w.k = d.canonical_key AND w.s = d.scope) "
+                         "RETURNING canonical_key", [[k for k, _ in wanted], [s for _, s in wanted]]).fetchall()
+    return len(rows)
 
 
 def dossiers_for(source: Any, keys: Iterable[str]) -> dict[str, Dossier]:

@@ -145,7 +145,7 @@ def _retire(store: ProjectionStore, ids: Iterable[int], replacement_id: int | No
         [at, replacement_id, ids],
     )
     keys = sorted({k for i in ids for k in rows[i].subject_keys})
-    return tuple(drop_dossiers(store, keys))
+    return tuple(drop_dossiers(store, keys, scopes={rows[i].scope for i in ids}))
 
 
 def unretire_all(store: ProjectionStore) -> None:
