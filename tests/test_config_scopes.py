@@ -34,6 +34,14 @@ def test_groups_as_a_subtable_and_familiar_member(tmp_path):
     assert load(tmp_path).memory.scopes.visible("guild:111") == ("guild:111", "familiar")
 
 
+def test_dm_sees_person_is_off_unless_set(tmp_path):
+    assert load(tmp_path).memory.scopes.dm_sees_person is False
+    write(tmp_path, '[memory.scopes]\ndm_sees_person = true\n')
+    scopes = load(tmp_path).memory.scopes
+    assert scopes.dm_sees_person is True and scopes.visible("channel:5") == ("channel:5",), \
+        "the person is joined per DM, by who it is with (prompt/scoping.visible_scopes)"
+
+
 def test_render_round_trips(tmp_path):
     write(tmp_path, '[memory.scopes]\ngroups = { team = ["guild:111", "guild:222"] }\n')
     cfg = load(tmp_path)
@@ -56,6 +64,8 @@ def test_render_round_trips(tmp_path):
     ('[memory.scopes]\ngroups = ["guild:1"]', "expected a table of named arrays of scopes"),
     ('[memory.scopes]\ngrups = {}', "unknown key 'grups' in [memory.scopes]"),
     ('[memory.scope]\ngroups = {}', "unknown key 'scope' in [memory]"),
+    ('[memory.scopes]\ndm_sees_person = "yes"', "dm_sees_person"),
+    ('[memory.scopes]\ndm_sees_person = 1', "dm_sees_person"),
 ])
 def test_bad_values_are_one_line_errors(tmp_path, toml, expected):
     message = error_of(tmp_path, toml)

@@ -125,3 +125,24 @@ def test_a_person_heard_in_several_places_has_a_dossier_in_each_holding_only_tha
     for place in ("server-a", "dm"):
         dossiers = {s.name: s.text for s in assemble(root, paths, place).sections}["people_dossier"]
         assert MARKERS[place] in dossiers, place
+
+
+def test_a_dm_sees_what_its_person_said_in_servers_only_when_the_operator_allows_it(familiar):
+    """`[memory.scopes] dm_sees_person`: the DM with Cass also reads Cass's own words from server A
+    (turns, and facts resting on them alone), never Bo's words there, nor server B where Cass never
+    spoke, nor server A's summary or dossiers; off by default; a server's replies are unchanged."""
+    root, paths = familiar
+    env = {"FAMILIAR__MEMORY__SCOPES__DM_SEES_PERSON": "true"}
+    assert markers_in(assemble(root, paths, "dm")) == {MARKERS["dm"]}, "strict by default"
+    prompt = assemble(root, paths, "dm", env)
+    assert not prompt.debug["errors"], prompt.debug["errors"]
+    assert markers_in(prompt) == {MARKERS["dm"], MARKERS["server-a"]}
+    assert "person:discord:111" in prompt.debug["scopes"]["visible"]
+    sections = {s.name: s.text for s in prompt.sections}
+    said = sections["rag_context"]
+    marker = MARKERS["server-a"]
+    assert any(f"{marker} number {r}" in said for r in (0, 2, 4, 6)), "Cass's turns and facts in server A"
+    assert not any(f"{marker} number {r}" in said for r in (1, 3, 5, 7)), "Bo's words in server A stay there"
+    for section in ("conversation_summary", "people_dossier", "reflection"):
+        assert marker not in sections.get(section, ""), section
+    assert markers_in(assemble(root, paths, "server-a", env)) == {marker}

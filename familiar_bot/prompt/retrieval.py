@@ -68,13 +68,13 @@ from familiar_pipeline.projectors.fact_embeddings.tables import vectors_in as fa
 from familiar_pipeline.projectors.facts.reads import current_facts
 from familiar_pipeline.projectors.turn_embeddings.tables import turn_matrix
 from familiar_pipeline.projectors.turn_windows.tables import context_turn_matrix
-from familiar_pipeline.storage.scopes import turn_scope
+from familiar_pipeline.storage.scopes import turn_visible
 from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
-from familiar_bot.prompt.scoping import keep_ids, visible_row_ids, visible_scopes
+from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
                                               next_replies, window_id_ranges)
@@ -162,7 +162,7 @@ def _current_candidates(cue: str, memory, limit: int, wanted: int,
     is not visible (filtered by id before any row is read)."""
     now = datetime.now(timezone.utc)
     fetch = limit
-    allowed = None if visible is None else visible_row_ids(memory.snapshot, "facts", visible)
+    allowed = None if visible is None else visible_fact_ids(memory, visible)
     excluded = 0
     round_ = 0
     while True:
@@ -559,7 +559,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
             rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in chunk)}
             for f in chunk:
                 turn = rows.get(f["turn_id"])
-                if turn is None or turn.deleted or turn_scope(turn) not in visible:
+                if turn is None or turn.deleted or not turn_visible(turn, visible):
                     continue
                 kept.append(turn)
                 ranked.append(f)
@@ -593,7 +593,10 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         below, above = bisect_left(same, hit.id), bisect_right(same, hit.id)
         shown.append(same[max(0, below - reach):below] + same[above:above + reach])
     rows = {t.id: t for t in rows_of.get({tid for ids in shown for tid in ids})}
-    groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted] for hit, ids in zip(kept, shown)]
+    # a neighbour shows only if the reply may read it too (a joined person's hit in a server
+    # brings no one else's turns of that server)
+    groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted
+                       and turn_visible(rows[tid], visible)] for hit, ids in zip(kept, shown)]
     chosen = fit_by_rank(groups, token_budget)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to") if k in f}
              for f in ranked]

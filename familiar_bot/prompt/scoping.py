@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from familiar_pipeline.storage.scopes import FAMILIAR_WIDE
+from familiar_pipeline.storage.scopes import FAMILIAR_WIDE, PERSON
 
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView
@@ -38,9 +38,30 @@ def reply_scope(ctx: AssemblyContext) -> str:
     return f"channel:{int(ctx.channel_id)}"  # type: ignore[arg-type]  # not None: checked above
 
 
+# How many of a DM's latest turns decide who it is with.
+DM_WINDOW = 50
+
+
+def dm_person(ctx: AssemblyContext, memory: MemoryView) -> str | None:
+    """The one person of a conversation outside any server (a DM): the only author of its
+    latest turns; None in a server, or where several people (a group DM) or nobody spoke."""
+    if ctx.guild_id is not None or ctx.channel_id is None:
+        return None
+    authors = {t.author_key for t in memory.channel_window(ctx.channel_id, DM_WINDOW)
+               if t.role == "user" and t.author_key}
+    return authors.pop() if len(authors) == 1 else None
+
+
 def visible_scopes(ctx: AssemblyContext, memory: MemoryView) -> tuple[str, ...]:
-    """The reply's scope first, then the scopes ``[memory.scopes]`` joins to it."""
-    return memory.config.memory.scopes.visible(reply_scope(ctx))
+    """The reply's scope first, then the scopes ``[memory.scopes]`` joins to it, then (in a DM,
+    with ``dm_sees_person``) ``person:<key>``: what the DM's person said in any scope."""
+    scopes = memory.config.memory.scopes
+    visible = scopes.visible(reply_scope(ctx))
+    if scopes.dm_sees_person:
+        person = memory.per_assembly(("dm-person", ctx.channel_id), lambda: dm_person(ctx, memory))
+        if person is not None:
+            visible = (*visible, PERSON + person)
+    return visible
 
 
 def scope_key(ctx: AssemblyContext, memory: MemoryView) -> str:
@@ -63,6 +84,30 @@ def visible_row_ids(snapshot: Any, table: str, visible: tuple[str, ...], id_colu
         return np.unique(np.asarray(ids, dtype=np.int64))
 
     return snap.cached(("scope-ids", table, id_column, visible), build)
+
+
+def visible_fact_ids(memory: MemoryView, visible: tuple[str, ...]) -> np.ndarray:
+    """Sorted ids of the facts a reply reading ``visible`` may use: those of its scopes, and for
+    a joined person (``person:<key>``) the facts whose every source turn that person said."""
+    ids = visible_row_ids(memory.snapshot, "facts", visible)
+    people = tuple(v for v in visible if v.startswith(PERSON))
+    if not people:
+        return ids
+    said = memory.scope_turn_ids(people)
+    snap = memory.snapshot.current()
+
+    def build() -> np.ndarray:
+        table = snap.table("facts")
+        sources = table["source_turn_ids"].combine_chunks()
+        parents = pc.list_parent_indices(sources).to_numpy()
+        inside = keep_ids(pc.list_flatten(sources).to_numpy(), said).astype(np.int64)
+        total = np.bincount(parents, minlength=table.num_rows)
+        theirs = np.bincount(parents, weights=inside, minlength=table.num_rows)
+        ok = (total > 0) & (theirs == total)
+        return np.unique(np.asarray(table["id"].to_numpy(), dtype=np.int64)[ok])
+
+    extra = memory.memo(("person-fact-ids", memory.snapshot.version, people, len(said)), build)
+    return np.union1d(ids, extra)
 
 
 def keep_ids(ids: np.ndarray | list[int], allowed: np.ndarray) -> np.ndarray:
@@ -99,8 +144,11 @@ def render_report(scopes: dict[str, Any]) -> list[str]:
     """``/context`` and ``familiar prompt`` lines for :func:`report`'s block."""
     reply, visible = scopes["reply"], scopes["visible"]
     joined = [s for s in visible if s != reply]
+    people = [s[len(PERSON):] for s in joined if s.startswith(PERSON)]
+    joined = [s for s in joined if not s.startswith(PERSON)]
     lines = [f"=== scopes: this reply reads {reply}"
-             + (f" and, joined by [memory.scopes], {', '.join(joined)}" if joined else " only") + " ==="]
+             + (f" and, joined by [memory.scopes], {', '.join(joined)}" if joined else "" if people else " only")
+             + (f" and what {', '.join(people)} said anywhere (dm_sees_person)" if people else "") + " ==="]
     parts = ", ".join(f"{name} {n}" for name, n in scopes["excluded"].items())
     lines.append(f"rows of other scopes left out: {scopes['excluded_total']}"
                  + (f" ({parts})" if parts else ""))

@@ -93,6 +93,7 @@ def render_config(cfg: FamiliarConfig) -> str:
     _render_section(lines, "providers.embedding", cfg.embedding)
     _render_section(lines, "providers.history", cfg.history)
     _render_section(lines, "memory.retrieval", cfg.memory.retrieval)
+    lines += ["", "[memory.scopes]", f"dm_sees_person = {toml_value(cfg.memory.scopes.dm_sees_person)}"]
     lines += ["", "[memory.scopes.groups]"]
     lines += [f"{key_text(name)} = {toml_value(list(members))}" for name, members in cfg.memory.scopes.groups.items()]
     for tier in ("voice", "text", "background"):

@@ -224,10 +224,13 @@ class ScopesConfig:
     ``groups`` maps a name to scopes that see one another's memory (every member reads
     every member's rows). Listing ``familiar`` in a group lets its members read the rows
     built across scopes or before scopes existed. The default is strict: a reply reads
-    its own scope only.
+    its own scope only. ``dm_sees_person`` joins a DM to what its person said elsewhere.
     """
 
     groups: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: FrozenDict({}))
+    # A DM (a conversation outside any server with one person) also reads what that person
+    # said in any scope: their own turns, and facts resting on their turns alone.
+    dm_sees_person: bool = False
 
     def visible(self, scope: str) -> tuple[str, ...]:
         """The scopes a reply said in ``scope`` reads: its own first, then its groups' members, sorted."""

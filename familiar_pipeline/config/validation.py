@@ -371,7 +371,8 @@ def _root_adapter(knob_tables: tuple[tuple[str, type | None], ...]) -> TypeAdapt
         "memory": _typed_table("MemorySectionTable", {
             "retrieval": table_type(RetrievalConfig),
             "scopes": _typed_table("ScopesTable", {
-                "groups": Annotated[dict[str, Any], WrapValidator(_scope_groups)]}),
+                "groups": Annotated[dict[str, Any], WrapValidator(_scope_groups)],
+                "dm_sees_person": _leaf(bool, {})}),
         }),
         "budget": _typed_table("BudgetTable", dict.fromkeys(_TIERS, table_type(TierBudget)), what="budget tier"),
         "llm": _typed_table("LlmTable", llm),
@@ -408,10 +409,12 @@ def build(tree: Tree, familiar_id: str, secrets_env: Mapping[str, str]) -> Famil
             tables[name] = replace(cls(), **table.get(name, {}))
         elif name in table:
             tables[name] = FrozenDict(copy.deepcopy(table[name]))
-    groups = data.get("memory", {}).get("scopes", {}).get("groups", {})
+    scopes_table = data.get("memory", {}).get("scopes", {})
+    groups = scopes_table.get("groups", {})
     memory = MemoryConfig(projectors=tuple(table.get("projectors", DEFAULT_PROJECTORS)),
                           retrieval=retrieval, tables=FrozenDict(tables),
-                          scopes=ScopesConfig(groups=FrozenDict(dict(sorted(groups.items())))))
+                          scopes=ScopesConfig(groups=FrozenDict(dict(sorted(groups.items()))),
+                                              dm_sees_person=bool(scopes_table.get("dm_sees_person", False))))
     _check_embedding_switches(tree, memory, embedding)
     _check_retrieval_weights(tree, retrieval, embedding.backend != "off")
 

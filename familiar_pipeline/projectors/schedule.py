@@ -240,13 +240,11 @@ class FamiliarState:
     pending: tuple[str, ...] = ()  # assets a run planned and left undone (the snapshot's pending_assets)
     damaged: str | None = None  # what is wrong with the published snapshot (missing, cut short); None: whole
     rebuilding: bool = False  # a corrupt store was moved aside and is being rebuilt (`storage.corrupt`)
+    changed: tuple[str, ...] = ()  # projectors that follow changes, with an edit or deletion of a turn they read
 
     def turn_watermark(self, projector: str) -> int:
         return int(self.watermarks.get(projector, {}).get("turn_id", 0))
 
-    def changes_pending(self, projector: str) -> bool:
-        """The turn log has edits or deletions the projector has not followed yet."""
-        return self.latest_change_seq > int(self.watermarks.get(projector, {}).get("change_seq", 0))
 
     def signature(self) -> list[int | str]:
         # `closed` counts: a batch that closes for quiet, with nothing else new, is news.
@@ -296,9 +294,25 @@ def read_state(paths: FamiliarPaths, config: FamiliarConfig | None = None) -> Fa
         latest, change, log_id = turn_log.latest_id(), turn_log.latest_change_seq(), turn_log.log_id()
         newest = turn_log.turns_by_ids([latest]) if latest else []
         closed = tuple(_closed_early(turn_log, config, latest, marks, now)) if config is not None else ()
+        changed = tuple(_changed_read(turn_log, marks, change))
     age = (now - newest[0].created_at).total_seconds() if newest else float("inf")
     return FamiliarState(latest, change, age, version, marks, closed, log_id, pending, published.problem,
-                         rebuilding=corrupt.rebuilding(paths) is not None)
+                         rebuilding=corrupt.rebuilding(paths) is not None, changed=changed)
+
+
+def _changed_read(turn_log: TurnLog, marks: dict, latest_change: int) -> Iterator[str]:
+    """Projectors that follow changes (`spec.follows_changes`) with an edit or deletion, past their
+    `change_seq`, of a turn they have already read. One that only touched turns not read yet
+    waits: the batch that reads them reads them as they are now."""
+    for spec in triggered(TURNS):
+        if not spec.follows_changes:
+            continue
+        mark = marks.get(spec.name, {})
+        seq, upto = int(mark.get("change_seq", 0)), int(mark.get("turn_id", 0))
+        if latest_change > seq:
+            first = turn_log.first_changed_turn(seq)
+            if first is not None and first <= upto:
+                yield spec.name
 
 
 def batch_size(spec: ProjectorSpec, knobs: Any) -> int:
@@ -332,7 +346,7 @@ def due_assets(config: FamiliarConfig, state: FamiliarState, *, hold: frozenset[
         pending = state.latest_turn_id - state.turn_watermark(spec.name)
         if spec.name in active and spec.asset not in hold and (pending >= batch_size(spec, config.memory.knobs(spec.name))
                                     or spec.name in state.closed
-                                    or (spec.follows_changes and state.changes_pending(spec.name))):
+                                    or spec.name in state.changed):
             due.append(spec.asset)
     if "facts" in due:
         # The fact-driven assets ride in the same run: one process start instead of a second

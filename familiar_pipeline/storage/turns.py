@@ -797,6 +797,11 @@ class TurnLog:
     def latest_change_seq(self) -> int:
         return self._query("SELECT coalesce(max(seq), 0) FROM turn_changes")[0][0]
 
+    def first_changed_turn(self, after_seq: int) -> int | None:
+        """The lowest turn id edited or deleted past change ``after_seq``; None when nothing changed since."""
+        _check_int(after_seq, "seq")
+        return self._query("SELECT min(turn_id) FROM turn_changes WHERE seq > ?", (after_seq,))[0][0]
+
     # -- participants
 
     def upsert_participant(
