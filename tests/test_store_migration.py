@@ -137,3 +137,35 @@ def test_reopening_a_migrated_store_changes_nothing(tmp_path):
         assert raw.execute("SELECT name, fingerprint, migrations FROM table_versions ORDER BY name").fetchall() == first
         assert raw.execute("SELECT count(*) FROM schema_version WHERE version = ?",
                            [store_schema.SCHEMA_VERSION]).fetchone()[0] == 1
+
+
+def test_an_existing_familiar_gets_its_scopes_by_the_documented_rebuild(tmp_path, fake_llm):
+    """Issue 26 item 4, as the README says: a familiar whose rows were written before scopes
+    (they carry `familiar`) is re-scoped by `familiar backfill --projection <asset> --rebuild`;
+    every turn stays, and every rebuilt row carries the scope of the turns it came from."""
+    import dagster as dg
+
+    from familiar_pipeline.storage.scopes import turn_scope
+
+    from .fact_helpers import ALL_ASSETS, GRAPH_TOML, materialize
+    from .helpers import make_familiar
+
+    paths = make_familiar(tmp_path, "old", GRAPH_TOML)
+    legacy_store(paths.dir)
+    with TurnLog(paths.turns_db) as log:
+        turns = {t.id: t for t in log.turns_after(0)}
+        for turn in turns.values():  # the fixture kept turns, not the participants table
+            if turn.author_key and turn.role == "user":
+                log.upsert_participant(turn.author_key, username=turn.author_display or None)
+    with dg.instance_for_test() as instance:
+        assert materialize(tmp_path, instance, ALL_ASSETS, familiar_id="old", rebuild=True).success
+    with TurnLog(paths.turns_db) as log:
+        assert {t.id for t in log.turns_after(0)} == set(turns), "no turn lost"
+    with ProjectionStore(paths.memory_db, read_only=True, tables=registry.tables()) as store:
+        facts = store.sql("SELECT scope, source_turn_ids FROM facts").fetchall()
+        assert facts, "the rebuild extracted facts again"
+        for scope, sources in facts:
+            assert scope == turn_scope(turns[sources[0]]) != FAMILIAR_WIDE
+        for table in ("summaries", "people_dossiers", "reflections"):
+            scopes = {r[0] for r in store.sql(f"SELECT DISTINCT scope FROM {table}").fetchall()}
+            assert scopes and FAMILIAR_WIDE not in scopes, table
