@@ -22,11 +22,9 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from unittest import mock
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 REPO = Path(__file__).resolve().parents[1]
@@ -42,10 +40,8 @@ from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
 from familiar_pipeline.storage.store import ProjectionStore  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
-from familiar_pipeline.testing.fake_llm import install_fake_llm  # noqa: E402
-from familiar_pipeline.testing.scripted import careful_model  # noqa: E402
 
-from benchmarks.pipeline import ALL_ASSETS, BIG_RUNS, GRAPH_TOML  # noqa: E402
+from benchmarks.pipeline import ALL_ASSETS, GRAPH_TOML, scripted_familiar  # noqa: E402
 
 PEOPLE = [("discord:1", "Cass"), ("discord:2", "Bo"), ("discord:3", "Mia")]
 PLACES = [(10, 100), (20, 200), (30, None)]  # (channel, guild): two servers and a DM
@@ -93,18 +89,11 @@ def follow(root: Path, paths: FamiliarPaths, instance, fake) -> tuple[float, dic
 
 
 def run(turns: int, deletions: int, edits: int) -> dict:
-    fake = install_fake_llm()
-    fake.script(careful_model)
-    with mock.patch.dict(os.environ, BIG_RUNS), tempfile.TemporaryDirectory() as tmp, dg.instance_for_test() as instance:
-        root = Path(tmp)
-        paths = FamiliarPaths.for_id("bench", root)
-        paths.dir.mkdir(parents=True)
-        paths.character_toml.write_text(GRAPH_TOML)
+    with scripted_familiar(GRAPH_TOML) as (root, paths, instance, fake):
         with TurnLog(paths.turns_db) as log:
             for key, name in PEOPLE:
                 log.upsert_participant(key, username=name.lower(), global_name=name)
             log.append_turns(synthetic_turns(turns))
-        instance.add_dynamic_partitions("familiars", ["bench"])
         started = time.perf_counter()
         materialize_in_process(ALL_ASSETS, instance=instance, data_root=root, partition_key="bench")
         build_s = time.perf_counter() - started
@@ -115,13 +104,15 @@ def run(turns: int, deletions: int, edits: int) -> dict:
         positions = [max(1, round(turns * (k + 0.5) / deletions)) for k in range(deletions)] + [turns - 30]
         edit_positions = [max(1, round(turns * (k + 0.25) / max(edits, 1))) for k in range(edits)]
         for kind, position in [*(("delete", p) for p in reversed(positions)), *(("edit", p) for p in edit_positions)]:
-            with ProjectionStore(paths.memory_db, read_only=True) as store:
-                had = len(facts_citing(store, [position]))
             with TurnLog(paths.turns_db) as log:
                 if kind == "delete":
                     log.record_deletion(turn_id=position)
-                else:
-                    log.record_edit(turn_id=position, new_content=f"Actually I meant the violin and the exam, {position}")
+                else:  # the next turn still standing (an edit of a deleted turn changes nothing)
+                    while (edited := log.record_edit(turn_id=position, new_content="Actually I meant the violin "
+                                                     f"and the exam, {position}")) is None or edited.deleted:
+                        position += 1
+            with ProjectionStore(paths.memory_db, read_only=True) as store:
+                had = len(facts_citing(store, [position]))
             seconds, calls, due = follow(root, paths, instance, fake)
             if kind == "delete":
                 assert position not in served_fact_turns(paths), f"turn {position} still served"

@@ -19,7 +19,9 @@ import os
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 from unittest import mock
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -88,21 +90,29 @@ def materialize(root: Path, instance, assets, *, rebuild=False):
     return out
 
 
-def run(data: Path, embedding: str = "hash") -> dict:
-    """Materialize every asset in order on the LoCoMo familiar, then rebuild the graph; figures per asset.
-
-    `embedding`: "hash" (no model cost) or "fastembed" (real MiniLM vectors for facts and turns).
-    """
-    graph = ALL_ASSETS if embedding == "hash" else ["turns_fts", "turn_embeddings", *ALL_ASSETS[1:]]
+@contextmanager
+def scripted_familiar(toml: str) -> Iterator[tuple[Path, FamiliarPaths, dg.DagsterInstance, Any]]:
+    """A throwaway familiar "bench" answered by the scripted model, with no cap on a run's batches:
+    (its data root, its paths, a throwaway Dagster instance, the fake model recording calls)."""
     fake = install_fake_llm()
     fake.script(careful_model)
     with mock.patch.dict(os.environ, BIG_RUNS), tempfile.TemporaryDirectory() as tmp, dg.instance_for_test() as instance:
         root = Path(tmp)
         paths = FamiliarPaths.for_id("bench", root)
         paths.dir.mkdir(parents=True)
-        paths.character_toml.write_text(graph_toml(embedding))
-        n_turns = import_locomo(paths, data)
+        paths.character_toml.write_text(toml)
         instance.add_dynamic_partitions("familiars", ["bench"])
+        yield root, paths, instance, fake
+
+
+def run(data: Path, embedding: str = "hash") -> dict:
+    """Materialize every asset in order on the LoCoMo familiar, then rebuild the graph; figures per asset.
+
+    `embedding`: "hash" (no model cost) or "fastembed" (real MiniLM vectors for facts and turns).
+    """
+    graph = ALL_ASSETS if embedding == "hash" else ["turns_fts", "turn_embeddings", *ALL_ASSETS[1:]]
+    with scripted_familiar(graph_toml(embedding)) as (root, paths, instance, fake):
+        n_turns = import_locomo(paths, data)
         assets = []
         for asset in graph:
             started = time.perf_counter()

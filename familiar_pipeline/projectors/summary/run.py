@@ -50,6 +50,18 @@ def write_windows(rt: FamiliarRuntime, pending: list[tuple[int, dict[str, str]]]
         rt.publish(store)
 
 
+def ask(rt: FamiliarRuntime, report: ProjectionReport, messages: list[dict]) -> str | None:
+    """One summary call: its text, or None (counted as a drop) when it came back empty or oversized."""
+    llm_started = time.perf_counter()
+    reply = rt.llm.complete(messages)
+    report.llm_seconds += time.perf_counter() - llm_started
+    text = prompt.parse_reply(reply.text)
+    if not text or len(text) > MAX_PROSE_CHARS:
+        report.drop("empty_reply" if not text else "oversized_reply")  # the old summary stands
+        return None
+    return text
+
+
 def by_scope(window: list[Turn]) -> dict[str, list[Turn]]:
     """The window's turns per scope, in id order; scopes in the order of their first turn."""
     parts: dict[str, list[Turn]] = {}
@@ -75,12 +87,8 @@ def fold_scope(rt: FamiliarRuntime, report: ProjectionReport, turns: list[Turn],
         visible = [t for t in window if turn_scope(t) == scope and not t.deleted]
         if not visible:
             continue
-        llm_started = time.perf_counter()
-        reply = rt.llm.complete(prompt.build_messages(text, visible))
-        report.llm_seconds += time.perf_counter() - llm_started
-        folded = prompt.parse_reply(reply.text)
-        if not folded or len(folded) > MAX_PROSE_CHARS:
-            report.drop("empty_reply" if not folded else "oversized_reply")
+        folded = ask(rt, report, prompt.build_messages(text, visible))
+        if folded is None:
             return None
         text, last = folded, window[-1].id
     return (text, last) if text is not None else None
@@ -96,14 +104,7 @@ def windows_since(turns: list[Turn], first_id: int, scope: str, window_size: int
 def redact(rt: FamiliarRuntime, report: ProjectionReport, summary: str,
            removed: list[tuple[Turn, str | None]]) -> str | None:
     """One call: `summary` without what the removed turns said (or with their new text); None when it failed."""
-    llm_started = time.perf_counter()
-    reply = rt.llm.complete(prompt.build_redact_messages(summary, removed))
-    report.llm_seconds += time.perf_counter() - llm_started
-    text = prompt.parse_reply(reply.text)
-    if not text or len(text) > MAX_PROSE_CHARS:
-        report.drop("empty_reply" if not text else "oversized_reply")
-        return None
-    return text
+    return ask(rt, report, prompt.build_redact_messages(summary, removed))
 
 
 def refold_changed(rt: FamiliarRuntime, report: ProjectionReport, change_seq: int, watermark: int) -> int | None:
@@ -190,16 +191,8 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
             visible = [t for t in part if not t.deleted]
             if not visible:
                 continue
-            llm_started = time.perf_counter()
-            reply = rt.llm.complete(prompt.build_messages(priors.get(scope), visible))
-            report.llm_seconds += time.perf_counter() - llm_started
-            text = prompt.parse_reply(reply.text)
-            if len(text) > MAX_PROSE_CHARS:
-                report.drop("oversized_reply")  # kept out like an empty one: the old summary stands
-                failed = True
-                break
-            if not text:
-                report.drop("empty_reply")
+            text = ask(rt, report, prompt.build_messages(priors.get(scope), visible))
+            if text is None:
                 failed = True
                 break
             texts[scope] = text
