@@ -346,3 +346,31 @@ def assert_provenance_in_the_log(paths):
             cited = store.sql(f"SELECT row_key, turn_id FROM ({provenance_sql(table)})").fetchall()
             assert {abs(t) for _, t in cited} <= turn_ids, table.name
             assert len({k if not isinstance(k, dict) else tuple(k.values()) for k, _ in cited}) == count, table.name
+
+
+def test_no_materialization_or_check_metadata_quotes_what_was_said(tmp_path, instance, fake_llm):
+    """The UI and GraphQL have no login: metadata carries counts and ids, never a message, a fact,
+    a dossier, a summary or a reflection. A marker word said in every turn appears in no metadata
+    of any asset or check of the whole graph (it is in the store: the facts quote it)."""
+    from .fact_helpers import ALL_ASSETS, GRAPH_TOML, materialize
+
+    paths = make_familiar(tmp_path, extra_toml=GRAPH_TOML)
+    marker = "quetzalcoatl"
+    with TurnLog(paths.turns_db) as log:
+        for i in range(40):
+            key, name = ("discord:111", "Cass") if i % 2 else ("discord:222", "Bo")
+            log.upsert_participant(key, username=name.lower(), global_name=name)
+            log.append_turn(channel_id=10, guild_id=1, role="user", author_key=key, author_display=name,
+                            content=f"I saw a {marker} at the museum on visit number {i}")
+    result = materialize(tmp_path, instance, ALL_ASSETS)
+    assert result.success
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        assert marker in str(store.table_rows("facts")), "the facts do quote it"
+    seen = 0
+    for record in instance.get_records_for_run(result.run_id).records:
+        event = record.event_log_entry
+        text = (event.user_message or "") + json.dumps(
+            dg.serialize_value(event.dagster_event.event_specific_data) if event.dagster_event else "")
+        assert marker not in text, (event.dagster_event_type, text[:300])
+        seen += bool(event.dagster_event and event.dagster_event.is_step_materialization)
+    assert seen >= len(ALL_ASSETS), "every asset's materialization was read"

@@ -289,8 +289,8 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
                 store.set_watermark(PROJECTOR, turn_id=step.turn_id, fact_id=step.horizon)
             rt.publish(store)
         report.rows_written += len(writes)
-        report.preview.extend({"subject": k, "scope": scope, "last_fact_id": v[1].last_fact_id, "dossier": v[0][:200]}
-                              for (k, scope), v in writes.items())
+        report.preview.extend({"subject": k, "scope": scope, "last_fact_id": v[1].last_fact_id, "chars": len(v[0])}
+                              for (k, scope), v in writes.items())  # never the text
         previous = step.horizon
     last = steps[-1] if steps else None
     report.watermark_after = {"turn_id": last.turn_id if last else mark.turn_id, "fact_id": previous}

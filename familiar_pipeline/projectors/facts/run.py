@@ -242,8 +242,9 @@ def write_outcomes(rt: FamiliarRuntime, report: ProjectionReport, pending: list[
         index.upsert_many((f.id, f.text) for f in inserted)
         if not index.commit():
             report.drop("fts_commit_skipped")
-    report.preview.extend(
-        {"id": f.id, "text": f.text, "subjects": ", ".join(s.canonical_key for s in f.subjects), "importance": f.importance}
+    report.preview.extend(  # ids and counts, never the text (the UI and run storage have no login)
+        {"id": f.id, "subjects": ", ".join(s.canonical_key for s in f.subjects), "importance": f.importance,
+         "scope": f.scope, "chars": len(f.text)}
         for f in inserted
     )
 

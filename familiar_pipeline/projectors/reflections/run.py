@@ -137,7 +137,7 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
         for _, channel, rows in written:
             report.rows_written += len(rows)
             report.preview.extend(
-                {"channel": channel, "text": text[:200], "turns": ", ".join(map(str, t)), "facts": ", ".join(map(str, f))}
+                {"channel": channel, "chars": len(text), "turns": ", ".join(map(str, t)), "facts": ", ".join(map(str, f))}
                 for text, t, f in rows
             )
         if failed is not None:

@@ -209,6 +209,6 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
     write_windows(rt, pending)
     report.watermark_after = {"turn_id": watermark, "change_seq": followed if followed is not None else mark.change_seq}
     if priors:
-        report.preview = [{"scope": scope, "summary": text[:500]} for scope, text in sorted(priors.items())]
+        report.preview = [{"scope": scope, "chars": len(text)} for scope, text in sorted(priors.items())]  # never the text
     if report.batches == 0 and not report.dropped and followed is None:
         report.no_op(f"fewer than turns_threshold={window_size} new turns")
