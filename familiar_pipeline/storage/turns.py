@@ -136,6 +136,18 @@ class TurnChange:
     prior_content: str | None = None  # edit only: the text before the edit
 
 
+def as_they_were(changes: Iterable[TurnChange], now: Mapping[int, Turn]) -> list[tuple[Turn, str | None]]:
+    """Each changed turn as it read before its change (an edit's prior text; a deleted turn's
+    last), with what it reads now (None: deleted), once per distinct earlier text, in change
+    order: what a rewrite that takes the old words out must be shown. ``now``: the turns by id."""
+    found: dict[tuple[int, str], tuple[Turn, str | None]] = {}
+    for change in changes:
+        turn = now[change.turn_id]
+        was = replace(turn, content=change.prior_content or "") if change.kind == "edit" else turn
+        found[(turn.id, was.content)] = (was, None if turn.deleted else turn.content)
+    return list(found.values())
+
+
 @dataclass(frozen=True)
 class Participant:
     canonical_key: str

@@ -29,7 +29,7 @@ A subject whose fold got an empty reply is folded again at its next step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from familiar_pipeline.projectors.facts.batches import processed_batch
@@ -48,7 +48,7 @@ from familiar_pipeline.projectors.prompting import MAX_PROSE_CHARS
 from familiar_pipeline.storage.identity import is_ego_key
 from familiar_pipeline.storage.records import Watermark
 from familiar_pipeline.storage.store import ProjectionStore
-from familiar_pipeline.storage.turns import Turn, TurnLog
+from familiar_pipeline.storage.turns import Turn, TurnLog, as_they_were
 
 from . import prompt
 from .tables import DOSSIERS, delete_dossier_rows, get_dossier, put_dossier
@@ -179,12 +179,7 @@ def removed_messages(turn_log: TurnLog, change_seq: int) -> tuple[list[tuple[Tur
     if not changes:
         return [], change_seq
     now = {t.id: t for t in turn_log.turns_by_ids({c.turn_id for c in changes})}
-    removed: dict[tuple[int, str], tuple[Turn, str | None]] = {}
-    for c in changes:
-        turn = now[c.turn_id]
-        was = replace(turn, content=c.prior_content or "") if c.kind == "edit" else turn
-        removed[(turn.id, was.content)] = (was, None if turn.deleted else turn.content)
-    return list(removed.values()), changes[-1].seq
+    return as_they_were(changes, now), changes[-1].seq
 
 
 def rebuild_stale(rt: FamiliarRuntime, report: ProjectionReport, mark: Watermark) -> int:
@@ -206,8 +201,7 @@ def rebuild_stale(rt: FamiliarRuntime, report: ProjectionReport, mark: Watermark
     with rt.store() as store:
         stale: list[tuple[str, str]] = [(key, scope) for key, scope in store.stale_keys(DOSSIERS)]
         if not stale:
-            if seq != mark.change_seq:
-                store.set_watermark(PROJECTOR, change_seq=seq)
+            store.set_watermark(PROJECTOR, change_seq=seq)
             return 0
         step = Step(mark.turn_id, mark.fact_id)
         plans = {pair: plan_subject(store, *pair, step, invalidated=True, ego_label=rt.config.display_name)

@@ -16,12 +16,11 @@ empty summary.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from familiar_pipeline.projectors.prompting import MAX_PROSE_CHARS
 from familiar_pipeline.storage.scopes import turn_scope
-from familiar_pipeline.storage.turns import Turn
+from familiar_pipeline.storage.turns import Turn, as_they_were
 
 from . import prompt
 from familiar_pipeline.storage.scopes import FAMILIAR_WIDE
@@ -139,12 +138,7 @@ def refold_changed(rt: FamiliarRuntime, report: ProjectionReport, change_seq: in
                     <= knobs.refold_windows_max:
                 texts[scope] = fold_scope(rt, report, turns, scope, knobs.turns_threshold)
             elif scope in current:
-                removed = list({(c.turn_id, c.prior_content if c.kind == "edit" else changed[c.turn_id].content):
-                                (replace(changed[c.turn_id], content=c.prior_content or "") if c.kind == "edit"
-                                 else changed[c.turn_id],
-                                 None if changed[c.turn_id].deleted else changed[c.turn_id].content)
-                                for c in here}.values())
-                text = redact(rt, report, current[scope].summary_text, removed)
+                text = redact(rt, report, current[scope].summary_text, as_they_were(here, changed))
                 texts[scope] = (text, current[scope].last_turn_id) if text else None
                 redacted += text is not None
     with rt.store() as store:
