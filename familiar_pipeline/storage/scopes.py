@@ -20,10 +20,20 @@ follows from the turn alone (:func:`turn_scope`), so a rebuild assigns the same 
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, Protocol
 
 FAMILIAR_WIDE = "familiar"
 PERSON = "person:"  # + a canonical key: what one person said, in any scope (read side only)
+TURN_SCOPE = re.compile(r"^(?:guild|channel):[1-9][0-9]{0,19}$")  # a scope turns are said in
+
+
+def check_turn_scope(value: object) -> str:
+    """``value`` if it names a scope turns are said in (``guild:<id>`` or ``channel:<id>``); else a
+    one-line ValueError."""
+    if not isinstance(value, str) or not TURN_SCOPE.fullmatch(value):
+        raise ValueError(f"invalid scope {value!r}: use guild:<server id> or channel:<channel id>")
+    return value
 
 
 class Located(Protocol):

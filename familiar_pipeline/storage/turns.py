@@ -28,6 +28,7 @@ import os
 import secrets
 import sqlite3
 import threading
+import time
 from bisect import bisect_left
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -37,10 +38,10 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, overload
 
 from familiar_pipeline.storage.identity import check_key, is_ego_key
 from familiar_pipeline.storage.private import private_dir, private_file
-from familiar_pipeline.storage.scopes import turn_scope_sql
+from familiar_pipeline.storage.scopes import check_turn_scope, turn_scope_sql
 from familiar_pipeline.storage.times import utc_text
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ROLES = ("user", "assistant", "system", "tool")
 MAX_CONTENT_BYTES = 1024 * 1024
 BUSY_TIMEOUT_MS = 5000
@@ -161,6 +162,25 @@ class Participant:
     last_seen_at: datetime
 
 
+class NothingToErase(TurnLogError):
+    """An erasure named a person or message the log does not hold (its message names near matches)."""
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """One request to forget, as the erasure log keeps it: who asked, when, which turns. No text."""
+
+    id: int
+    requested_at: datetime
+    requested_by: str
+    kind: str  # "person" | "message"
+    target: str  # the canonical key, or the platform message id
+    scope: str | None  # None: everywhere
+    turn_ids: tuple[int, ...]
+    status: str  # "pending" | "done"
+    done_at: datetime | None
+
+
 # --------------------------------------------------------------------------- schema
 
 _V1 = """
@@ -260,10 +280,48 @@ def _migrate_to_v3(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT OR IGNORE INTO log_meta VALUES ('log_id', ?)", (secrets.token_hex(4),))
 
 
+_V4_TABLES = """
+CREATE TABLE IF NOT EXISTS erasures (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    requested_at TEXT NOT NULL,
+    requested_by TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('person', 'message')),
+    target TEXT NOT NULL,
+    scope TEXT,
+    turn_count INTEGER NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'done')),
+    done_at TEXT
+);
+CREATE TABLE IF NOT EXISTS erasure_turns (
+    erasure_id INTEGER NOT NULL REFERENCES erasures (id),
+    turn_id INTEGER NOT NULL REFERENCES turns (id),
+    PRIMARY KEY (erasure_id, turn_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS forgotten_people (
+    canonical_key TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    erasure_id INTEGER NOT NULL REFERENCES erasures (id),
+    upto_turn_id INTEGER NOT NULL,
+    PRIMARY KEY (canonical_key, scope)
+)
+"""
+
+
+def _migrate_to_v4(conn: sqlite3.Connection) -> None:
+    """Erasure on request: the erasure log (who asked, when, which turn ids; never text), the people
+    forgotten (for what their later messages do), and when a turn's text was purged."""
+    if "purged_at" not in _columns(conn, "turns"):
+        conn.execute("ALTER TABLE turns ADD COLUMN purged_at TEXT")
+    _run_script(conn, _V4_TABLES)
+    conn.execute("CREATE INDEX IF NOT EXISTS turns_unpurged_deleted ON turns (deleted_at) "
+                 "WHERE deleted_at IS NOT NULL AND purged_at IS NULL")
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _migrate_to_v1,
     2: _migrate_to_v2,
     3: _migrate_to_v3,
+    4: _migrate_to_v4,
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
@@ -317,6 +375,13 @@ def _check_message_id(value: Any, field: str) -> str | None:
     if not text:
         raise TurnLogError(f"{field} must not be empty (use None when there is none)")
     return text
+
+
+def _check_scope(value: Any) -> str:
+    try:
+        return check_turn_scope(value)
+    except ValueError as exc:
+        raise TurnLogError(str(exc)) from None
 
 
 def _check_key(key: Any, field: str = "canonical key") -> str:
@@ -508,6 +573,9 @@ class TurnLog:
             if mode.lower() != "wal" and isinstance(self.path, Path):
                 raise TurnLogError(f"could not switch {self.path} to WAL mode (got {mode!r})")
             conn.execute("PRAGMA synchronous = NORMAL")
+            # Deleted and overwritten text is zeroed in the file, not left in free space: a purged
+            # turn's words must not stay on disk (docs/privacy.md).
+            conn.execute("PRAGMA secure_delete = ON")
             conn.execute("PRAGMA foreign_keys = ON")
             self._migrate(conn)
         except sqlite3.Error as exc:
@@ -782,6 +850,175 @@ class TurnLog:
             conn.execute("UPDATE turns SET deleted_at = ? WHERE id = ?", (at, current.id))
             self._log_change(conn, current.id, "delete", current.revision, None, at)
         return replace(current, deleted_at=datetime.fromisoformat(at))
+
+    # -- erasure on request (docs/privacy.md; the steps after this one: familiar_pipeline.erasure)
+
+    def request_erasure(
+        self,
+        *,
+        kind: str,
+        target: str,
+        scope: str | None = None,
+        requested_by: str,
+        at: datetime | None = None,
+    ) -> "Erasure":
+        """Record an erasure and tombstone its turns, in one transaction; the erasure, pending.
+
+        ``kind`` "person": every turn ``target`` (a canonical key) said, in ``scope`` if given,
+        and the person is remembered as forgotten there (what their later messages do is the
+        operator's setting). "message": the turn of platform message ``target``. Each turn not
+        deleted yet gets a deletion in ``turn_changes``, so every projection follows it as it
+        follows any deletion; its text stays until the pipeline purges it (`purge_text`),
+        after the projections that must quote it to take it out (a summary's redaction) did.
+        Raises `NothingToErase` (naming near matches) when nothing matches.
+        """
+        if kind not in ("person", "message"):
+            raise TurnLogError(f"erasure kind is 'person' or 'message', not {kind!r}")
+        who = _check_text(requested_by, "requested_by", optional=False, max_bytes=200)
+        assert who is not None  # not optional
+        scope = None if scope in (None, "") else _check_scope(scope)
+        stamp = _utc_text(at, "at")
+        if kind == "person":
+            key = _check_key(target, "person")
+            where, params = "author_key = ? AND role = 'user'", list[int | str]([key])
+        else:
+            message = _check_message_id(target, "message id")
+            if message is None:
+                raise TurnLogError("message id must not be None")
+            key = message
+            where, params = "platform_message_id = ?", list[int | str]([key])
+        if scope is not None:
+            clause = turn_scope_sql([scope])
+            assert clause is not None  # a guild or channel scope always matches by a clause
+            where += f" AND {clause[0]}"
+            params += clause[1]
+        with self._write() as conn:
+            rows = conn.execute(f"SELECT id, deleted_at, revision FROM turns WHERE {where} ORDER BY id", params).fetchall()
+            known_person = kind == "person" and conn.execute(
+                "SELECT 1 FROM participants WHERE canonical_key = ?", (key,)).fetchone() is not None
+            if not rows and not known_person:
+                raise NothingToErase(self._near_matches(conn, kind, key, scope))
+            erasure_id = conn.execute(
+                "INSERT INTO erasures (requested_at, requested_by, kind, target, scope, turn_count, status) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'pending')",
+                (stamp, who, kind, key, scope, len(rows))).lastrowid
+            assert erasure_id is not None
+            conn.executemany("INSERT INTO erasure_turns VALUES (?, ?)", [(erasure_id, r[0]) for r in rows])
+            for turn_id, deleted_at, revision in rows:
+                if deleted_at is None:
+                    conn.execute("UPDATE turns SET deleted_at = ? WHERE id = ?", (stamp, turn_id))
+                    self._log_change(conn, turn_id, "delete", revision, None, stamp)
+            if kind == "person":
+                upto = conn.execute("SELECT coalesce(max(id), 0) FROM turns").fetchone()[0]
+                conn.execute("INSERT OR REPLACE INTO forgotten_people VALUES (?, ?, ?, ?)",
+                             (key, scope or "*", erasure_id, upto))
+        return Erasure(erasure_id, datetime.fromisoformat(stamp), who, kind, key, scope,
+                       tuple(r[0] for r in rows), "pending", None)
+
+    def _near_matches(self, conn: sqlite3.Connection, kind: str, target: str, scope: str | None) -> str:
+        """The one-line error for an erasure that matched nothing, naming what it may have meant."""
+        import difflib
+
+        where = f" in {scope}" if scope else ""
+        if kind == "person":
+            known = [r[0] for r in conn.execute(
+                "SELECT canonical_key FROM participants UNION SELECT DISTINCT author_key FROM turns "
+                "WHERE author_key IS NOT NULL AND role = 'user'")]
+            near = difflib.get_close_matches(target, known, n=3, cutoff=0.5)
+            return f"no person {target!r}{where} in this familiar" + (
+                f"; did you mean {', '.join(near)}?" if near else "; `familiar forget --list-people` names them")
+        known = [r[0] for r in conn.execute(
+            "SELECT platform_message_id FROM turns WHERE platform_message_id IS NOT NULL ORDER BY id DESC LIMIT 5000")]
+        near = difflib.get_close_matches(target, known, n=3, cutoff=0.6)
+        return f"no message {target!r}{where} in this familiar" + (f"; did you mean {', '.join(near)}?" if near else "")
+
+    def erasures(self, *, pending_only: bool = False) -> list["Erasure"]:
+        """The erasure log, oldest first (ids and counts; no text is ever kept in it)."""
+        rows = self._query(
+            "SELECT id, requested_at, requested_by, kind, target, scope, status, done_at FROM erasures"
+            + (" WHERE status = 'pending'" if pending_only else "") + " ORDER BY id")
+        turns: dict[int, list[int]] = {}
+        for erasure_id, turn_id in self._query("SELECT erasure_id, turn_id FROM erasure_turns ORDER BY turn_id"):
+            turns.setdefault(erasure_id, []).append(turn_id)
+        return [Erasure(r[0], datetime.fromisoformat(r[1]), r[2], r[3], r[4], r[5], tuple(turns.get(r[0], ())),
+                        r[6], _parse_time(r[7])) for r in rows]
+
+    def forgotten_people(self) -> list[tuple[str, str, int]]:
+        """(canonical key, scope or "*" for everywhere, the last turn id when they were forgotten)."""
+        return [(r[0], r[1], r[2]) for r in self._query(
+            "SELECT canonical_key, scope, upto_turn_id FROM forgotten_people ORDER BY canonical_key, scope")]
+
+    def unpurged_deleted(self, *, deleted_before: datetime | None = None) -> list[int]:
+        """Ids of tombstoned turns whose text is still there: those of a pending erasure, and the
+        others deleted before ``deleted_before`` (None: every one)."""
+        sql = ("SELECT id FROM turns WHERE deleted_at IS NOT NULL AND purged_at IS NULL AND "
+               "(id IN (SELECT t.turn_id FROM erasure_turns t JOIN erasures e ON e.id = t.erasure_id "
+               "WHERE e.status = 'pending')")
+        params: list[str] = []
+        if deleted_before is None:
+            sql += " OR 1"
+        else:
+            sql += " OR deleted_at <= ?"
+            params.append(_utc_text(deleted_before, "deleted_before"))
+        return [r[0] for r in self._query(sql + ") ORDER BY id", params)]
+
+    def purge_text(self, turn_ids: Iterable[int], *, people: Iterable[str] = (), at: datetime | None = None) -> int:
+        """Blank the text of these (tombstoned) turns: their content, the name they were said
+        under, every earlier revision; drop the profile and nicknames of ``people`` (forgotten
+        everywhere) and the mentions of them. Turns not deleted are tombstoned first. How many
+        turns were purged. The bytes leave the file at the next `compact`.
+        """
+        ids = _check_ids(turn_ids, "turn id")
+        keys = [_check_key(k, "person") for k in people]
+        stamp = _utc_text(at, "at")
+        purged = 0
+        with self._write() as conn:
+            for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+                marks = ", ".join("?" * len(chunk))
+                conn.execute(f"UPDATE turns SET deleted_at = coalesce(deleted_at, ?) WHERE id IN ({marks})",
+                             [stamp, *chunk])
+                purged += conn.execute(
+                    f"UPDATE turns SET content = '', author_display = NULL, purged_at = ? "
+                    f"WHERE id IN ({marks}) AND purged_at IS NULL", [stamp, *chunk]).rowcount
+                conn.execute(f"UPDATE turn_changes SET prior_content = NULL WHERE turn_id IN ({marks})", chunk)
+            for key in keys:
+                conn.execute("DELETE FROM participants WHERE canonical_key = ?", (key,))
+                conn.execute("DELETE FROM guild_nicks WHERE canonical_key = ?", (key,))
+                conn.execute("DELETE FROM turn_mentions WHERE canonical_key = ?", (key,))
+        return purged
+
+    def finish_erasures(self, erasure_ids: Iterable[int], *, at: datetime | None = None) -> None:
+        """Mark these erasures done (their turns purged, every copy of their text gone)."""
+        ids = _check_ids(erasure_ids, "erasure id")
+        stamp = _utc_text(at, "at")
+        with self._write() as conn:
+            conn.executemany("UPDATE erasures SET status = 'done', done_at = ? WHERE id = ? AND status = 'pending'",
+                             [(stamp, i) for i in ids])
+
+    def compact(self) -> None:
+        """Rewrite the file without free pages and empty the WAL, so no purged byte stays on disk.
+
+        `secure_delete` already zeroes what a purge frees; VACUUM also drops the pages'
+        slack and the WAL truncation removes the old page images a checkpoint left behind.
+        A reader holding the WAL open makes the truncation wait (busy timeout) or retry.
+        """
+        with self._lock:
+            conn = self._live()
+            if self.readonly or self._in_snapshot:
+                raise TurnLogError(f"turn log {self.path} cannot be compacted from a read-only handle or a snapshot")
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                conn.execute("VACUUM")
+                for _ in range(50):
+                    busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+                    if not busy:
+                        break
+                    time.sleep(0.1)
+                else:
+                    raise TurnLogUnavailable(f"{self.path}: a reader kept the WAL busy; its old pages were not truncated")
+            except sqlite3.Error as exc:
+                kind = TurnLogUnavailable if _unavailable(exc) else TurnLogError
+                raise kind(f"compacting {self.path} failed: {storage_problem(self.path, exc)}") from exc
 
     def changes_after(self, seq: int, limit: int | None = None) -> list[TurnChange]:
         _check_int(seq, "seq")
