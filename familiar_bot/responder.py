@@ -737,7 +737,7 @@ def open_responder(paths: FamiliarPaths, config: FamiliarConfig) -> ResponderHan
         handle.closers.append(memory.close)
         assembler = build_assembler(paths, config, memory=memory)
         llm = client_for(
-            config.llm, "reply", cache_path=paths.cache_dir / "llm_cache.sqlite", familiar_id=paths.familiar_id
+            config.llm, "reply", cache_path=paths.llm_cache, familiar_id=paths.familiar_id
         )
     except BaseException:
         handle.close()

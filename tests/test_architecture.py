@@ -178,12 +178,12 @@ LAYERS = (
     ("familiar_pipeline.storage",),
     ("familiar_pipeline.config",),
     ("familiar_pipeline.models",),
-    ("familiar_pipeline.projectors",),
+    ("familiar_pipeline.projectors", "familiar_pipeline.erasure"),
     ("familiar_pipeline.testing", "familiar_pipeline.defs", "familiar_pipeline.event_log",
      "familiar_pipeline.dagster_internals"),
     ("familiar_pipeline.definitions",),
     ("familiar_pipeline.run_worker", "familiar_pipeline.run_launcher", "familiar_pipeline.backfill",
-     "familiar_pipeline.webserver"),
+     "familiar_pipeline.webserver", "familiar_pipeline.forget"),
 )
 
 

@@ -364,7 +364,7 @@ def test_non_utf8_file(tmp_path):
     ("[providers.memory.dreams]\nx = 1", "unknown key 'dreams' in [providers.memory]; valid: fact_embedding,"),
     ("[providers.embedding]\nmodel = \"x\"", "unknown key 'model' in [providers.embedding]"),
     ("[providers.history]\nwindow = 5", "unknown key 'window' in [providers.history]"),
-    ("[memory.recall]\nx = 1", "unknown key 'recall' in [memory]; valid: retrieval"),
+    ("[memory.recall]\nx = 1", "unknown key 'recall' in [memory]; valid: privacy, retrieval, scopes"),
     ("[memory.retrieval]\nbm25 = 1.0", "unknown key 'bm25' in [memory.retrieval]"),
     ("[budget.text]\ntotal_tokens = 5", "unknown key 'total_tokens' in [budget.text]"),
     ("[llm]\nmax_concurrent_requests = 4",

@@ -32,7 +32,7 @@ __all__ = [
     "BUDGET_TIERS", "DEFAULT_BUDGETS", "DEFAULT_FAMILIAR_ID", "DEFAULT_LLM_SLOTS", "DEFAULT_PROJECTORS", "LAYER_NAMES", "LLM_SLOTS",
     "MESSAGE_RENDERINGS", "ChannelConfig", "ConfigError", "EmbeddingConfig", "FamiliarConfig", "FrozenDict",
     "HistoryConfig", "LlmConfig", "LlmSlotConfig", "MemoryConfig", "PipelineConfig", "RetrievalConfig",
-    "SCOPE_HINT", "SCOPE_PATTERN", "ScopesConfig", "Secrets", "TierBudget",
+    "SCOPE_HINT", "SCOPE_PATTERN", "ScopesConfig", "PrivacyConfig", "AFTER_FORGET", "Secrets", "TierBudget",
 ]
 
 
@@ -239,11 +239,30 @@ class ScopesConfig:
         return (scope, *sorted(joined))
 
 
+AFTER_FORGET = ("opt_out", "new")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """``[memory.privacy]``: how long deleted messages keep their text, and what a forgotten
+    person's later messages do (docs/privacy.md)."""
+
+    # A message deleted on Discord (or in an import) has its text purged once memory has followed
+    # the deletion and it was deleted this many hours ago: 0 purges it at the next run. An audit
+    # window is the operator's choice, never the default.
+    deleted_retention_hours: float = knob(0.0, minimum=0.0)
+    # A person forgotten with `familiar forget --person` or `/forget everything`, who writes again:
+    # "opt_out" answers them but never projects their messages (and purges their text like a
+    # deleted message's); "new" remembers them again from that message on, as someone new.
+    after_forget: str = knob("opt_out", choices=AFTER_FORGET)
+
+
 @dataclass(frozen=True)
 class MemoryConfig:
     projectors: tuple[str, ...] = DEFAULT_PROJECTORS
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     scopes: ScopesConfig = field(default_factory=ScopesConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     # [providers.memory.<name>] by projector name: the knob dataclass its registered spec declares,
     # or, for a projector registered without knobs, its table as written (untyped).
     tables: Mapping[str, Any] = field(default_factory=lambda: FrozenDict(catalogue.default_knobs()))

@@ -46,6 +46,7 @@ from familiar_pipeline.config.schema import (
     PipelineConfig,
     SCOPE_HINT,
     SCOPE_PATTERN,
+    PrivacyConfig,
     RetrievalConfig,
     ScopesConfig,
     Secrets,
@@ -373,6 +374,7 @@ def _root_adapter(knob_tables: tuple[tuple[str, type | None], ...]) -> TypeAdapt
             "scopes": _typed_table("ScopesTable", {
                 "groups": Annotated[dict[str, Any], WrapValidator(_scope_groups)],
                 "dm_sees_person": _leaf(bool, {})}),
+            "privacy": table_type(PrivacyConfig),
         }),
         "budget": _typed_table("BudgetTable", dict.fromkeys(_TIERS, table_type(TierBudget)), what="budget tier"),
         "llm": _typed_table("LlmTable", llm),
@@ -414,7 +416,8 @@ def build(tree: Tree, familiar_id: str, secrets_env: Mapping[str, str]) -> Famil
     memory = MemoryConfig(projectors=tuple(table.get("projectors", DEFAULT_PROJECTORS)),
                           retrieval=retrieval, tables=FrozenDict(tables),
                           scopes=ScopesConfig(groups=FrozenDict(dict(sorted(groups.items()))),
-                                              dm_sees_person=bool(scopes_table.get("dm_sees_person", False))))
+                                              dm_sees_person=bool(scopes_table.get("dm_sees_person", False))),
+                          privacy=replace(PrivacyConfig(), **data.get("memory", {}).get("privacy", {})))
     _check_embedding_switches(tree, memory, embedding)
     _check_retrieval_weights(tree, retrieval, embedding.backend != "off")
 

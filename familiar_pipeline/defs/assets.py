@@ -23,6 +23,7 @@ this module runs it and reports it as Dagster events.
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
@@ -30,6 +31,7 @@ from pydantic import Field
 from familiar_pipeline.defs.checks import INVARIANT, MemoryCheck, memory_checks, partition_evaluations
 from familiar_pipeline.defs.partitions import familiars_partitions, projection_run_queued
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
+from familiar_pipeline.erasure.purge import purge
 from familiar_pipeline.models.llm import LlmUsage
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.report import ProjectionReport
@@ -167,6 +169,7 @@ def project_familiar(
     lock_wait_s: float = 0.0,
     blocked: dict[str, str] | None = None,
     later: tuple[str, ...] = (),
+    dagster_home: Path | None = None,
 ) -> FamiliarPass:
     """One familiar through `specs` (dependency order) with one writer lock, one store connection, one publish.
 
@@ -180,6 +183,9 @@ def project_familiar(
     Each publish records what is still to run for the familiar (the specs after the one
     running, then `later`: the assets of the run's later passes) as the snapshot's
     pending assets, so a run that stops before them leaves them to the turn sensor.
+    Erased and deleted turns due to go are purged from every file at the end of the familiar's
+    last pass (`erasure.purge`); the turn index's materialization (else the pass's first asset's)
+    says what went (counts and ids), or carries the failure.
     """
     out = FamiliarPass()
     blocked = {} if blocked is None else blocked  # asset -> why its projector does not run for this familiar
@@ -211,6 +217,18 @@ def project_familiar(
                     if check.blocking and not result.passed and result.severity == dg.AssetCheckSeverity.ERROR:
                         hold_followers(blocked, spec, f"blocked: check {check.name} on {spec.asset} failed")
         runtime.pending_assets = later
+        if out.results and not later and not out.failed:  # the familiar's last pass, whole
+            # Its figures go on the turn index's materialization when in this pass, else on the first asset's.
+            host = next((s.asset for s in specs if s.search_index == "turns" and s.asset in out.results),
+                        next(iter(out.results)))
+            try:
+                erased = purge(runtime, dagster_home=dagster_home)
+            except Exception as exc:  # the erasure stays pending; the turn sensor asks again
+                out.failed[host] = exc
+                del out.results[host]
+            else:
+                if erased is not None:
+                    out.results[host]["metadata"].update(erased.metadata())
         runtime.flush()
         kernel: dict[str, dg.AssetCheckResult] = {}  # the kernel's checks: one evaluation each, for all assets
         for check in checks:
@@ -221,6 +239,12 @@ def project_familiar(
         runtime.close()
     out.published = bool(runtime.published_version)
     return out
+
+
+def dagster_home(instance: dg.DagsterInstance) -> Path | None:
+    """The instance's home folder, whose run storage and logs an erasure scrubs (None: none on disk)."""
+    root = getattr(instance, "root_directory", None)
+    return Path(root) if root else None
 
 
 def _skip_blocked(out: FamiliarPass, spec: ProjectorSpec, blocked: dict[str, str]) -> None:
@@ -278,7 +302,8 @@ def materialize_projections(
             try:
                 outcome = project_familiar(visit.specs, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data,
                                            llm=llm, embedder=embedder, checks=checks, embedders=embedders,
-                                           lock_wait_s=visit.lock_wait_s, blocked=visit.blocked, later=visit.later)
+                                           lock_wait_s=visit.lock_wait_s, blocked=visit.blocked, later=visit.later,
+                                           dagster_home=dagster_home(context.instance))
             except Exception as exc:  # the familiar could not be opened at all (config, lock, storage)
                 if isinstance(exc, FamiliarBusy) and order.busy(visit):
                     context.log.info(f"[{familiar_id}] another writer holds it; back to it at the end of this run")

@@ -39,7 +39,7 @@ class LlmResource(dg.ConfigurableResource):
         if slot is None or not slot.configured:
             return None
         paths.cache_dir.mkdir(parents=True, exist_ok=True)
-        return client_for(config.llm, self.slot, cache_path=paths.cache_dir / "llm_cache.sqlite", usage=usage)
+        return client_for(config.llm, self.slot, cache_path=paths.llm_cache, usage=usage)
 
 
 class EmbedderResource(dg.ConfigurableResource):

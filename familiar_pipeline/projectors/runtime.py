@@ -185,7 +185,9 @@ class FamiliarRuntime:
 
     def turn_log(self) -> TurnLog:
         if self._turn_log is None:
-            self._turn_log = TurnLog(self.paths.turns_db, readonly=True)
+            # Memory is never built from what people forgotten on the "opt_out" setting say later.
+            self._turn_log = TurnLog(self.paths.turns_db, readonly=True,
+                                     hide_forgotten=self.config.memory.privacy.after_forget == "opt_out")
         return self._turn_log
 
     @contextmanager
@@ -289,6 +291,12 @@ class FamiliarRuntime:
                 return False  # nothing published yet: nothing to clear, and nothing was written
             published = manifest.pending_assets
         return published != self.pending_assets
+
+    def search_index(self, name: str) -> FtsIndex:
+        """The full-text index a projector keeps (`ProjectorSpec.search_index`): "turns" or "facts"."""
+        if name not in ("turns", "facts"):
+            raise ValueError(f"no full-text index {name!r}; there are 'turns' and 'facts'")
+        return self._index(name)
 
     def fts_turns(self) -> FtsIndex:
         return self._index("turns")

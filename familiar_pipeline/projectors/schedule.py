@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from familiar_pipeline.config import ConfigError, FamiliarConfig, load_config, render_config
+from familiar_pipeline.erasure.due import purge_due
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.spec import FACTS, TURN_INDEX, TURNS, ProjectorSpec
 from familiar_pipeline.storage import corrupt
@@ -241,6 +242,7 @@ class FamiliarState:
     damaged: str | None = None  # what is wrong with the published snapshot (missing, cut short); None: whole
     rebuilding: bool = False  # a corrupt store was moved aside and is being rebuilt (`storage.corrupt`)
     changed: tuple[str, ...] = ()  # projectors that follow changes, with an edit or deletion of a turn they read
+    purge_due: bool = False  # erased or deleted turns whose text is due to go (`erasure.purge`)
 
     def turn_watermark(self, projector: str) -> int:
         return int(self.watermarks.get(projector, {}).get("turn_id", 0))
@@ -249,7 +251,8 @@ class FamiliarState:
     def signature(self) -> list[int | str]:
         # `closed` counts: a batch that closes for quiet, with nothing else new, is news.
         return [self.latest_turn_id, self.latest_change_seq, self.snapshot_version, len(self.closed), self.log_id,
-                *([1] if self.damaged else []), *(["rebuilding"] if self.rebuilding else [])]
+                *([1] if self.damaged else []), *(["rebuilding"] if self.rebuilding else []),
+                *(["purge"] if self.purge_due else [])]
 
 
 @dataclass(frozen=True)
@@ -294,13 +297,14 @@ def read_state(paths: FamiliarPaths, config: FamiliarConfig | None = None) -> Fa
         latest, change, log_id = turn_log.latest_id(), turn_log.latest_change_seq(), turn_log.log_id()
         newest = turn_log.turns_by_ids([latest]) if latest else []
         closed = tuple(_closed_early(turn_log, config, latest, marks, now)) if config is not None else ()
-        changed = tuple(_changed_read(turn_log, marks, change))
+        changed = tuple(changed_read(turn_log, marks, change))
+        purging = purge_due(turn_log, config) if config is not None else bool(turn_log.erasures(pending_only=True))
     age = (now - newest[0].created_at).total_seconds() if newest else float("inf")
     return FamiliarState(latest, change, age, version, marks, closed, log_id, pending, published.problem,
-                         rebuilding=corrupt.rebuilding(paths) is not None, changed=changed)
+                         rebuilding=corrupt.rebuilding(paths) is not None, changed=changed, purge_due=purging)
 
 
-def _changed_read(turn_log: TurnLog, marks: dict, latest_change: int) -> Iterator[str]:
+def changed_read(turn_log: TurnLog, marks: dict, latest_change: int) -> Iterator[str]:
     """Projectors that follow changes (`spec.follows_changes`) with an edit or deletion, past their
     `change_seq`, of a turn they have already read. One that only touched turns not read yet
     waits: the batch that reads them reads them as they are now."""
@@ -352,9 +356,10 @@ def due_assets(config: FamiliarConfig, state: FamiliarState, *, hold: frozenset[
         # The fact-driven assets ride in the same run: one process start instead of a second
         # queued run per batch. Automation still covers facts changed any other way.
         due.extend(spec.asset for spec in triggered(FACTS) if spec.name in active)
-    if state.damaged or (index_behind(state) and (due or state.latest_turn_age_s >= config.pipeline.index_quiet_s)):
+    if state.damaged or state.purge_due or (index_behind(state) and (due or state.latest_turn_age_s >= config.pipeline.index_quiet_s)):
         # Turn vectors follow the same turns as the full-text index, in the same run. A damaged
-        # snapshot asks for these too (the cheapest run): any run of the familiar republishes a
+        # snapshot, and turns due to be purged (the purge rides with the turn index), ask for these
+        # too (the cheapest run): any run of the familiar republishes a
         # snapshot that lags the store or is damaged (`FamiliarRuntime.flush`).
         due[:0] = [spec.asset for spec in triggered(TURN_INDEX) if spec.always_on or spec.name in active]
     if state.pending:

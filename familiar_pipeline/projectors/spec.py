@@ -114,6 +114,11 @@ class ProjectorSpec:
     `matrices(config)` names vector tables each publish precombines (``snapshots.vectors``).
     `follows_changes`: its run follows the turn log's edits and deletions past its watermark's
     `change_seq`, so the sensor requests it as soon as the log has changes past that.
+    `search_index` names the full-text index it keeps (`"turns"` or `"facts"`) and `search_rows(rt, store)`
+    gives every row it holds, from the canonical sources: an erasure rebuilds the index from them, so no
+    segment keeps a purged word. `forget_person(store, key, scope)` removes the rows *about* a forgotten
+    person (in `scope`, None: everywhere) that do not rest on their own turns (facts others' words taught,
+    their dossier); the turn ids the removed rows rested on. Both are called by `familiar_pipeline.erasure`.
     """
 
     name: str
@@ -138,6 +143,9 @@ class ProjectorSpec:
     snapshot_check: bool = True
     matrices: Callable[[FamiliarConfig], ContextMatrix | None] | None = None
     follows_changes: bool = False
+    search_index: str | None = None
+    search_rows: Callable[..., Any] | None = None
+    forget_person: Callable[..., set[int]] | None = None
 
     def __post_init__(self) -> None:
         if not self.asset:
@@ -154,6 +162,8 @@ class ProjectorSpec:
             raise TypeError(f"projector {self.name!r}: run must be callable or None")
         if not (isinstance(self.knobs, type) and dataclasses.is_dataclass(self.knobs)):
             raise TypeError(f"projector {self.name!r}: knobs must be a dataclass")
+        if (self.search_index is None) != (self.search_rows is None):
+            raise ValueError(f"projector {self.name!r}: search_index and search_rows go together")
         if self.trigger == TURNS and self.batch_knob not in {f.name for f in dataclasses.fields(self.knobs)}:
             raise ValueError(f"projector {self.name!r}: a turn-triggered projector names its batch_knob")
 

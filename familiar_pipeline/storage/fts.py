@@ -366,6 +366,12 @@ class FtsIndex:
             self.commit()
             return len(latest)
 
+    def collect_garbage(self) -> None:
+        """Delete the index's files no commit uses any more (after a `rebuild`: every old segment,
+        with the terms of documents deleted before it). An erasure calls it so no purged word stays."""
+        with self._lock:
+            self._require_writer().garbage_collect_files()
+
     def _commit_once(self) -> None:
         """One commit attempt, first repairing the writer if an earlier error broke it."""
         try:

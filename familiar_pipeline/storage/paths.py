@@ -116,6 +116,11 @@ class FamiliarPaths:
         """LLM response cache and other rebuildable scratch."""
         return self.dir / "cache"
 
+    @property
+    def llm_cache(self) -> Path:
+        """The LLM response cache (replies keyed by request; `models.llm.ResponseCache`)."""
+        return self.cache_dir / "llm_cache.sqlite"
+
 
 def list_familiars(root: Path | None = None) -> list[str]:
     """Familiar ids that have a folder with a turn log, sorted."""

@@ -85,6 +85,8 @@ class Column:
     ``system_time`` marks wall-clock columns that a rebuild cannot reproduce (left out
     when comparing it with an incremental build). ``fill`` is the SQL value existing
     rows get when a migration adds the column to a store written by older code.
+    ``prose`` marks free text written from what people said (a fact, a summary): an erasure
+    deletes a row whose prose still holds a word only the erased turns used (`erasure.purge`).
     """
 
     name: str
@@ -98,10 +100,13 @@ class Column:
     system_time: bool = False
     fill: str | None = None
     check: str | None = None
+    prose: bool = False
 
     def __post_init__(self) -> None:
         if not _IDENT.fullmatch(self.name):
             raise ValueError(f"bad column name {self.name!r}")
+        if self.prose and self.sql != "VARCHAR":
+            raise ValueError(f"column {self.name!r}: prose is VARCHAR, not {self.sql}")
         arrow_type(self.serve_type or self.sql)  # fails early on a type we cannot serve
 
     @property
@@ -119,10 +124,11 @@ class Column:
 
 def col(sql: str, *, nullable: bool = False, served: bool = True, stored: bool = True,
         serve_type: str | None = None, serve_sql: str | None = None, system_time: bool = False,
-        fill: str | None = None, check: str | None = None, default: Any = dataclasses.MISSING) -> Any:
+        fill: str | None = None, check: str | None = None, prose: bool = False,
+        default: Any = dataclasses.MISSING) -> Any:
     """A record field that is a table column (see :class:`Column`); its name is the field's."""
     meta = dict(sql=sql, nullable=nullable, served=served, stored=stored, serve_type=serve_type,
-                serve_sql=serve_sql, system_time=system_time, fill=fill, check=check)
+                serve_sql=serve_sql, system_time=system_time, fill=fill, check=check, prose=prose)
     return field(default=default, metadata={"column": meta})
 
 
@@ -261,6 +267,10 @@ class Table:
             if c.name == name:
                 return c
         raise KeyError(f"table {self.name!r} has no column {name!r}")
+
+    @property
+    def prose_columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.stored if c.prose)
 
     @property
     def system_time_columns(self) -> tuple[str, ...]:

@@ -429,6 +429,14 @@ _INSERT_TURN = (
 )
 
 
+# A turn said by a forgotten person after they were forgotten, in the scope they were forgotten in.
+_SAID_AFTER_FORGOTTEN = (
+    "EXISTS (SELECT 1 FROM forgotten_people f WHERE f.canonical_key = turns.author_key "
+    "AND turns.id > f.upto_turn_id AND (f.scope = '*' OR f.scope = CASE WHEN turns.guild_id IS NOT NULL "
+    "THEN 'guild:' || turns.guild_id ELSE 'channel:' || turns.channel_id END))"
+)
+
+
 # A row of _TURN_COLUMNS / _PARTICIPANT_COLUMNS as SQLite returns it (times as ISO text).
 _TurnRow = tuple[int, int, int | None, str, str | None, str | None, str, str | None, str | None, str | None,
                  str, int, str | None, str | None]
@@ -511,9 +519,12 @@ def _mentionable(keys: Iterable[Any] | None) -> tuple[str, ...]:
 class TurnLog:
     """One familiar's turn log. One instance per process; safe to share between threads."""
 
-    def __init__(self, path: str | Path, *, readonly: bool = False):
+    def __init__(self, path: str | Path, *, readonly: bool = False, hide_forgotten: bool = False):
+        """``hide_forgotten``: reads leave out the turns that people forgotten with the "opt_out"
+        setting said after they were forgotten (what memory is built from; docs/privacy.md)."""
         self.path = path if str(path) == ":memory:" else Path(path)
         self.readonly = readonly
+        self.hide_forgotten = hide_forgotten
         self._lock = threading.RLock()
         self._in_snapshot = False
         self._conn: sqlite3.Connection | None = None
@@ -683,6 +694,8 @@ class TurnLog:
                 raise TurnLogError(f"read from {self.path} failed: {exc}") from exc
 
     def _turns(self, where: str, params: tuple | list = (), tail: str = "ORDER BY id") -> list[Turn]:
+        if self.hide_forgotten:
+            where = f"({where}) AND NOT {_SAID_AFTER_FORGOTTEN}"
         rows = self._query(f"SELECT {_TURN_COLUMNS} FROM turns WHERE {where} {tail}", params)
         return [_turn_from_row(r) for r in rows]
 
@@ -938,8 +951,11 @@ class TurnLog:
             "SELECT id, requested_at, requested_by, kind, target, scope, status, done_at FROM erasures"
             + (" WHERE status = 'pending'" if pending_only else "") + " ORDER BY id")
         turns: dict[int, list[int]] = {}
-        for erasure_id, turn_id in self._query("SELECT erasure_id, turn_id FROM erasure_turns ORDER BY turn_id"):
-            turns.setdefault(erasure_id, []).append(turn_id)
+        if rows:
+            for erasure_id, turn_id in self._query(
+                    "SELECT erasure_id, turn_id FROM erasure_turns WHERE erasure_id IN (SELECT value FROM json_each(?)) "
+                    "ORDER BY turn_id", (json.dumps([r[0] for r in rows]),)):
+                turns.setdefault(erasure_id, []).append(turn_id)
         return [Erasure(r[0], datetime.fromisoformat(r[1]), r[2], r[3], r[4], r[5], tuple(turns.get(r[0], ())),
                         r[6], _parse_time(r[7])) for r in rows]
 
@@ -961,6 +977,17 @@ class TurnLog:
             sql += " OR deleted_at <= ?"
             params.append(_utc_text(deleted_before, "deleted_before"))
         return [r[0] for r in self._query(sql + ") ORDER BY id", params)]
+
+    def said_after_forgotten(self, *, created_before: datetime | None = None) -> list[int]:
+        """Ids of the turns forgotten people said after they were forgotten (text not purged yet),
+        created before ``created_before`` (None: all)."""
+        sql = ("SELECT id FROM turns WHERE author_key IN (SELECT canonical_key FROM forgotten_people) "
+               f"AND purged_at IS NULL AND {_SAID_AFTER_FORGOTTEN}")
+        params: list[str] = []
+        if created_before is not None:
+            sql += " AND created_at <= ?"
+            params.append(_utc_text(created_before, "created_before"))
+        return [r[0] for r in self._query(sql + " ORDER BY id", params)]
 
     def purge_text(self, turn_ids: Iterable[int], *, people: Iterable[str] = (), at: datetime | None = None) -> int:
         """Blank the text of these (tombstoned) turns: their content, the name they were said

@@ -11,7 +11,7 @@ from familiar_pipeline.storage.turns import TurnLog
 
 from . import scripted
 from .run import PROJECTOR, run
-from .tables import DOSSIERS, dossiers
+from .tables import DOSSIERS, dossiers, drop_dossiers
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,13 @@ def dossiers_ahead_of_facts(store: ProjectionStore, turn_log: TurnLog | None = N
     return [(d.canonical_key, d.last_fact_id) for d in dossiers(store) if d.last_fact_id > latest]
 
 
+def forget_dossier(store: ProjectionStore, key: str, scope: str | None) -> set[int]:
+    """A forgotten person's dossier goes whole (in `scope`, None: every scope), not redacted: it is about them.
+    It rests on facts, not directly on turns: no turn ids to report."""
+    drop_dossiers(store, [key], None if scope is None else [scope])
+    return set()
+
+
 SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="people_dossiers",
@@ -51,4 +58,5 @@ SPEC = ProjectorSpec(
     tables=(DOSSIERS,),
     invariants=(dossiers_ahead_of_facts,),
     scripted=scripted.answer,
+    forget_person=forget_dossier,
 )

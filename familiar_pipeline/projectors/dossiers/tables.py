@@ -26,7 +26,7 @@ from familiar_pipeline.storage.times import now_or
 @dataclass(frozen=True)
 class Dossier:
     canonical_key: str = col("VARCHAR")
-    dossier_text: str = col("VARCHAR")
+    dossier_text: str = col("VARCHAR", prose=True)
     last_fact_id: int = col("BIGINT")
     created_at: datetime = col("TIMESTAMPTZ", system_time=True)
     scope: str = col("VARCHAR", fill=f"'{FAMILIAR_WIDE}'", default=FAMILIAR_WIDE)

@@ -82,3 +82,30 @@ def forget_changed(store: ProjectionStore, followed: Followed) -> Followed:
                 [followed.facts_removed, followed.turns]).fetchall()]
         followed.removed = store.remove_resting_on(followed.turns)
     return followed
+
+
+def forget_subject(store: ProjectionStore, key: str, scope: str | None = None) -> set[int]:
+    """Remove the facts about a forgotten person (in `scope`; None: every scope), whoever's words taught
+    them, with everything built on them, in one transaction; the turns those facts rested on (so the
+    cached replies that derived them go too).
+
+    Their own turns' facts go by provenance like any deleted turn's (`forget_changed`); these are
+    the facts about them that rest on other people's turns ("Ana's sister is a nurse", said by
+    Ben). Ben's turn stays, it is his; what memory derived about Ana from it does not. The facts
+    they had retired are current again, as when a changed turn's facts go.
+    """
+    where = "id IN (SELECT fact_id FROM fact_subjects WHERE canonical_key = ?)"
+    params: list = [key]
+    if scope is not None:
+        where += " AND scope = ?"
+        params.append(scope)
+    with store.transaction():
+        found = store.sql(f"SELECT id, source_turn_ids FROM facts WHERE {where} ORDER BY id", params).fetchall()
+        ids = [int(r[0]) for r in found]
+        if ids:
+            store.sql("UPDATE facts SET superseded_at = NULL, superseded_by = NULL "
+                      "WHERE superseded_by IN (SELECT unnest(?::BIGINT[])) AND id NOT IN (SELECT unnest(?::BIGINT[]))",
+                      [ids, ids])
+            store.sql("DELETE FROM facts WHERE id IN (SELECT unnest(?::BIGINT[]))", [ids])
+            store.remove_resting_on([])  # what was built through them: subjects, vectors, decisions, reflections
+    return {int(t) for r in found for t in (r[1] or ())}

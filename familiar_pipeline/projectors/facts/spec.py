@@ -13,7 +13,8 @@ from familiar_pipeline.storage.turns import TurnLog
 from . import scripted
 from .batches import batch_closed
 from .run import PROJECTOR, run
-from .store import fact_subject_keys
+from .changes import forget_subject
+from .store import fact_subject_keys, fact_texts
 from .tables import FACT_SUBJECTS, FACTS
 
 
@@ -70,4 +71,7 @@ SPEC = ProjectorSpec(
     drop=DropRule(cascade=True),
     invariants=(missing_source_turns, unknown_subject_keys),
     scripted=scripted.answer,
+    search_index="facts",
+    search_rows=lambda rt, store: fact_texts(store),
+    forget_person=forget_subject,
 )

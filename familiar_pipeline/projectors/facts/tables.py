@@ -76,7 +76,7 @@ class Fact:
 
     id: int = col("BIGINT")
     channel_id: int | None = col("BIGINT", nullable=True)
-    text: str = col("VARCHAR")
+    text: str = col("VARCHAR", prose=True)
     source_turn_ids: tuple[int, ...] = col("BIGINT[]")
     # Stored in fact_subjects (in mention order); served as a list joined from there.
     subjects: tuple[Subject, ...] = col(SUBJECTS_TYPE, stored=False, serve_sql="COALESCE(s.subjects, [])")
@@ -104,7 +104,7 @@ class FactSubject:
 
     fact_id: int = col("BIGINT")
     canonical_key: str = col("VARCHAR")
-    display_at_write: str = col("VARCHAR")
+    display_at_write: str = col("VARCHAR", prose=True)
     position: int = col("INTEGER")
     scope: str = col("VARCHAR", fill=_FILL_SCOPE)
 

@@ -23,7 +23,7 @@ class Reflection:
 
     id: int = col("BIGINT")
     channel_id: int | None = col("BIGINT", nullable=True)
-    text: str = col("VARCHAR")
+    text: str = col("VARCHAR", prose=True)
     cited_turn_ids: tuple[int, ...] = col("BIGINT[]")
     cited_fact_ids: tuple[int, ...] = col("BIGINT[]")
     last_turn_id: int = col("BIGINT")

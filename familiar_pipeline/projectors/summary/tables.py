@@ -22,7 +22,7 @@ class Summary:
     """The summary of a scope's conversation up to ``last_turn_id`` (it folds every turn before it)."""
 
     scope: str = col("VARCHAR")
-    summary_text: str = col("VARCHAR")
+    summary_text: str = col("VARCHAR", prose=True)
     last_turn_id: int = col("BIGINT")
     created_at: datetime = col("TIMESTAMPTZ", system_time=True)
 

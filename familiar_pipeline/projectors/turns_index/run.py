@@ -31,6 +31,20 @@ def search_text(turn: Turn) -> str:
     return f"{speaker}: {turn.content}" if speaker else turn.content
 
 
+def search_rows(rt: FamiliarRuntime, store) -> list[tuple[int, str]]:
+    """Every row the index holds: the live turns up to its watermark, as `search_text`."""
+    upto = store.get_watermark(PROJECTOR).turn_id
+    rows: list[tuple[int, str]] = []
+    after = 0
+    while after < upto:
+        chunk = [t for t in rt.turn_log().turns_after(after, limit=CHUNK) if t.id <= upto]
+        if not chunk:
+            break
+        rows += [(t.id, search_text(t)) for t in chunk if not t.deleted]
+        after = chunk[-1].id
+    return rows
+
+
 def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:
     turn_log = rt.turn_log()
     index = rt.fts_turns()

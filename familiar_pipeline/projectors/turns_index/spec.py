@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec
 
-from .run import PROJECTOR, run
+from .run import PROJECTOR, run, search_rows
 
 
 SPEC = ProjectorSpec(
@@ -19,5 +19,7 @@ SPEC = ProjectorSpec(
     trigger=TURN_INDEX,
     needs_llm=False,
     always_on=True,
+    search_index="turns",
+    search_rows=search_rows,
     # No table: a rebuild drops only the watermark and clears fts/turns itself.
 )

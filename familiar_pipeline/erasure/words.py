@@ -1,0 +1,208 @@
+"""The words an erasure takes out of files it cannot rebuild: run history, logs.
+
+Memory the project rebuilds (the store, the indexes, the snapshots, the LLM cache) is
+erased by provenance: the rows resting on the erased turns go. Files written along the
+way by other programs cannot be rebuilt: Dagster's run and event storage (log lines, error
+messages, and the metadata previews older versions of this code wrote with fact text) and
+the log files. Those are scrubbed by content: the *distinctive words* of the erased turns,
+those no surviving turn of the familiar uses, are replaced by ``[erased]``. A word that
+someone else also said stays: it is not theirs to take out of other people's lines.
+
+Dagster's records are JSON. Only free text is rewritten (log messages, error messages and
+stacks, text, markdown and JSON metadata values): structural fields (asset keys, run ids,
+partitions, class names) never are, so an erased word that happens to be an asset's name
+cannot corrupt the run history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+log = logging.getLogger(__name__)
+
+ERASED = "[erased]"
+_WORD = re.compile(r"[^\W_]{4,}")  # letters and digits, four or more: shorter ones say nothing of a person
+# Keys of Dagster's serialized records whose values are free text, searched recursively: log lines
+# (`user_message`, `message`), errors (`message`, `stack`, `cause`), metadata values (`text`, `md_str`,
+# `data`: a JSON metadata value), descriptions.
+FREE_TEXT_KEYS = frozenset({"user_message", "message", "stack", "text", "md_str", "data", "description", "cause",
+                            "context", "raw_value"})
+TEXT_SUFFIXES = (".log", ".out", ".err", ".txt", ".complete")
+
+
+def words_of(text: str) -> set[str]:
+    return {w.lower() for w in _WORD.findall(text or "")}
+
+
+def distinctive_words(erased: Iterable[str], surviving: Iterable[str]) -> set[str]:
+    """Words of the erased texts that no surviving text uses (case-insensitively)."""
+    gone: set[str] = set()
+    for text in erased:
+        gone |= words_of(text)
+    if not gone:
+        return gone
+    for text in surviving:
+        gone -= words_of(text)
+        if not gone:
+            break
+    return gone
+
+
+class Scrubber:
+    """Replaces a set of words (whole words, any case) with ``[erased]``."""
+
+    def __init__(self, words: Iterable[str]):
+        self.words = sorted(set(words), key=lambda w: (-len(w), w))
+        self._pattern = (re.compile(r"(?<![^\W_])(?:" + "|".join(map(re.escape, self.words)) + r")(?![^\W_])",
+                                    re.IGNORECASE) if self.words else None)
+
+    def __bool__(self) -> bool:
+        return self._pattern is not None
+
+    def hits(self, text: str | None) -> bool:
+        return bool(self._pattern and text and self._pattern.search(text))
+
+    def hits_record(self, value: str | None) -> bool:
+        """`hits`, also through the ``\\uXXXX`` escapes of a JSON record (Dagster writes ASCII JSON)."""
+        if self.hits(value):
+            return True
+        if not value or "\\u" not in value or not value.lstrip().startswith("{"):
+            return False
+        try:
+            return self.hits(json.dumps(json.loads(value), ensure_ascii=False))
+        except ValueError:
+            return False
+
+    def text(self, text: str) -> str:
+        return self._pattern.sub(ERASED, text) if self._pattern else text
+
+    def record(self, value: Any, *, free: bool = False) -> Any:
+        """A JSON value with the words replaced in its free text (under `FREE_TEXT_KEYS`) only."""
+        if isinstance(value, dict):
+            return {k: self.record(v, free=free or k in FREE_TEXT_KEYS) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.record(v, free=free) for v in value]
+        if isinstance(value, str) and free:
+            return self.text(value)
+        return value
+
+
+@dataclass
+class ScrubReport:
+    files: int = 0  # files looked at
+    rewritten: dict[str, int] = field(default_factory=dict)  # file -> values or lines rewritten
+    failed: dict[str, str] = field(default_factory=dict)  # file -> why it could not be scrubbed
+
+    @property
+    def values(self) -> int:
+        return sum(self.rewritten.values())
+
+
+def scrub_tree(root: Path, scrubber: Scrubber, report: ScrubReport | None = None) -> ScrubReport:
+    """Scrub every SQLite file and text log under `root` (Dagster's home); what was rewritten."""
+    report = report or ScrubReport()
+    if not scrubber or not root.is_dir():
+        return report
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        try:
+            if _is_sqlite(path):
+                report.files += 1
+                n = scrub_sqlite(path, scrubber)
+            elif path.suffix in TEXT_SUFFIXES:
+                report.files += 1
+                n = scrub_text_file(path, scrubber)
+            else:
+                continue
+        except (OSError, sqlite3.Error) as exc:
+            report.failed[str(path)] = f"{type(exc).__name__}: {exc}"
+            log.warning("erasure: could not scrub %s: %s", path, exc)
+            continue
+        if n:
+            report.rewritten[str(path)] = n
+    return report
+
+
+def _is_sqlite(path: Path) -> bool:
+    if path.name.endswith(("-wal", "-shm", "-journal")):
+        return False
+    try:
+        with path.open("rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+def scrub_sqlite(path: Path, scrubber: Scrubber) -> int:
+    """Rewrite the JSON records of every text column of `path` that hold a word; VACUUM if any did.
+
+    A column value that is not a JSON object is left alone: in Dagster's tables those are
+    ids, keys and names, never free text.
+    """
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("PRAGMA secure_delete = ON")
+        conn.create_function("erased_hit", 1, scrubber.hits_record, deterministic=True)
+        changed = 0
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                             "AND name NOT LIKE 'sqlite_%'")]
+        for table in tables:
+            columns = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')
+                       if (r[2] or "").upper() in ("TEXT", "VARCHAR", "") or "CHAR" in (r[2] or "").upper()]
+            for column in columns:
+                rows = conn.execute(f'SELECT rowid, "{column}" FROM "{table}" WHERE typeof("{column}") = \'text\' '
+                                    f'AND erased_hit("{column}")').fetchall()
+                updates = []
+                for rowid, value in rows:
+                    new = _scrub_value(value, scrubber)
+                    if new != value:
+                        updates.append((new, rowid))
+                if updates:
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.executemany(f'UPDATE "{table}" SET "{column}" = ? WHERE rowid = ?', updates)
+                    conn.execute("COMMIT")
+                    changed += len(updates)
+        if changed:
+            conn.execute("VACUUM")
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return changed
+    finally:
+        conn.close()
+
+
+def _scrub_value(value: str, scrubber: Scrubber) -> str:
+    stripped = value.lstrip()
+    if not stripped.startswith("{"):
+        return value
+    try:
+        record = json.loads(value)
+    except ValueError:
+        return value
+    scrubbed = scrubber.record(record)
+    return value if scrubbed == record else json.dumps(scrubbed)
+
+
+def scrub_text_file(path: Path, scrubber: Scrubber) -> int:
+    """Replace the words in a text file's lines, in place (same mode); how many lines changed."""
+    raw = path.read_bytes()
+    text = raw.decode("utf-8", errors="surrogateescape")
+    lines = text.splitlines(keepends=True)
+    changed = 0
+    out = []
+    for line in lines:
+        new = scrubber.text(line) if scrubber.hits(line) else line
+        changed += new != line
+        out.append(new)
+    if changed:
+        temp = path.with_name(path.name + ".scrub")
+        temp.write_bytes("".join(out).encode("utf-8", errors="surrogateescape"))
+        temp.chmod(path.stat().st_mode & 0o777)
+        temp.replace(path)
+    return changed
