@@ -20,6 +20,8 @@ from familiar_pipeline.config import LlmSlotConfig
 from familiar_pipeline.models.llm import CachedReply, LlmClient, LlmSources, ResponseCache, llm_sources
 from familiar_pipeline.testing.fake_llm import fake_llm
 
+from .helpers import file_bytes
+
 
 def reply(text: str) -> CachedReply:
     return CachedReply(text=text, model="m", prompt_tokens=1, completion_tokens=1, cost_usd=0.0)
@@ -113,10 +115,6 @@ def test_the_client_declarations_reach_the_sqlite_tables(tmp_path):
     with sqlite3.connect(path) as conn:
         assert sorted(r[0] for r in conn.execute("SELECT turn_id FROM llm_cache_turns")) == [4, 5, 6]
         assert [r[0] for r in conn.execute("SELECT upto FROM llm_cache_upto")] == [2]
-
-
-def file_bytes(path) -> bytes:
-    return b"".join(p.read_bytes() for p in (path, path.with_name(path.name + "-wal")) if p.exists())
 
 
 def test_a_forgotten_reply_leaves_no_byte_in_the_file_or_its_wal(tmp_path):
