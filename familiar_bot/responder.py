@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from familiar_pipeline.config import FamiliarConfig
 from familiar_pipeline.models.embedders import create_embedder
-from familiar_pipeline.models.llm import LlmError, LlmNotConfigured, client_for
+from familiar_pipeline.models.llm import LlmError, LlmNotConfigured, client_for, llm_sources
 from familiar_pipeline.projectors.facts.reads import facts_by_ids
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.paths import FamiliarPaths
@@ -572,7 +572,8 @@ class Responder:
         try:
             prompt = await self._assemble(message.channel_id, message.guild_id, message.content)
             messages = build_messages(prompt, message, self.config.display_name)
-            reply = await self.llm.acomplete(messages)
+            with llm_sources(upto=self._newest_quotable()):
+                reply = await self.llm.acomplete(messages)
         except LlmNotConfigured as exc:
             raise _NotConfigured(str(exc)) from None
         except LlmError as exc:
@@ -589,6 +590,19 @@ class Responder:
             log.error("%s: reply model %s returned an empty reply", where, getattr(reply, "model", "?"))
             raise _ReplyFailed
         return text
+
+    def _newest_quotable(self) -> int | None:
+        """The newest turn an assembled prompt could quote, read after assembling it.
+
+        A reply slot that caches stores the reply as resting on every turn up to it (the
+        prompt quotes recent turns and memory built from any earlier one), so forgetting any of
+        them erases it (`ResponseCache.forget_resting_on`). None when the log cannot say: the
+        reply is then cached with unknown provenance, which any forget erases too.
+        """
+        try:
+            return self.turn_log.latest_id() or None
+        except TurnLogError:
+            return None
 
     async def _deliver_reply(self, message: IncomingMessage, text: str, send: Send | None) -> list[str]:
         delivered: list[str] = []

@@ -159,3 +159,24 @@ def sensor_tick(cursor: dict, familiars: list[str], known, **kwargs):
 
     plan = plan_tick(cursor, familiars, known, **kwargs)
     return run_requests(plan), plan.new_partitions, plan.cursor, plan.notes
+
+
+def cache_rows(path: Path) -> dict[str, tuple[str, set[int], int | None]]:
+    """The LLM response cache file's replies: key -> (text, recorded turns, recorded upto)."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        texts = dict(conn.execute("SELECT key, text FROM llm_response_cache"))
+        turns: dict[str, set[int]] = {}
+        for key, turn in conn.execute("SELECT key, turn_id FROM llm_cache_turns"):
+            turns.setdefault(key, set()).add(turn)
+        upto = dict(conn.execute("SELECT key, upto FROM llm_cache_upto"))
+    finally:
+        conn.close()
+    return {key: (text, turns.get(key, set()), upto.get(key)) for key, text in texts.items()}
+
+
+def file_bytes(path: Path) -> bytes:
+    """A SQLite file's bytes and its WAL's: everything of it on disk that could hold a deleted value."""
+    return b"".join(p.read_bytes() for p in (path, path.with_name(path.name + "-wal")) if p.exists())

@@ -22,13 +22,14 @@ from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.types import AssemblyContext
 from familiar_pipeline.config.loading import load_config
 from familiar_pipeline.defs.jobs import execute_request
+from familiar_pipeline.models.llm import ResponseCache
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
 from .fact_helpers import GRAPH_TOML
-from .helpers import PEOPLE, sensor_tick
+from .helpers import PEOPLE, cache_rows, file_bytes, sensor_tick
 
 BASE = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 GUILD, CHANNEL = 1, 10
@@ -194,6 +195,13 @@ def test_an_old_change_costs_one_redaction_call_instead_of_a_refold(familiar):
         assert set(sources) <= {r[0] for r in store.sql("SELECT id FROM facts").fetchall()}
     assert SECRET not in dossier and "Cass said" in dossier, "the rest of the dossier stands"
     assert SECRET not in served_text(paths)
+    # the redactions' cached replies declare what they rest on, like every other; forgetting the
+    # turn erases every cached reply it was shown in
+    cache_path = paths.cache_dir / "llm_cache.sqlite"
+    assert all(turns or upto for _, turns, upto in cache_rows(cache_path).values())
+    assert ResponseCache(cache_path).forget_resting_on([SECRET_TURN]) >= 2
+    assert not any(SECRET in text for text, _, _ in cache_rows(cache_path).values())
+    assert SECRET.encode() not in file_bytes(cache_path)
 
 
 # --------------------------------------------------------------------------- the generic removal, directly

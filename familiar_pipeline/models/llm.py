@@ -17,6 +17,9 @@ Why each piece exists:
 * **Response cache**: docs/architecture.md §4 makes rebuilds free and reproducible by keying
   replies on the exact request. Empty replies are never cached, because callers
   treat "" as "try again later" and a cached "" would make that retry permanent.
+  A cached reply may repeat what people said, so each one records the turns its request
+  rests on (``llm_sources``), and ``ResponseCache.forget_resting_on`` erases exactly the
+  replies a forgotten turn shaped, to the last byte of the file, and keeps the others.
 * **Secrets**: the API key is read from ``os.environ[slot.api_key_env]`` at call
   time, never stored on the client, and scrubbed from every error message.
 
@@ -32,6 +35,8 @@ what lets no caller bypass one of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import hashlib
 import json
@@ -46,7 +51,7 @@ import weakref
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import tenacity
 
@@ -184,17 +189,96 @@ class CachedReply:
     cost_usd: float
 
 
-_CACHE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS llm_response_cache (
-    key TEXT PRIMARY KEY,
-    model TEXT NOT NULL,
-    text TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    cost_usd REAL NOT NULL,
-    created_at REAL NOT NULL
+_CACHE_SCHEMA = (
+    """
+    CREATE TABLE IF NOT EXISTS llm_response_cache (
+        key TEXT PRIMARY KEY,
+        model TEXT NOT NULL,
+        text TEXT NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        completion_tokens INTEGER NOT NULL,
+        cost_usd REAL NOT NULL,
+        created_at REAL NOT NULL
+    )
+    """,
+    # A reply's provenance (see `llm_sources`): the turns its request rests on, and `upto` when
+    # it rests on every turn up to an id. A reply with neither has unknown provenance.
+    "CREATE TABLE IF NOT EXISTS llm_cache_turns (key TEXT NOT NULL, turn_id INTEGER NOT NULL, "
+    "PRIMARY KEY (key, turn_id)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS llm_cache_turns_by_turn ON llm_cache_turns (turn_id)",
+    "CREATE TABLE IF NOT EXISTS llm_cache_upto (key TEXT PRIMARY KEY, upto INTEGER NOT NULL) WITHOUT ROWID",
 )
-"""
+
+# Bound parameters per statement, well under SQLite's limit.
+_SQL_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class LlmSources:
+    """What a request rests on: turn ids of the turn log, directly or through derived rows its
+    prompt quotes, and ``upto`` when it rests on every turn with an id <= upto (a compounding
+    summary's previous text). A reply derived from a turn must go when that turn is forgotten.
+    """
+
+    turns: frozenset[int] = frozenset()
+    upto: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.turns) or self.upto is not None
+
+    def rests_on(self, turn_ids: frozenset[int]) -> bool:
+        """True when forgetting ``turn_ids`` (non-empty) must take the reply with it."""
+        return bool(self.turns & turn_ids) or (self.upto is not None and self.upto >= min(turn_ids))
+
+
+_SOURCES: contextvars.ContextVar[LlmSources | None] = contextvars.ContextVar("llm_sources", default=None)
+
+
+@contextlib.contextmanager
+def llm_sources(turns: Iterable[int] = (), upto: int | None = None) -> Iterator[LlmSources]:
+    """Declare what the model calls made inside rest on, so their cached replies can be forgotten.
+
+    A context variable rather than a parameter: the calls go through wrappers and slots that
+    need not know about it, and a declaration around an ``await`` holds for that task alone.
+    Nested declarations add up (a call rests on everything every enclosing one names). A
+    call made with nothing declared is cached with unknown provenance, which the first
+    ``forget_resting_on`` erases.
+    """
+    outer = _SOURCES.get()
+    turns = frozenset(int(t) for t in turns)
+    if outer is not None:
+        turns |= outer.turns
+        if outer.upto is not None:
+            upto = outer.upto if upto is None else max(upto, outer.upto)
+    declared = LlmSources(turns, None if upto is None else int(upto))
+    token = _SOURCES.set(declared)
+    try:
+        yield declared
+    finally:
+        _SOURCES.reset(token)
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT on an autocommit connection: a reply and its sources go together."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # SQLite may have rolled back already (a full disk)
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
+def _chunks(items: list[Any]) -> Iterator[list[Any]]:
+    for start in range(0, len(items), _SQL_CHUNK):
+        yield items[start:start + _SQL_CHUNK]
+
+
+def _marks(items: list[Any]) -> str:
+    return ",".join("?" * len(items))
 
 
 class ResponseCache:
@@ -204,6 +288,10 @@ class ResponseCache:
     WAL and a busy timeout, and the last write of a key wins (both writers computed
     a reply to the same request). A cache failure is logged and treated as a miss:
     the cache saves money, it must never fail a projection.
+
+    Each reply is stored with its sources (``LlmSources``) in the same transaction, so
+    ``forget_resting_on`` can erase what a forgotten turn shaped. ``secure_delete`` is on
+    for every connection, so a deleted reply's bytes are overwritten, not left in free pages.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
@@ -212,6 +300,7 @@ class ResponseCache:
         self.misses = 0
         self._lock = threading.Lock()
         self._memory: dict[str, CachedReply] = {}
+        self._memory_sources: dict[str, LlmSources] = {}
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
         if self.path is not None:
@@ -255,14 +344,19 @@ class ResponseCache:
                 self.hits += 1
         return found
 
-    def put(self, key: str, reply: CachedReply) -> None:
+    def put(self, key: str, reply: CachedReply, sources: LlmSources | None = None) -> None:
+        """Store ``reply`` with what its request rests on (None or empty: unknown provenance)."""
         if self.path is None:
             with self._lock:
                 self._memory[key] = reply
+                if sources:
+                    self._memory_sources[key] = sources
+                else:
+                    self._memory_sources.pop(key, None)
             return
         try:
-            with self._lock:
-                self._connection().execute(
+            with self._lock, _transaction(self._connection()) as conn:
+                conn.execute(
                     "INSERT OR REPLACE INTO llm_response_cache VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
                         key,
@@ -274,8 +368,69 @@ class ResponseCache:
                         time.time(),
                     ),
                 )
+                conn.execute("DELETE FROM llm_cache_turns WHERE key = ?", (key,))
+                conn.execute("DELETE FROM llm_cache_upto WHERE key = ?", (key,))
+                if sources:
+                    conn.executemany("INSERT INTO llm_cache_turns VALUES (?, ?)",
+                                     [(key, turn) for turn in sorted(sources.turns)])
+                    if sources.upto is not None:
+                        conn.execute("INSERT INTO llm_cache_upto VALUES (?, ?)", (key, sources.upto))
         except sqlite3.Error as exc:
             log.warning("LLM response cache %s: write failed (%s); reply not cached", self.path, exc)
+
+    def forget_resting_on(self, turn_ids: Iterable[int]) -> int:
+        """Delete every reply that rests on any of ``turn_ids``, and every reply of unknown
+        provenance (written before sources were recorded, or by a call that declared none);
+        how many replies were deleted. Replies resting only on other turns stay, so rebuilds
+        that do not touch the forgotten turns stay free.
+
+        Then the file is scrubbed (checkpoint, VACUUM, checkpoint) so no deleted text is left
+        in the database, its free pages or its WAL. Unlike reads and writes, a failure here is
+        raised: a forget that did not happen must not pass for one. Forget the turns in the
+        turn log first, or a run still reading them may cache a reply resting on them again.
+        """
+        wanted = frozenset(int(t) for t in turn_ids)
+        if not wanted:
+            return 0
+        if self.path is None:
+            with self._lock:
+                gone = [key for key in self._memory
+                        if key not in self._memory_sources or self._memory_sources[key].rests_on(wanted)]
+                for key in gone:
+                    del self._memory[key]
+                    self._memory_sources.pop(key, None)
+            return len(gone)
+        deleted = 0
+        with self._lock:
+            with _transaction(self._connection()) as conn:
+                keys: set[str] = set()
+                for chunk in _chunks(sorted(wanted)):
+                    keys.update(row[0] for row in conn.execute(
+                        f"SELECT key FROM llm_cache_turns WHERE turn_id IN ({_marks(chunk)})", chunk))
+                keys.update(row[0] for row in conn.execute(
+                    "SELECT key FROM llm_cache_upto WHERE upto >= ?", (min(wanted),)))
+                keys.update(row[0] for row in conn.execute(
+                    "SELECT key FROM llm_response_cache AS c"
+                    " WHERE NOT EXISTS (SELECT 1 FROM llm_cache_turns AS t WHERE t.key = c.key)"
+                    " AND NOT EXISTS (SELECT 1 FROM llm_cache_upto AS u WHERE u.key = c.key)"))
+                for chunk in _chunks(sorted(keys)):
+                    deleted += conn.execute(
+                        f"DELETE FROM llm_response_cache WHERE key IN ({_marks(chunk)})", chunk).rowcount
+                    conn.execute(f"DELETE FROM llm_cache_turns WHERE key IN ({_marks(chunk)})", chunk)
+                    conn.execute(f"DELETE FROM llm_cache_upto WHERE key IN ({_marks(chunk)})", chunk)
+            self._scrub(conn)
+        return deleted
+
+    def _scrub(self, conn: sqlite3.Connection) -> None:
+        """Leave no deleted byte behind: secure_delete zeroed the cells in the new page images,
+        the checkpoint writes them over the old ones and empties the WAL, and VACUUM rebuilds
+        the file without free pages (a second checkpoint empties the WAL it went through)."""
+        for statement in ("PRAGMA wal_checkpoint(TRUNCATE)", "VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)"):
+            row = conn.execute(statement).fetchone()
+            if row is not None and row[0]:  # a checkpoint another connection kept from finishing
+                raise sqlite3.OperationalError(
+                    f"LLM response cache {self.path}: the replies were deleted, but another process "
+                    "reading the cache kept the file from being scrubbed; run the forget again when it is done")
 
     def __len__(self) -> int:
         if self.path is None:
@@ -326,7 +481,9 @@ class ResponseCache:
             conn.execute("PRAGMA busy_timeout = 30000")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute(_CACHE_SCHEMA)
+            conn.execute("PRAGMA secure_delete = ON")  # a forgotten reply is overwritten, not just unlinked
+            for statement in _CACHE_SCHEMA:
+                conn.execute(statement)
         except sqlite3.DatabaseError as exc:
             raise ValueError(
                 f"LLM response cache {self.path} is not a usable SQLite database ({exc}); "
@@ -464,12 +621,14 @@ class LlmClient:
     # -- sync ---------------------------------------------------------------
 
     def complete(self, messages: list[dict[str, Any]], **params: Any) -> LlmReply:
+        """One reply; a caching slot stores it with the sources declared around the call (``llm_sources``)."""
         started = time.perf_counter()
+        sources = _SOURCES.get()
         request, cache_key = self._prepare(messages, params)
         hit = self._cached(cache_key, started)
         if hit is not None:
             return hit
-        return self._finish(self._call(request), cache_key, started)
+        return self._finish(self._call(request), cache_key, started, sources)
 
     def _call(self, request: dict[str, Any]) -> Any:
         """The provider's response, through the retries and the process-wide cap."""
@@ -489,14 +648,16 @@ class LlmClient:
     # -- async --------------------------------------------------------------
 
     async def acomplete(self, messages: list[dict[str, Any]], **params: Any) -> LlmReply:
+        """``complete`` on the event loop; the sources are those declared when it was called."""
         started = time.perf_counter()
+        sources = _SOURCES.get()
         request, cache_key = self._prepare(messages, params)
         hit = await asyncio.to_thread(self._cached, cache_key, started)
         if hit is not None:
             return hit
         reply = self._reply(await self._acall(request), started)
         if cache_key is not None and reply.text:
-            await asyncio.to_thread(self._store, cache_key, reply)
+            await asyncio.to_thread(self._store, cache_key, reply, sources)
         self.usage.record_reply(reply)
         return reply
 
@@ -666,14 +827,15 @@ class LlmClient:
         self.usage.record_reply(reply)
         return reply
 
-    def _finish(self, response: Any, cache_key: str | None, started: float) -> LlmReply:
+    def _finish(self, response: Any, cache_key: str | None, started: float,
+                sources: LlmSources | None) -> LlmReply:
         reply = self._reply(response, started)
         if cache_key is not None and reply.text:
-            self._store(cache_key, reply)
+            self._store(cache_key, reply, sources)
         self.usage.record_reply(reply)
         return reply
 
-    def _store(self, cache_key: str, reply: LlmReply) -> None:
+    def _store(self, cache_key: str, reply: LlmReply, sources: LlmSources | None) -> None:
         self.cache.put(  # type: ignore[union-attr]
             cache_key,
             CachedReply(
@@ -683,6 +845,7 @@ class LlmClient:
                 completion_tokens=reply.completion_tokens,
                 cost_usd=reply.cost_usd,
             ),
+            sources,
         )
 
     def _reply(self, response: Any, started: float) -> LlmReply:

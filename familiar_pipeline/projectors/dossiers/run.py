@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from familiar_pipeline.models.llm import llm_sources
 from familiar_pipeline.projectors.facts.batches import processed_batch
 from familiar_pipeline.projectors.facts.store import (
     fact_horizon,
@@ -41,6 +42,8 @@ from familiar_pipeline.projectors.facts.store import (
     facts_in_range,
     facts_retired_between,
     latest_fact_id,
+    source_turns,
+    source_turns_of,
 )
 from familiar_pipeline.projectors.facts.tables import Fact
 from familiar_pipeline.projectors.horizon import current_at
@@ -79,6 +82,8 @@ class Plan:
     last_fact_id: int  # what last_fact_id becomes when the fold succeeds
     sources: tuple[int, ...] = ()  # every fact the dossier then rests on (its provenance)
     scope: str = ""  # where those facts were said
+    prior_turns: frozenset[int] = frozenset()  # the turns the prior text rests on (its facts')
+    prior_incomplete: bool = False  # some fact of the prior text is gone: its turns are unknown
 
 
 def ego_selection(facts: list[Fact]) -> list[Fact]:
@@ -99,8 +104,10 @@ def plan_subject(store: ProjectionStore, key: str, scope: str, step: Step, *, in
         return None
     label = ego_label if is_ego_key(key) else _label(facts, key)
     kept = () if rebuild or prior is None else prior.source_fact_ids
+    prior_turns, whole = source_turns_of(store, kept)
     return Plan(key, label, None if rebuild or prior is None else prior.dossier_text, facts, rebuild,
-                max([after, *ids]), tuple(dict.fromkeys([*kept, *(f.id for f in facts)])), scope)
+                max([after, *ids]), tuple(dict.fromkeys([*kept, *(f.id for f in facts)])), scope,
+                frozenset(prior_turns), not whole)
 
 
 def _label(facts: list[Fact], key: str) -> str:
@@ -142,6 +149,10 @@ def fold(rt: FamiliarRuntime, report: ProjectionReport, plan: Plan, max_facts: i
     """The new dossier text, or None when the model gave nothing (or there was nothing worth folding)."""
     ego = is_ego_key(plan.key)
     text = plan.prior_text
+    # What `text` rests on, for the response cache: the prior's facts' turns, then each folded chunk's.
+    # A prior fact that is gone leaves only a bound: every fact rests on turns the log holds.
+    rests_on = set(plan.prior_turns)
+    upto = rt.turn_log().latest_id() if plan.prior_incomplete else None
     chunks = [plan.facts[i : i + max_facts] for i in range(0, len(plan.facts), max_facts)]
     folded_any = False
     for chunk in chunks:
@@ -154,7 +165,9 @@ def fold(rt: FamiliarRuntime, report: ProjectionReport, plan: Plan, max_facts: i
             for f in selected
         ]
         messages = prompt.build_messages(label=plan.label, subject_key=plan.key, prior_text=text, fact_lines=lines, ego=ego)
-        reply = rt.llm.complete(messages)
+        rests_on |= source_turns(selected)
+        with llm_sources(turns=rests_on, upto=upto):
+            reply = rt.llm.complete(messages)
         report.llm_seconds += reply.latency_s
         new_text = prompt.parse_reply(reply.text, ego=ego)
         if len(new_text) > MAX_PROSE_CHARS:
@@ -208,6 +221,7 @@ def rebuild_stale(rt: FamiliarRuntime, report: ProjectionReport, mark: Watermark
                  for pair in stale}
         priors = {pair: get_dossier(store, *pair) for pair in stale}
         existing = set(fact_ids_existing(store, [i for p in priors.values() if p for i in p.source_fact_ids]))
+        prior_turns = {pair: source_turns_of(store, p.source_fact_ids) for pair, p in priors.items() if p}
     writes: dict[tuple[str, str], tuple[str, tuple[int, ...], int]] = {}
     redacted = 0
     for pair in stale:
@@ -220,8 +234,12 @@ def rebuild_stale(rt: FamiliarRuntime, report: ProjectionReport, mark: Watermark
             if text:
                 writes[pair] = (text, plan.sources, plan.last_fact_id)
             continue
-        reply = rt.llm.complete(prompt.build_redact_messages(label=plan.label, subject_key=key,
-                                                             text=prior.dossier_text, removed=removed))
+        # rests on the record's facts' turns (a bound when some are gone, as they are here) and the changed turns
+        turns, whole = prior_turns[pair]
+        with llm_sources(turns=[*turns, *(t.id for t, _ in removed)],
+                         upto=None if whole else rt.turn_log().latest_id()):
+            reply = rt.llm.complete(prompt.build_redact_messages(label=plan.label, subject_key=key,
+                                                                 text=prior.dossier_text, removed=removed))
         report.llm_seconds += reply.latency_s
         text = prompt.parse_reply(reply.text, ego=is_ego_key(key))
         if text and len(text) <= MAX_PROSE_CHARS:

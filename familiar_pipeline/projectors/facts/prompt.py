@@ -10,7 +10,7 @@ about the familiar's own capabilities are not facts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from familiar_pipeline.models.jsonparse import as_int_list
@@ -20,10 +20,15 @@ from familiar_pipeline.projectors.prompting import UNTRUSTED_NOTE, TurnLike, quo
 
 @dataclass(frozen=True)
 class ManifestEntry:
-    """A participant the model may tag: canonical key and the name shown for it."""
+    """A participant the model may tag: canonical key and the name shown for it.
+
+    ``turn_id``: the turn the label was read from (None for the familiar's own entry), so the
+    reply is known to rest on it (`models.llm.llm_sources`): the label is that turn's words.
+    """
 
     canonical_key: str
     label: str
+    turn_id: int | None = field(default=None, compare=False)
 
 
 class RawFact(ReplyItem):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 from familiar_pipeline.models.jsonparse import as_int
+from familiar_pipeline.models.llm import llm_sources
 from familiar_pipeline.projectors.prompting import MAX_FACT_CHARS
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.scopes import scope_of_turns, turn_scope
@@ -85,9 +86,11 @@ def build_manifest(
     model exactly what the incremental run showed.
     """
     entries: dict[str, str] = {}
+    read_from: dict[str, int] = {}  # the turn each label comes from: the reply rests on it
     for turn in batch:
         if turn.author_key and turn.role == "user":
             entries[turn.author_key] = turn.author_display or turn.author_key
+            read_from[turn.author_key] = turn.id
     end_id = batch[-1].id
     scopes = {turn_scope(t) for t in batch}  # never widened past the batch's own scope
     channels = list(dict.fromkeys(t.channel_id for t in batch))
@@ -100,7 +103,8 @@ def build_manifest(
             if (turn.author_key and turn.role == "user" and turn.author_key not in entries
                     and turn_scope(turn) in scopes):
                 entries[turn.author_key] = turn.author_display or turn.author_key
-    manifest = [ManifestEntry(k, v) for k, v in disambiguate_labels(entries, self_name).items()]
+                read_from[turn.author_key] = turn.id
+    manifest = [ManifestEntry(k, v, read_from[k]) for k, v in disambiguate_labels(entries, self_name).items()]
     manifest.append(ManifestEntry(self_key, self_name))
     return manifest
 
@@ -260,7 +264,10 @@ def extract_group(rt: FamiliarRuntime, report: ProjectionReport, group: Sequence
     manifest = build_manifest(group, turn_log, participants_max=knobs.participants_max, self_key=self_key, self_name=self_name)
     messages = extraction_messages(group, manifest, self_key=self_key, self_name=self_name)
     llm_started = time.perf_counter()
-    reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
+    # the reply rests on the turns it quotes and those its participants' labels were read from
+    shown = [t.id for t in prompt_turns] + [e.turn_id for e in manifest if e.turn_id is not None]
+    with llm_sources(turns=shown):
+        reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
     report.llm_seconds += time.perf_counter() - llm_started
     raw_facts, malformed = prompt.parse_reply(reply.text)
     if not (reply.text or "").strip():

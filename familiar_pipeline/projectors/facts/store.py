@@ -445,6 +445,22 @@ def fact_ids_upto(store: ProjectionStore, upto_id: int, *, scope: str | None = N
     return {row[0] for row in store.sql(f"SELECT id FROM facts WHERE {where}", params).fetchall()}
 
 
+def source_turns(facts: Iterable[Fact]) -> set[int]:
+    """The turns ``facts`` were extracted from: what a prompt quoting them rests on (``models.llm.llm_sources``)."""
+    return {turn for fact in facts for turn in fact.source_turn_ids}
+
+
+def source_turns_of(store: ProjectionStore, fact_ids: Iterable[int]) -> tuple[set[int], bool]:
+    """The source turns of the facts ``fact_ids`` (what a text folded from them rests on), and whether
+    every one of them is still in the store: the turns of a removed fact are no longer known."""
+    wanted = sorted({values.as_int(i, "fact id") for i in fact_ids})
+    if not wanted:
+        return set(), True
+    rows = store.sql("SELECT id, source_turn_ids FROM facts WHERE id IN (SELECT unnest(?::BIGINT[]))",
+                     [wanted]).fetchall()
+    return {int(turn) for _, turns in rows for turn in turns}, len(rows) == len(wanted)
+
+
 # --------------------------------------------------------------------------- integrity reads (asset checks)
 
 

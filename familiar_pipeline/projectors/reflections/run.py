@@ -26,7 +26,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from familiar_pipeline.projectors.facts.store import fact_horizon, fact_ids_upto, facts_current_at_horizon
+from familiar_pipeline.models.llm import llm_sources
+from familiar_pipeline.projectors.facts.store import (
+    fact_horizon,
+    fact_ids_upto,
+    facts_current_at_horizon,
+    source_turns,
+)
 from familiar_pipeline.storage.scopes import turn_scope
 from familiar_pipeline.storage.turns import Turn
 
@@ -113,7 +119,9 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
                 messages = prompt.build_messages(shown, [(f.id, f.text) for f in facts],
                                                  max_items=knobs.max_reflections_per_tick)
                 try:
-                    reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
+                    # rests on the turns shown and those the facts shown were extracted from
+                    with llm_sources(turns=[*(t.id for t in shown), *source_turns(facts)]):
+                        reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
                     report.llm_seconds += reply.latency_s
                     items, malformed = prompt.parse_reply(reply.text)
                     report.drop("malformed_items", malformed)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from familiar_pipeline.models.llm import llm_sources
 from familiar_pipeline.projectors.prompting import MAX_PROSE_CHARS
 from familiar_pipeline.storage.scopes import turn_scope
 from familiar_pipeline.storage.turns import Turn, as_they_were
@@ -49,10 +50,17 @@ def write_windows(rt: FamiliarRuntime, pending: list[tuple[int, dict[str, str]]]
         rt.publish(store)
 
 
-def ask(rt: FamiliarRuntime, report: ProjectionReport, messages: list[dict]) -> str | None:
-    """One summary call: its text, or None (counted as a drop) when it came back empty or oversized."""
+def ask(rt: FamiliarRuntime, report: ProjectionReport, messages: list[dict], *, turns: list[Turn],
+        upto: int | None) -> str | None:
+    """One summary call: its text, or None (counted as a drop) when it came back empty or oversized.
+
+    ``turns``: those the prompt quotes; ``upto``: the last turn folded into the summary it quotes
+    (None when it quotes none). The cached reply rests on both (`models.llm.llm_sources`): a
+    summary compounds every earlier turn of its scope.
+    """
     llm_started = time.perf_counter()
-    reply = rt.llm.complete(messages)
+    with llm_sources(turns=[t.id for t in turns], upto=upto or None):
+        reply = rt.llm.complete(messages)
     report.llm_seconds += time.perf_counter() - llm_started
     text = prompt.parse_reply(reply.text)
     if not text or len(text) > MAX_PROSE_CHARS:
@@ -86,7 +94,7 @@ def fold_scope(rt: FamiliarRuntime, report: ProjectionReport, turns: list[Turn],
         visible = [t for t in window if turn_scope(t) == scope and not t.deleted]
         if not visible:
             continue
-        folded = ask(rt, report, prompt.build_messages(text, visible))
+        folded = ask(rt, report, prompt.build_messages(text, visible), turns=visible, upto=last)
         if folded is None:
             return None
         text, last = folded, window[-1].id
@@ -100,10 +108,12 @@ def windows_since(turns: list[Turn], first_id: int, scope: str, window_size: int
                if any(turn_scope(t) == scope for t in turns[w:w + window_size]))
 
 
-def redact(rt: FamiliarRuntime, report: ProjectionReport, summary: str,
+def redact(rt: FamiliarRuntime, report: ProjectionReport, summary: str, last_turn_id: int,
            removed: list[tuple[Turn, str | None]]) -> str | None:
-    """One call: `summary` without what the removed turns said (or with their new text); None when it failed."""
-    return ask(rt, report, prompt.build_redact_messages(summary, removed))
+    """One call: `summary` (folded up to `last_turn_id`) without what the removed turns said (or with their
+    new text); None when it failed."""
+    return ask(rt, report, prompt.build_redact_messages(summary, removed), turns=[t for t, _ in removed],
+               upto=last_turn_id)
 
 
 def refold_changed(rt: FamiliarRuntime, report: ProjectionReport, change_seq: int, watermark: int) -> int | None:
@@ -138,7 +148,8 @@ def refold_changed(rt: FamiliarRuntime, report: ProjectionReport, change_seq: in
                     <= knobs.refold_windows_max:
                 texts[scope] = fold_scope(rt, report, turns, scope, knobs.turns_threshold)
             elif scope in current:
-                text = redact(rt, report, current[scope].summary_text, as_they_were(here, changed))
+                text = redact(rt, report, current[scope].summary_text, current[scope].last_turn_id,
+                              as_they_were(here, changed))
                 texts[scope] = (text, current[scope].last_turn_id) if text else None
                 redacted += text is not None
     with rt.store() as store:
@@ -170,7 +181,9 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
     watermark = mark.turn_id
     followed = refold_changed(rt, report, mark.change_seq, watermark)
     with rt.store() as store:
-        priors: dict[str, str] = {row.scope: row.summary_text for row in stored_summaries(store)}
+        rows = stored_summaries(store)
+    priors: dict[str, str] = {row.scope: row.summary_text for row in rows}
+    folded_upto: dict[str, int] = {row.scope: row.last_turn_id for row in rows}  # what each prior rests on
     report.watermark_before = {"turn_id": watermark, "change_seq": mark.change_seq}
     pending: list[tuple[int, dict[str, str]]] = []
     group_started = time.monotonic()
@@ -185,7 +198,8 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
             visible = [t for t in part if not t.deleted]
             if not visible:
                 continue
-            text = ask(rt, report, prompt.build_messages(priors.get(scope), visible))
+            text = ask(rt, report, prompt.build_messages(priors.get(scope), visible), turns=visible,
+                       upto=folded_upto.get(scope) if priors.get(scope) else None)
             if text is None:
                 failed = True
                 break
@@ -196,6 +210,7 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
         watermark = window[-1].id
         pending.append((watermark, texts))
         priors.update(texts)
+        folded_upto.update((scope, watermark) for scope in texts)
         report.rows_written += len(texts)
         if len(pending) >= WRITE_GROUP_BATCHES or time.monotonic() - group_started >= WRITE_GROUP_SECONDS:
             write_windows(rt, pending)

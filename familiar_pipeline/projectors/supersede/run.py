@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from familiar_pipeline.projectors.facts.store import facts_for_subjects, facts_in_range, latest_fact_id
+from familiar_pipeline.models.llm import llm_sources
+from familiar_pipeline.projectors.facts.store import facts_for_subjects, facts_in_range, latest_fact_id, source_turns
 from familiar_pipeline.projectors.facts.tables import Fact
 
 from . import prompt
@@ -202,7 +203,9 @@ def evaluate(rt: FamiliarRuntime, report: ProjectionReport, group: Group, retire
         new_facts=[(d.id, d.text) for d in deciders],
         priors=[(i, shown[i].text) for i in sorted(shown) if i not in ids],
     )
-    reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
+    # rests on the turns every fact shown (new and prior) was extracted from
+    with llm_sources(turns=source_turns([*deciders, *shown.values()])):
+        reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
     report.llm_seconds += reply.latency_s
     named, malformed = prompt.parse_reply(reply.text, [d.id for d in deciders])
     report.drop("malformed_reply", malformed)
