@@ -21,6 +21,10 @@ becomes a short apology plus a logged error. A turn log that cannot take a write
 (`familiar_bot.spool`) and the channel a notice saying so; the spool drains by
 itself once the disk has room. Notices and apologies are not the familiar speaking,
 so they are not recorded as its turns, and they never name a server path.
+
+It also answers people about themselves (`/memory`, `/forget`: `familiar_bot.self_service`):
+reads run like an assembly's, off the event loop; an erasure is a turn-log write that is never
+spooled (it is refused while earlier writes still wait, so it cannot miss them).
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ from familiar_pipeline.models.llm import LlmError, LlmNotConfigured, client_for,
 from familiar_pipeline.projectors.facts.reads import facts_by_ids
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.paths import FamiliarPaths
-from familiar_pipeline.storage.turns import TurnLog, TurnLogError, TurnLogUnavailable
+from familiar_pipeline.storage.turns import Erasure, TurnLog, TurnLogError, TurnLogUnavailable
 
+from familiar_bot import self_service
 from familiar_bot.prompt.assembly import AssemblyContext, build_assembler, render_sections
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.scoping import scope_mask
@@ -554,6 +559,64 @@ class Responder:
         # The footer quotes fact text: only the scopes this reply read (another scope's, never).
         visible = tuple(prompt.debug.get("scopes", {}).get("visible", ()))
         return report + ("\n\n" + retired_facts_report(snapshot, visible=visible) if snapshot is not None else "")
+
+    # -- what is held about a person, and forgetting it (familiar_bot.self_service)
+
+    def _memory_view(self) -> MemoryView:
+        memory = getattr(self.assembler, "memory", None)
+        if not isinstance(memory, MemoryView):
+            raise RuntimeError("this responder's assembler reads no memory view")
+        return memory
+
+    async def _read_memory(self, read: Callable[[MemoryView], Any]) -> Any:
+        """``read(memory)`` off the event loop, one at a time with the assemblies (as they read it)."""
+        memory = self._memory_view()
+        if self._assembly_lock is None:
+            self._assembly_lock = asyncio.Lock()
+        async with self._assembly_lock:
+            return await asyncio.to_thread(read, memory)
+
+    async def held_about(self, person: str, channel_id: int, *, guild_id: int | None = None) -> self_service.Held:
+        """What a reply in this channel may read about ``person``; nothing is recorded."""
+        return await self._read_memory(lambda m: self_service.held_about(m, person, channel_id, guild_id))
+
+    async def memory_report(self, person: str, channel_id: int, *, guild_id: int | None = None,
+                            limit: int | None = None, export_hint: str = "/memory export") -> str:
+        """`/memory`: :meth:`held_about` as the person reads it, at most ``limit`` characters."""
+        held = await self.held_about(person, channel_id, guild_id=guild_id)
+        return self_service.render_held(held, limit=limit, export_hint=export_hint)
+
+    async def memory_export(self, person: str, channel_id: int, *, guild_id: int | None = None) -> dict[str, Any]:
+        """`/memory export`: the person's own turns and the facts about them here, as JSON-ready values."""
+        return await self._read_memory(lambda m: self_service.export_about(m, person, channel_id, guild_id))
+
+    async def forget_message(self, typed: str, requester: self_service.Requester) -> Erasure:
+        """Erase one message ``requester`` may erase (an id, a link; on the console a turn id too)."""
+        return self._erase(lambda turn_log: self_service.forget_message(turn_log, typed, requester))
+
+    async def forget_person(self, person: str, *, scope: str | None, requested_by: str,
+                            who: str = "you") -> Erasure:
+        """Erase everything ``person`` said, in ``scope`` (a turn scope) or everywhere (None)."""
+        return self._erase(lambda turn_log: self_service.forget_person(
+            turn_log, person, scope=scope, requested_by=requested_by, who=who))
+
+    def _erase(self, erase: Callable[[TurnLog], Erasure]) -> Erasure:
+        """Run an erasure now, or refuse it (`ForgetRefused`, one line): never spooled.
+
+        Writes still waiting in the spool go first: an erasure applied before them would miss the
+        person's messages among them. While they cannot be stored, nothing is erased and the person
+        is told to try again, rather than told it was done.
+        """
+        if len(self.spool) and not self.flush_spool():
+            raise self_service.ForgetRefused(self_service.UNAVAILABLE)
+        try:
+            erasure = erase(self.turn_log)
+        except self_service.ForgetRefused as exc:
+            raise self_service.ForgetRefused(public_text(str(exc), self.paths)) from None
+        log.info("familiar %s: erasure #%d (%s, scope %s) requested by %s: %d turn(s) tombstoned",
+                 self.familiar_id, erasure.id, erasure.kind, erasure.scope or "everywhere", erasure.requested_by,
+                 len(erasure.turn_ids))
+        return erasure
 
     # -- composing
 

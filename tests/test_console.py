@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -280,3 +281,103 @@ def make_familiar_with_model(root: Path) -> None:
     familiar.dir.mkdir(parents=True)
     familiar.character_toml.write_text('aliases = ["Fam"]\n[llm.reply]\nmodel = "fake/console"\nmax_retries = 0\n')
     TurnLog(familiar.turns_db).close()
+
+
+# --------------------------------------------------------------------------- /memory and /forget (issue 27)
+
+
+def test_forget_me_through_familiar_chat_asks_then_erases_and_records_neither_line(tmp_path):
+    result = chat(tmp_path, "I grow tomatoes\n/forget me\nyes\n", "--familiar", "owl", "--as", "Sam")
+    assert result.returncode == 0, result.stderr
+    assert "This forgets everything you (console:sam) have said to me, everywhere" in result.stdout
+    assert "Type yes to confirm:" in result.stdout
+    assert "Done (erasure #1): 1 message forgotten." in result.stdout
+    with TurnLog(FamiliarPaths.for_id("owl", tmp_path).turns_db, readonly=True) as log:
+        turns = log.recent_cross_channel(100, include_deleted=True)
+        erasure, = log.erasures()
+    assert [(t.content, t.deleted) for t in turns] == [("I grow tomatoes", True)]  # "/forget me", "yes": not turns
+    assert (erasure.kind, erasure.target, erasure.scope, erasure.requested_by) == (
+        "person", "console:sam", None, "console:sam")
+
+
+@pytest.fixture
+def console_familiar(tmp_path):
+    """A familiar whose memory holds facts about the console's Sam (channel 1) and about Cass elsewhere."""
+    from familiar_bot.prompt.assembly import Assembler
+    from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
+    from familiar_bot.prompt.memory_view import MemoryView
+    from familiar_bot.responder import Responder
+    from familiar_pipeline.models.llm import client_for
+    from familiar_pipeline.projectors import registry  # noqa: F401 - every built-in table declared first
+    from tests.test_assembly import CASS, World
+
+    world = World(tmp_path)
+    sam = ("console:sam", "Sam")
+    said = [world.say("I grow tomatoes", sam, channel=1, guild=None),
+            world.say("and peppers", sam, channel=1, guild=None),
+            world.say("I play the oboe", CASS, channel=10, guild=111)]
+    world.fact("Sam grows tomatoes.", [sam], [said[0].id], channel=1, scope="channel:1")
+    world.fact("Sam grows peppers.", [sam], [said[1].id], channel=1, scope="channel:1")
+    world.fact("Cass plays the oboe.", [CASS], [said[2].id], channel=10, scope="guild:111")
+    world.publish()
+    config = world.config()
+    memory = MemoryView(world.paths, config, turn_log=world.log)
+    responder = Responder(world.paths, config, assembler=Assembler(memory, [RecentHistoryLayer()]),
+                          llm=client_for(config.llm, "reply"), turn_log=world.log)
+    yield world, responder, said
+    memory.close()
+    world.close()
+
+
+def console_session(responder, typed: str) -> str:
+    import asyncio
+    import io
+
+    from familiar_bot.transports.console import run_console
+
+    out = io.StringIO()
+    assert asyncio.run(run_console(responder, speaker=console_person("Sam"), stdin=io.StringIO(typed), stdout=out,
+                                   interactive=False)) == 0
+    return out.getvalue()
+
+
+def test_console_memory_lists_what_is_held_here_and_exports_it_privately(console_familiar, tmp_path):
+    import stat
+
+    world, responder, said = console_familiar
+    target = tmp_path / "exports"
+    target.mkdir()
+    printed = console_session(responder, f"/memory\n/memory export {target}\n/memory export {target / 'sam.json'}\n")
+    assert "What I remember about you here (channel:1):" in printed
+    assert f"- Sam grows tomatoes. [turn #{said[0].id}]" in printed and "Cass" not in printed
+    assert "Messages of yours I remember here: 2." in printed
+    written = [line.split(" to ", 1)[1].split(" (readable")[0] for line in printed.splitlines()
+               if line.startswith("Wrote 2 messages and 2 facts about you to ")]
+    assert len(written) == 2 and written[1] == str((target / "sam.json").resolve())
+    for path in map(Path, written):
+        assert path.parent == target.resolve() and stat.S_IMODE(path.stat().st_mode) == 0o600
+        data = json.loads(path.read_text())
+        assert data["person"] == "console:sam" and data["scopes"] == ["channel:1"]
+        assert [t["content"] for t in data["turns"]] == ["I grow tomatoes", "and peppers"]
+        assert [f["text"] for f in data["facts"]] == ["Sam grows tomatoes.", "Sam grows peppers."]
+    assert sorted(p.name for p in target.iterdir()) == sorted(Path(w).name for w in written)  # no partial files
+    assert world.log.count() == 3  # commands are not messages
+
+
+def test_console_forget_a_turn_then_everything_after_a_yes(console_familiar):
+    world, responder, said = console_familiar
+    printed = console_session(responder, f"/forget #{said[0].id}\n/forget me\nno\n/forget 999\n/forget me\nyes\n/help\n")
+    lines = printed.splitlines()
+    assert lines[0] == ("Done (erasure #1): 1 message forgotten. I no longer quote them, and what was learnt "
+                        "from them leaves memory within a minute or so.")
+    assert lines[1].startswith("This forgets everything you (console:sam)") and lines[1].endswith("Type yes to confirm:")
+    assert lines[2] == "Cancelled: nothing was erased."
+    assert lines[3] == "I have no message 999 on record, so there is nothing to forget."
+    # Both of Sam's turns: the one forgotten already is in it too, so its text is purged with the rest.
+    assert lines[4].startswith("This forgets everything") and lines[5].startswith("Done (erasure #2): 2 messages")
+    assert "/memory export [path]" in printed and "/forget me" in printed  # /help
+    first, everything = world.log.erasures()
+    assert first.turn_ids == (said[0].id,) and first.target == f"turn:{said[0].id}"
+    assert (everything.kind, everything.scope) == ("person", None)
+    assert world.log.count() == 3 and [t.deleted for t in world.log.turns_by_ids([s.id for s in said])] == [
+        True, True, False]

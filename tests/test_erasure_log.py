@@ -83,3 +83,13 @@ def test_deleted_messages_wait_for_their_retention(log):
     log.record_deletion(platform_message_id=201)
     assert log.unpurged_deleted(deleted_before=long_ago + timedelta(days=1)) == [2]
     assert log.unpurged_deleted(deleted_before=datetime.now(timezone.utc) + timedelta(seconds=1)) == [2, 4]
+
+
+def test_a_message_is_found_by_its_platform_id_and_a_console_turn_erased_by_its_turn_id(log):
+    assert log.turn_by_message(101).author_key == "discord:1" and log.turn_by_message("999") is None
+    console = log.append_turn(channel_id=1, role="user", content=f"{MARK} on the console", author_key="console:sam")
+    erasure = log.request_erasure(kind="message", target=f"turn:{console.id}", requested_by="console:sam")
+    assert erasure.turn_ids == (console.id,) and erasure.target == f"turn:{console.id}"
+    assert [t.deleted for t in log.turns_by_ids([console.id - 1, console.id])] == [False, True]
+    with pytest.raises(NothingToErase, match="no message 'turn:999'"):
+        log.request_erasure(kind="message", target="turn:999", requested_by="op")

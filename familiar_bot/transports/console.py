@@ -6,8 +6,14 @@ in the same turn log, so the pipeline builds memory from console chats exactly
 as from Discord ones. End of input ends the session with status 0, which makes
 the console scriptable (`printf 'hi\\n' | familiar chat`).
 
-A line starting with `/context` prints the assembled prompt report for the rest
-of the line as the cue, and `/quit` ends the session; neither is recorded.
+Lines starting with a command are the console's, not messages, and are not recorded:
+`/context [cue]` prints the assembled prompt report, `/memory` what the familiar holds
+about the speaker here and `/memory export [path]` all of it as a JSON file only its owner
+can read (`familiar_bot.self_service`), `/forget <turn id, message id or link>` erases one
+message and `/forget me` everything the speaker said, everywhere, after a typed "yes"
+(the answer is the next line, also not recorded); `/help` lists them, `/quit` ends the
+session. Whoever types here runs the familiar and can read its files, so `/forget` may
+erase any turn, the familiar's replies included.
 
 Lines are read by a thread of their own (`LineReader`) and recorded the moment they
 are read, so typing never waits for a reply. On a terminal they are read with GNU
@@ -23,6 +29,7 @@ was chatted with in a terminal (asked once, remembered in the familiar's
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sys
 import threading
@@ -32,7 +39,9 @@ from pathlib import Path
 from typing import TextIO
 
 from familiar_bot.responder import IncomingMessage, Person, Responder
+from familiar_bot.self_service import ForgetRefused, Requester, erased_line, export_json
 from familiar_pipeline.storage.identity import canonical_key
+from familiar_pipeline.storage.private import private_file
 
 CONSOLE_PLATFORM = "console"
 DEFAULT_CONSOLE_CHANNEL = 1
@@ -192,6 +201,76 @@ class LineReader:
         self.stdout.flush()
 
 
+HELP = """Commands (not recorded as messages):
+  /context [words]        the prompt sections a reply to these words would be built from
+  /memory                 what I remember about you here
+  /memory export [path]   everything of yours I hold here, as a JSON file only you can read
+  /forget <id>            forget one message: a turn id (#12), a Discord message id or link
+  /forget me              forget everything you have said, everywhere (asks first)
+  /quit                   leave (Ctrl-D too)"""
+CONFIRM_FORGET_ME = ("This forgets everything you ({key}) have said to me, everywhere; it cannot be undone. "
+                     "Type yes to confirm:")
+
+
+def write_export(text: str, path: str, *, default_name: str) -> Path:
+    """Write an export where asked (a folder: under `default_name`), readable by its owner only.
+
+    The file is created 0600 under a temporary name and renamed into place, so no other account
+    can read a byte of it at any moment, and an interrupted write leaves no half file behind.
+    """
+    target = Path(path).expanduser() if path else Path.cwd() / default_name
+    if target.is_dir():
+        target = target / default_name
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    private_file(partial)
+    try:
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return target.resolve()
+
+
+async def memory_command(responder: Responder, speaker: Person, channel_id: int, rest: str) -> str:
+    """`/memory` and `/memory export [path]`: what the console prints."""
+    sub, _, path = rest.strip().partition(" ")
+    if sub not in ("", "export"):
+        return "Usage: /memory, or /memory export [path]"
+    try:
+        if not sub:
+            return await responder.memory_report(speaker.key, channel_id, export_hint="/memory export")
+        data = await responder.memory_export(speaker.key, channel_id)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        name = f"memory-{responder.familiar_id}-{speaker.key.partition(':')[2]}-{stamp}.json"
+        written = write_export(export_json(data), path.strip(), default_name=name)
+    except OSError as exc:
+        return f"Could not write the export: {exc.strerror or exc} ({exc.filename or path})"
+    except Exception as exc:  # noqa: BLE001 - one line here; the chat goes on
+        return f"Could not read memory: {type(exc).__name__}: {exc}"
+    return (f"Wrote {len(data['turns'])} messages and {len(data['facts'])} facts about you to {written} "
+            "(readable by you only).")
+
+
+async def forget_command(responder: Responder, speaker: Person, rest: str, reader: "LineReader") -> str | None:
+    """`/forget <id>` and `/forget me` (which reads the next line as its answer); None at end of input."""
+    what = rest.strip()
+    if not what:
+        return "Usage: /forget <turn id, message id or link>, or /forget me"
+    try:
+        if what != "me":
+            return erased_line(await responder.forget_message(what, Requester(speaker.key, operator=True)))
+        reader.show(CONFIRM_FORGET_ME.format(key=speaker.key))
+        answer, _ = await reader.lines.get()
+        if not answer:
+            return None
+        if answer.strip().lower() != "yes":
+            return "Cancelled: nothing was erased."
+        return erased_line(await responder.forget_person(speaker.key, scope=None, requested_by=speaker.key))
+    except ForgetRefused as exc:
+        return str(exc)
+
+
 async def run_console(
     responder: Responder,
     *,
@@ -220,7 +299,7 @@ async def run_console(
 
     if interactive:
         stdout.write(f"Talking to {name} as {speaker.label} in console channel {channel_id}. "
-                     "Ctrl-D to leave; /context shows the prompt.\n")
+                     "Ctrl-D to leave; /help lists the commands (/context, /memory, /forget).\n")
     pending: set[asyncio.Task] = set()
     reader.start()
     try:
@@ -236,9 +315,21 @@ async def run_console(
             command, _, rest = text.strip().partition(" ")
             if command in ("/quit", "/exit"):
                 return 0
-            if command == "/context":  # the prompt as it stands once the replies under way are in
+            if command == "/help":
+                reader.show(HELP)
+                continue
+            if command in ("/context", "/memory", "/forget"):  # once the replies under way are in
                 await asyncio.gather(*pending, return_exceptions=True)
-                reader.show(await responder.context_report(channel_id, cue=rest.strip()))
+                if command == "/context":
+                    reader.show(await responder.context_report(channel_id, cue=rest.strip()))
+                elif command == "/memory":
+                    reader.show(await memory_command(responder, speaker, channel_id, rest))
+                else:
+                    said = await forget_command(responder, speaker, rest, reader)
+                    if said is None:  # end of input while asked to confirm: nothing was erased
+                        stdout.write("Cancelled: nothing was erased.\n")
+                        return 0
+                    reader.show(said)
                 continue
             if interactive and not editing and len(line.encode("utf-8", "surrogatepass")) >= TTY_LINE_LIMIT:
                 reader.show(CUT_LINE_NOTICE.format(limit=TTY_LINE_LIMIT))

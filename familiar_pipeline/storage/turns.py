@@ -162,6 +162,10 @@ class Participant:
     last_seen_at: datetime
 
 
+# An erasure's target naming a turn by its id, for a turn with no platform message id (the console's).
+TURN_TARGET = "turn:"
+
+
 class NothingToErase(TurnLogError):
     """An erasure named a person or message the log does not hold (its message names near matches)."""
 
@@ -879,7 +883,8 @@ class TurnLog:
 
         ``kind`` "person": every turn ``target`` (a canonical key) said, in ``scope`` if given,
         and the person is remembered as forgotten there (what their later messages do is the
-        operator's setting). "message": the turn of platform message ``target``. Each turn not
+        operator's setting). "message": the turn of platform message ``target``, or, for a turn no
+        platform numbered (the console's), ``turn:<id>`` (`TURN_TARGET`). Each turn not
         deleted yet gets a deletion in ``turn_changes``, so every projection follows it as it
         follows any deletion; its text stays until the pipeline purges it (`purge_text`),
         after the projections that must quote it to take it out (a summary's redaction) did.
@@ -900,6 +905,8 @@ class TurnLog:
                 raise TurnLogError("message id must not be None")
             key = message
             where, params = "platform_message_id = ?", list[int | str]([key])
+            if key.startswith(TURN_TARGET) and key[len(TURN_TARGET):].isdigit():
+                where, params = "id = ?", [int(key[len(TURN_TARGET):])]
         if scope is not None:
             clause = turn_scope_sql([scope])
             assert clause is not None  # a guild or channel scope always matches by a clause
@@ -1285,6 +1292,13 @@ class TurnLog:
         _check_int(upto_id, "upto_id")
         where = "id > ? AND id <= ?" + ("" if include_deleted else " AND deleted_at IS NULL")
         return self._turns(where, [after_id, upto_id])
+
+    def turn_by_message(self, platform_message_id: str | int) -> Turn | None:
+        """The turn of a platform message (the latest copy, should it have been logged twice), tombstone
+        or not; None when the log never saw it. What an erasure of a message would reach (its author)."""
+        message = _check_message_id(platform_message_id, "platform_message_id")
+        rows = self._turns("platform_message_id = ?", [message], "ORDER BY id DESC LIMIT 1")
+        return rows[0] if rows else None
 
     def turns_by_ids(self, ids: Iterable[int]) -> list[Turn]:
         """The turns that exist among ``ids`` (tombstones included), ascending by id."""
