@@ -326,3 +326,30 @@ def test_familiar_forget_on_the_command_line(clean_env, tmp_path, monkeypatch, c
     assert out.startswith("#1 ") and f"person {key}, {len(mine)} message(s), done" in out
     assert cli.main(["forget", "--familiar", "fam", "--message", "nope", "--no-wait"]) == 1
     assert "no message 'nope'" in capsys.readouterr().err
+
+
+def test_a_new_fact_about_a_forgotten_person_is_not_kept():
+    from familiar_pipeline.projectors.facts.changes import about_forgotten
+
+    cass = Subject(CASS[0], "Cass")
+    about = FactDraft("Cass got a new job.", source_turn_ids=(90,), subjects=(cass,), scope="guild:1")
+    elsewhere = FactDraft("Cass got a new job.", source_turn_ids=(90,), subjects=(cass,), scope="guild:2")
+    old = FactDraft("Cass's sister is a nurse.", source_turn_ids=(12,), subjects=(cass,), scope="guild:1")
+    forgotten = [(CASS[0], "guild:1", 60)]
+    assert about_forgotten(about, forgotten, "opt_out") and about_forgotten(old, forgotten, "opt_out")
+    assert not about_forgotten(about, forgotten, "new") and about_forgotten(old, forgotten, "new")
+    assert not about_forgotten(elsewhere, forgotten, "opt_out"), "forgotten in one server only"
+    assert about_forgotten(elsewhere, [(CASS[0], "*", 60)], "opt_out")
+
+
+def test_rows_still_holding_an_erased_word_go_by_their_prose_only():
+    from familiar_pipeline.erasure.purge import delete_holding
+    from familiar_pipeline.projectors import registry
+    from familiar_pipeline.projectors.summary.tables import put_summary
+
+    with ProjectionStore(None, tables=registry.tables()) as store:
+        put_summary(store, "They talked about the Zqxword plan.", 10, scope="guild:1")
+        put_summary(store, "Weather and gardens, mostly.", 10, scope="guild:2")
+        gone = delete_holding(store, store.table("summaries"), Scrubber({"zqxword", "guild"}))
+        assert gone == 1, "the scope column's 'guild' is not prose"
+        assert [r[0] for r in store.sql("SELECT scope FROM summaries").fetchall()] == ["guild:2"]

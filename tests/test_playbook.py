@@ -128,6 +128,32 @@ def test_force_a_dossier_refold(built, capsys, monkeypatch):
     assert facts_and_dossiers(built)[1] == before
 
 
+def test_forget_a_person_or_a_message(built, capsys):
+    import sqlite3
+
+    from familiar_pipeline.storage.turns import TurnLog
+
+    listed, person, message, status = command_lines("familiar forget")
+    assert main(cli_args(listed)) == 0
+    assert "discord:111\tCass" in capsys.readouterr().out
+    with TurnLog(built.turns_db, readonly=True) as log:
+        cass = [t.id for t in log.turns_after(0) if t.author_key == "discord:111"]
+        other = next(t for t in log.turns_after(0) if t.author_key != "discord:111")
+    with sqlite3.connect(built.turns_db) as conn:  # the message id the recipe names (chat imports have none)
+        conn.execute("UPDATE turns SET platform_message_id = '1234567890' WHERE id = ?", (other.id,))
+    conn.close()
+    assert main(cli_args(person) + ["--local"]) == 0
+    assert "erasure #1 done" in capsys.readouterr().out
+    assert main(cli_args(message) + ["--local"]) == 0
+    assert "erasure #2 done" in capsys.readouterr().out
+    assert main(cli_args(status)) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert f": person discord:111, {len(cass)} message(s), done " in first
+    assert ": message 1234567890 in guild:1, 1 message(s), done " in second
+    with TurnLog(built.turns_db, readonly=True) as log:
+        assert all(t.content == "" for t in log.turns_by_ids([*cass, other.id]))
+
+
 def test_ab_a_layer_order_on_one_channel(built, capsys):
     [toml] = blocks("toml")
     built.character_toml.write_text(built.character_toml.read_text() + "\n" + toml)

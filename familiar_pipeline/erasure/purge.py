@@ -43,6 +43,7 @@ import duckdb
 
 from familiar_pipeline.erasure.due import due_turns
 from familiar_pipeline.erasure.words import ScrubReport, Scrubber, distinctive_words, scrub_tree
+from familiar_pipeline.models.llm import ResponseCache
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.schedule import changed_read
 from familiar_pipeline.storage import corrupt
@@ -75,9 +76,10 @@ class Purge:
         if self.waiting:
             return {"erasure": f"waiting: {self.waiting}"}
         return {"erasure": (f"{self.turns} turn(s) purged, erasures done {self.erasures_done or '-'}, "
-                            f"{sum(self.rows_removed.values())} row(s) removed ({self.about_people} about forgotten "
-                            f"people), {self.cache_replies} cached repl(ies), {self.scrubbed} run record(s)/log "
-                            f"line(s) scrubbed of {self.words} word(s), {self.seconds:.2f} s"),
+                            f"{sum(self.rows_removed.values()) + self.about_people} row(s) removed "
+                            f"({self.about_people} about forgotten people), {self.cache_replies} cached repl(ies), "
+                            f"{self.scrubbed} run record(s)/log line(s) scrubbed of {self.words} word(s), "
+                            f"{self.seconds:.2f} s"),
                 **({"erasure_scrub_failed": len(self.scrub_failed)} if self.scrub_failed else {})}
 
 
@@ -163,14 +165,15 @@ def _remove_rows(rt: FamiliarRuntime, active: list, pending: list[Erasure], ids:
     rested_on: set[int] = set()
     with rt.store() as store:
         with store.transaction():
-            for erasure in pending:
-                if erasure.kind != "person":
-                    continue
+            people = [e for e in pending if e.kind == "person"]
+            before = _row_counts(store) if people else {}
+            for erasure in people:
                 for spec in active:
                     if spec.forget_person is not None:
-                        found = spec.forget_person(store, erasure.target, erasure.scope)
-                        out.about_people += len(found)
-                        rested_on |= found
+                        rested_on |= spec.forget_person(store, erasure.target, erasure.scope)
+            if people:
+                after = _row_counts(store)
+                out.about_people = sum(before[t] - after[t] for t in before)
             _count(out.rows_removed, store.remove_resting_on(ids))
             for table in store.tables.values():
                 if table.provenance.on_change == "own":  # built through rows that are gone, not rebuilt yet
@@ -178,6 +181,10 @@ def _remove_rows(rt: FamiliarRuntime, active: list, pending: list[Erasure], ids:
                 _count(out.rows_removed, {table.name: delete_holding(store, table, scrubber)})
             _count(out.rows_removed, store.remove_resting_on([]))
     return rested_on
+
+
+def _row_counts(store: ProjectionStore) -> dict[str, int]:
+    return {name: store.count(table) for name, table in store.tables.items()}
 
 
 def _count(total: dict[str, int], more: dict[str, int]) -> None:
@@ -203,11 +210,11 @@ def delete_holding(store: ProjectionStore, table: Table, scrubber: Scrubber) -> 
     how many. Only prose is searched: ids, keys and scopes are not words anyone said."""
     if not scrubber or not table.prose_columns:
         return 0
-    # RE2: a word between non-letters (\pL) and non-digits (\pN); the words are lowercase.
-    pattern = r"(?:^|[^\pL\pN])(?:" + "|".join(re.escape(w) for w in scrubber.words) + r")(?:[^\pL\pN]|$)"
-    hit = " OR ".join(f"regexp_matches(lower(coalesce({c}, '')), ?)" for c in table.prose_columns)
+    # The prose cut into words as `words.Scrubber` cuts it (runs of 4+ letters or digits), looked up in the set.
+    hit = " OR ".join(f"list_has_any(regexp_extract_all(lower(coalesce({c}, '')), '[\\pL\\pN]{{4,}}'), ?::VARCHAR[])"
+                      for c in table.prose_columns)
     return len(store.sql(f"DELETE FROM {table.name} WHERE {hit} RETURNING 1",
-                         [pattern] * len(table.prose_columns)).fetchall())
+                         [scrubber.words] * len(table.prose_columns)).fetchall())
 
 
 def _rebuild_search_indexes(rt: FamiliarRuntime, active: list) -> None:
@@ -260,12 +267,8 @@ def forget_cached(cache_path: Path, turn_ids: Iterable[int], scrubber: Scrubber)
     """Drop the cached replies resting on these turns, or holding an erased word; how many."""
     if not cache_path.exists():
         return 0
-    from familiar_pipeline.models.llm import ResponseCache
-
     cache = ResponseCache(cache_path)
     try:
-        import sqlite3
-        c = sqlite3.connect(cache_path); c.execute("PRAGMA secure_delete=ON"); n = c.execute("DELETE FROM llm_response_cache").rowcount
-        c.commit(); c.execute("VACUUM"); c.execute("PRAGMA wal_checkpoint(TRUNCATE)"); c.close(); return n  # TEMP
+        return cache.forget_resting_on(turn_ids, holding=scrubber.hits if scrubber else None)
     finally:
         cache.close()

@@ -55,18 +55,27 @@ def distinctive_words(erased: Iterable[str], surviving: Iterable[str]) -> set[st
 
 
 class Scrubber:
-    """Replaces a set of words (whole words, any case) with ``[erased]``."""
+    """Replaces a set of words (whole words, any case) with ``[erased]``.
+
+    A text is cut into its words (`_WORD`: maximal runs of letters and digits) and each is
+    looked up in the set: linear in the text, whatever the number of words (an alternation
+    regex of 10,000 erased words took ~0.5 ms per record).
+    """
 
     def __init__(self, words: Iterable[str]):
-        self.words = sorted(set(words), key=lambda w: (-len(w), w))
-        self._pattern = (re.compile(r"(?<![^\W_])(?:" + "|".join(map(re.escape, self.words)) + r")(?![^\W_])",
-                                    re.IGNORECASE) if self.words else None)
+        self.words = sorted({w.lower() for w in words})
+        self._set = frozenset(self.words)
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return bool(self._set)
 
     def hits(self, text: str | None) -> bool:
-        return bool(self._pattern and text and self._pattern.search(text))
+        return bool(self._set and text) and any(w.lower() in self._set for w in _WORD.findall(text or ""))
+
+    def text(self, text: str) -> str:
+        if not self._set:
+            return text
+        return _WORD.sub(lambda m: ERASED if m.group().lower() in self._set else m.group(), text)
 
     def hits_record(self, value: str | None) -> bool:
         """`hits`, also through the ``\\uXXXX`` escapes of a JSON record (Dagster writes ASCII JSON)."""
@@ -78,9 +87,6 @@ class Scrubber:
             return self.hits(json.dumps(json.loads(value), ensure_ascii=False))
         except ValueError:
             return False
-
-    def text(self, text: str) -> str:
-        return self._pattern.sub(ERASED, text) if self._pattern else text
 
     def record(self, value: Any, *, free: bool = False) -> Any:
         """A JSON value with the words replaced in its free text (under `FREE_TEXT_KEYS`) only."""

@@ -378,11 +378,12 @@ class ResponseCache:
         except sqlite3.Error as exc:
             log.warning("LLM response cache %s: write failed (%s); reply not cached", self.path, exc)
 
-    def forget_resting_on(self, turn_ids: Iterable[int]) -> int:
+    def forget_resting_on(self, turn_ids: Iterable[int], *, holding: Callable[[str], bool] | None = None) -> int:
         """Delete every reply that rests on any of ``turn_ids``, and every reply of unknown
         provenance (written before sources were recorded, or by a call that declared none);
         how many replies were deleted. Replies resting only on other turns stay, so rebuilds
-        that do not touch the forgotten turns stay free.
+        that do not touch the forgotten turns stay free. ``holding(text)``: also delete the
+        replies whose text it is true for (an erasure's words, wherever they came from).
 
         Then the file is scrubbed (checkpoint, VACUUM, checkpoint) so no deleted text is left
         in the database, its free pages or its WAL. Unlike reads and writes, a failure here is
@@ -395,7 +396,8 @@ class ResponseCache:
         if self.path is None:
             with self._lock:
                 gone = [key for key in self._memory
-                        if key not in self._memory_sources or self._memory_sources[key].rests_on(wanted)]
+                        if key not in self._memory_sources or self._memory_sources[key].rests_on(wanted)
+                        or (holding is not None and holding(self._memory[key].text))]
                 for key in gone:
                     del self._memory[key]
                     self._memory_sources.pop(key, None)
@@ -413,6 +415,9 @@ class ResponseCache:
                     "SELECT key FROM llm_response_cache AS c"
                     " WHERE NOT EXISTS (SELECT 1 FROM llm_cache_turns AS t WHERE t.key = c.key)"
                     " AND NOT EXISTS (SELECT 1 FROM llm_cache_upto AS u WHERE u.key = c.key)"))
+                if holding is not None:
+                    keys.update(key for key, text in conn.execute("SELECT key, text FROM llm_response_cache")
+                                if holding(text))
                 for chunk in _chunks(sorted(keys)):
                     deleted += conn.execute(
                         f"DELETE FROM llm_response_cache WHERE key IN ({_marks(chunk)})", chunk).rowcount

@@ -7,7 +7,8 @@ read by pipeline runs in other processes. Every projection (summaries, facts, in
 * WAL mode with ``synchronous=NORMAL``: readers never block the writer and vice versa;
   a commit costs no fsync (a power cut can lose the last few turns, never the file).
 * Turns are append-only. Edits and deletions are recorded *as such*: the turn row gets
-  a new ``revision`` / ``deleted_at`` tombstone (content kept for audit) and a row in
+  a new ``revision`` / ``deleted_at`` tombstone (content kept until memory has followed it and
+  the retention ends: ``purged_at``, `familiar_pipeline.erasure`) and a row in
   ``turn_changes``, whose ``seq`` is a monotone cursor projections follow to converge.
 * Every value is validated before any SQL runs, so a rejected write leaves nothing
   half-written. Timestamps are stored as fixed-width UTC ISO-8601 text, so string
@@ -855,7 +856,8 @@ class TurnLog:
         platform_message_id: str | int | None = None,
         deleted_at: datetime | None = None,
     ) -> Turn | None:
-        """Tombstone a turn: its content stays for audit, but it counts as deleted.
+        """Tombstone a turn: it counts as deleted at once; its content stays until the pipeline has
+        followed the deletion and `[memory.privacy] deleted_retention_hours` passed (`purge_text`).
 
         Returns None when no such turn exists; deleting twice keeps the first tombstone.
         """

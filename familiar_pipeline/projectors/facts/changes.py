@@ -32,6 +32,8 @@ from typing import Iterable
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import Turn, TurnLog
 
+from .store import FactDraft
+
 
 @dataclass
 class Followed:
@@ -109,3 +111,16 @@ def forget_subject(store: ProjectionStore, key: str, scope: str | None = None) -
             store.sql("DELETE FROM facts WHERE id IN (SELECT unnest(?::BIGINT[]))", [ids])
             store.remove_resting_on([])  # what was built through them: subjects, vectors, decisions, reflections
     return {int(t) for r in found for t in (r[1] or ())}
+
+
+def about_forgotten(draft: FactDraft, forgotten: Iterable[tuple[str, str, int]], after_forget: str) -> bool:
+    """Whether a new fact is about a forgotten person (`TurnLog.forgotten_people`: key, scope or "*",
+    the last turn when they were forgotten), so it is not kept: with "opt_out", any fact about them
+    in that scope, whoever's words; with "new", one resting only on turns from before they were
+    forgotten (a rebuild re-reading someone else's old message about them)."""
+    keys = {s.canonical_key for s in draft.subjects}
+    for key, scope, upto in forgotten:
+        if key in keys and scope in ("*", draft.scope):
+            if after_forget == "opt_out" or max(draft.source_turn_ids, default=0) <= upto:
+                return True
+    return False

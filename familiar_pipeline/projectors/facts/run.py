@@ -28,7 +28,7 @@ from familiar_pipeline.storage.turns import Turn, TurnLog
 
 from . import prompt
 from .batches import next_batch
-from .changes import Followed, forget_changed, pending_changes
+from .changes import Followed, about_forgotten, forget_changed, pending_changes
 from .prompt import ManifestEntry, RawFact
 from .store import FactDraft, append_facts, fact_texts
 from .tables import Subject
@@ -275,7 +275,11 @@ def extract_group(rt: FamiliarRuntime, report: ProjectionReport, group: Sequence
     report.drop("malformed_items", malformed)
     outcome = validate_facts(raw_facts, group, manifest, self_key=self_key, self_name=self_name)
     scope = turn_scope(group[0])
-    outcome.drafts = [replace(d, scope=scope) for d in outcome.drafts]
+    drafts = [replace(d, scope=scope) for d in outcome.drafts]
+    forgotten = turn_log.forgotten_people()
+    outcome.drafts = [d for d in drafts if not about_forgotten(d, forgotten, rt.config.memory.privacy.after_forget)]
+    if len(outcome.drafts) < len(drafts):
+        outcome.drop("about_forgotten_people", len(drafts) - len(outcome.drafts))
     return outcome
 
 
