@@ -88,17 +88,22 @@ def follow(root: Path, paths: FamiliarPaths, instance, fake) -> tuple[float, dic
     return seconds, calls, due
 
 
+def build(root: Path, paths: FamiliarPaths, instance, rows: list[dict]) -> tuple[float, int]:
+    """The familiar's turns logged and the whole graph built over them: (seconds, facts)."""
+    with TurnLog(paths.turns_db) as log:
+        for key, name in PEOPLE:
+            log.upsert_participant(key, username=name.lower(), global_name=name)
+        log.append_turns(rows)
+    started = time.perf_counter()
+    materialize_in_process(ALL_ASSETS, instance=instance, data_root=root, partition_key="bench")
+    build_s = time.perf_counter() - started
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        return build_s, store.count(store.table("facts"))
+
+
 def run(turns: int, deletions: int, edits: int) -> dict:
     with scripted_familiar(GRAPH_TOML) as (root, paths, instance, fake):
-        with TurnLog(paths.turns_db) as log:
-            for key, name in PEOPLE:
-                log.upsert_participant(key, username=name.lower(), global_name=name)
-            log.append_turns(synthetic_turns(turns))
-        started = time.perf_counter()
-        materialize_in_process(ALL_ASSETS, instance=instance, data_root=root, partition_key="bench")
-        build_s = time.perf_counter() - started
-        with ProjectionStore(paths.memory_db, read_only=True) as store:
-            n_facts = store.count(store.table("facts"))
+        build_s, n_facts = build(root, paths, instance, synthetic_turns(turns))
         changes = []
         # spread from the oldest to the newest, and one among the newest windows (folded out exactly)
         positions = [max(1, round(turns * (k + 0.5) / deletions)) for k in range(deletions)] + [turns - 30]

@@ -33,11 +33,10 @@ import dagster as dg  # noqa: E402
 from familiar_pipeline.config.loading import load_config  # noqa: E402
 from familiar_pipeline.defs.jobs import materialize_in_process  # noqa: E402
 from familiar_pipeline.projectors.schedule import due_assets, read_state  # noqa: E402
-from familiar_pipeline.storage.store import ProjectionStore  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
-from benchmarks.changes import PEOPLE, synthetic_turns  # noqa: E402
-from benchmarks.pipeline import ALL_ASSETS, GRAPH_TOML, scripted_familiar  # noqa: E402
+from benchmarks.changes import PEOPLE, build, synthetic_turns  # noqa: E402
+from benchmarks.pipeline import GRAPH_TOML, scripted_familiar  # noqa: E402
 
 MARK = "zqxmark"
 
@@ -94,15 +93,7 @@ def erase(root: Path, paths, instance, fake, **request) -> dict:
 def run(turns: int) -> dict:
     with scripted_familiar(GRAPH_TOML) as (root, paths, instance, fake):
         home = Path(instance.root_directory)
-        with TurnLog(paths.turns_db) as log:
-            for key, name in PEOPLE:
-                log.upsert_participant(key, username=name.lower(), global_name=name)
-            log.append_turns(marked_turns(turns))
-        started = time.perf_counter()
-        materialize_in_process(ALL_ASSETS, instance=instance, data_root=root, partition_key="bench")
-        build_s = time.perf_counter() - started
-        with ProjectionStore(paths.memory_db, read_only=True) as store:
-            n_facts = store.count(store.table("facts"))
+        build_s, n_facts = build(root, paths, instance, marked_turns(turns))
         before = {"bytes": folder_bytes(root, home), "marker_files": len(marker_files(root, home))}
         with TurnLog(paths.turns_db, readonly=True) as log:
             bo = next(t for t in log.turns_after(turns // 2, limit=100) if t.author_key == PEOPLE[1][0])

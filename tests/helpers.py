@@ -180,3 +180,31 @@ def cache_rows(path: Path) -> dict[str, tuple[str, set[int], int | None]]:
 def file_bytes(path: Path) -> bytes:
     """A SQLite file's bytes and its WAL's: everything of it on disk that could hold a deleted value."""
     return b"".join(p.read_bytes() for p in (path, path.with_name(path.name + "-wal")) if p.exists())
+
+
+def sensor_driver(instance, root, familiar_id: str = "fam", *, start: float = 0.0, settle: int = 12):
+    """`tick()`: one turn-sensor tick over `familiar_id` and its runs in this process, as the daemon
+    would do them, a minute after the last; it returns the assets the runs materialized. The
+    familiar is first ticked until the sensor asks for nothing (at most `settle` ticks)."""
+    from familiar_pipeline.defs.jobs import execute_request
+
+    instance.add_dynamic_partitions("familiars", [familiar_id])
+    clock = [start]
+    cursor: dict = {}
+
+    def tick() -> list:
+        nonlocal cursor
+        clock[0] += 60
+        requests, _, cursor, _ = sensor_tick(cursor, [familiar_id], [familiar_id], root=root, in_flight={},
+                                             max_requests=5, now=clock[0])
+        done = []
+        for request in requests:
+            result = execute_request(request, instance=instance, data_root=root)
+            assert result.success
+            done += [e.asset_key.path[-1] for e in result.get_asset_materialization_events()]
+        return done
+
+    for _ in range(settle):
+        if not tick():
+            break
+    return tick

@@ -21,7 +21,6 @@ from familiar_bot.prompt.layers.stack import default_layers
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.types import AssemblyContext
 from familiar_pipeline.config.loading import load_config
-from familiar_pipeline.defs.jobs import execute_request
 from familiar_pipeline.models.llm import ResponseCache
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.snapshots import SnapshotReader
@@ -29,7 +28,7 @@ from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
 from .fact_helpers import GRAPH_TOML
-from .helpers import PEOPLE, cache_rows, file_bytes, sensor_tick
+from .helpers import PEOPLE, cache_rows, file_bytes, sensor_driver
 
 BASE = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 GUILD, CHANNEL = 1, 10
@@ -58,27 +57,7 @@ def familiar(tmp_path, fake_llm):
             log.append_turn(channel_id=CHANNEL, guild_id=GUILD, role="user", author_key=key, author_display=name,
                             content=line(i), created_at=BASE + timedelta(minutes=i))
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("familiars", ["fam"])
-        clock = [BASE.timestamp() + 10_000]
-        cursor: dict = {}
-
-        def tick() -> list:
-            """One sensor tick and its runs, as the daemon would; the assets each run materialized."""
-            nonlocal cursor
-            clock[0] += 60
-            requests, _, cursor, _ = sensor_tick(cursor, ["fam"], ["fam"], root=tmp_path, in_flight={},
-                                                 max_requests=5, now=clock[0])
-            done = []
-            for request in requests:
-                result = execute_request(request, instance=instance, data_root=tmp_path)
-                assert result.success
-                done += [e.asset_key.path[-1] for e in result.get_asset_materialization_events()
-                         if hasattr(e, "asset_key")]
-            return done
-
-        for _ in range(12):  # until the sensor has nothing left to ask for
-            if not tick():
-                break
+        tick = sensor_driver(instance, tmp_path, start=BASE.timestamp() + 10_000)
         yield tmp_path, paths, tick, fake_llm
 
 

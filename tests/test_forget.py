@@ -18,7 +18,6 @@ import dagster as dg
 import pytest
 
 from familiar_pipeline.config import load_config
-from familiar_pipeline.defs.jobs import execute_request
 from familiar_pipeline.erasure.due import due_turns
 from familiar_pipeline.erasure.words import Scrubber, distinctive_words
 from familiar_pipeline.projectors.facts.store import FactDraft
@@ -29,7 +28,7 @@ from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
 from .fact_helpers import GRAPH_TOML
-from .helpers import PEOPLE, make_familiar, sensor_tick
+from .helpers import PEOPLE, make_familiar, sensor_driver
 
 BASE = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 GUILD, CHANNEL, DM = 1, 10, 77
@@ -75,25 +74,7 @@ def familiar(tmp_path, fake_llm):
                             created_at=BASE + timedelta(minutes=i), platform_message_id=1000 + i)
     with dg.instance_for_test() as instance:
         home = Path(instance.root_directory)
-        instance.add_dynamic_partitions("familiars", ["fam"])
-        clock = [BASE.timestamp() + 10_000]
-        cursor: dict = {}
-
-        def tick() -> list:
-            nonlocal cursor
-            clock[0] += 60
-            requests, _, cursor, _ = sensor_tick(cursor, ["fam"], ["fam"], root=root, in_flight={},
-                                                 max_requests=5, now=clock[0])
-            done = []
-            for request in requests:
-                result = execute_request(request, instance=instance, data_root=root)
-                assert result.success
-                done += [e.asset_key.path[-1] for e in result.get_asset_materialization_events()]
-            return done
-
-        for _ in range(12):
-            if not tick():
-                break
+        tick = sensor_driver(instance, root, start=BASE.timestamp() + 10_000)
         yield root, paths, home, instance, tick
 
 
@@ -353,3 +334,31 @@ def test_rows_still_holding_an_erased_word_go_by_their_prose_only():
         gone = delete_holding(store, store.table("summaries"), Scrubber({"zqxword", "guild"}))
         assert gone == 1, "the scope column's 'guild' is not prose"
         assert [r[0] for r in store.sql("SELECT scope FROM summaries").fetchall()] == ["guild:2"]
+
+
+def test_the_forget_benchmark_runs_and_leaves_no_marker():
+    """`benchmarks/forget.py` at a small size: both erasures done in one run each, no marker left."""
+    from benchmarks.forget import run
+
+    result = run(300)
+    message, person = result["erasures"]
+    assert message["turns"] == 1 and message["runs"] == 1
+    assert person["turns"] > 100 and person["runs"] == 1
+    assert result["before"]["marker_files"] > 0 and result["after"]["marker_files"] == []
+
+
+def test_a_person_who_never_spoke_loses_the_facts_others_taught_about_them(familiar):
+    root, paths, home, instance, tick = familiar
+    with TurnLog(paths.turns_db) as log:
+        log.upsert_participant("discord:999", username="zed", global_name="Zed")
+    with ProjectionStore(paths.memory_db) as store:
+        facts_db.append_fact(store, FactDraft("Zed is moving to Oslo.", source_turn_ids=(1,),
+                                              subjects=(Subject("discord:999", "Zed"),), scope=f"guild:{GUILD}"))
+    with TurnLog(paths.turns_db) as log:
+        erasure = log.request_erasure(kind="person", target="discord:999", requested_by="operator:test")
+    assert erasure.turn_ids == ()
+    tick()
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        assert store.sql("SELECT count(*) FROM facts WHERE text LIKE '%Oslo%'").fetchone()[0] == 0
+    with TurnLog(paths.turns_db, readonly=True) as log:
+        assert log.erasures()[0].status == "done" and log.participant("discord:999") is None

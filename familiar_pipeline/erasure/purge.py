@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -97,7 +96,8 @@ def purge(rt: FamiliarRuntime, *, dagster_home: Path | None = None, now: datetim
             return None
         out = Purge()
         active = [s for s in registry.specs() if s.always_on or s.name in cfg.memory.projectors]
-        if ids:
+        # A person with no turn left to purge may still have facts about them (others' words).
+        if ids or any(e.kind == "person" for e in pending):
             with rt.store() as store:
                 marks = store.serving_watermark()["projectors"]
             behind = [n for n in changed_read(turn_log, marks, turn_log.latest_change_seq())
