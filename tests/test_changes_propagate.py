@@ -174,13 +174,15 @@ def test_an_old_change_costs_one_redaction_call_instead_of_a_refold(familiar):
         assert set(sources) <= {r[0] for r in store.sql("SELECT id FROM facts").fetchall()}
     assert SECRET not in dossier and "Cass said" in dossier, "the rest of the dossier stands"
     assert SECRET not in served_text(paths)
-    # the redactions' cached replies declare what they rest on, like every other; forgetting the
-    # turn erases every cached reply it was shown in
-    cache_path = paths.cache_dir / "llm_cache.sqlite"
-    assert all(turns or upto for _, turns, upto in cache_rows(cache_path).values())
-    assert ResponseCache(cache_path).forget_resting_on([SECRET_TURN]) >= 2
-    assert not any(SECRET in text for text, _, _ in cache_rows(cache_path).values())
+    # the redactions' cached replies declare what they rest on, like every other; the run's purge
+    # (retention 0) erased every cached reply the deleted turn was shown in, and the bytes
+    cache_path = paths.llm_cache
+    rows = cache_rows(cache_path)
+    assert rows and all(turns or upto for _, turns, upto in rows.values())
+    assert not any(SECRET_TURN in turns or (upto or 0) >= SECRET_TURN for _, turns, upto in rows.values())
+    assert not any(SECRET in text for text, _, _ in rows.values())
     assert SECRET.encode() not in file_bytes(cache_path)
+    assert ResponseCache(cache_path).forget_resting_on([SECRET_TURN]) == 0, "nothing left to forget"
 
 
 # --------------------------------------------------------------------------- the generic removal, directly

@@ -93,13 +93,15 @@ def other_memory(paths) -> dict:
 
 
 def plant_old_traces(paths, home: Path, instance) -> None:
-    """Copies older code wrote that the pipeline cannot rebuild: a run record whose metadata quotes a
-    fact (before previews carried ids only), a log file quoting a message, and a fact about Cass that
-    Bo's words taught (the scripted model only writes facts about speakers)."""
+    """Copies the pipeline cannot rebuild: a run record whose metadata quotes a fact (as before previews
+    carried ids only), a log file quoting a message, a moved-aside corrupt store, and a fact about
+    Cass that Bo's words taught (the scripted model only writes facts about speakers)."""
     instance.report_runless_asset_event(dg.AssetMaterialization(
         "facts", partition="fam", metadata={"preview": dg.MetadataValue.md("| Cass said: my zqxsrv4 appointment |"),
                                             "facts": dg.MetadataValue.json([{"text": "zqxdm41 plan"}])}))
     (home / "familiar-up.log").write_text("INFO started\nWARNING reply to: Only telling you: the zqxdm43 plan\n")
+    # a store once found corrupt and moved aside (`storage.corrupt`), still holding her words
+    (paths.dir / "memory.duckdb.corrupt-20260101T000000.000000Z").write_bytes(b"\0zqxsrv8 appointment\0")
     with ProjectionStore(paths.memory_db) as store:
         facts_db.append_fact(store, FactDraft("Cass's sister is a nurse in Leeds.", source_turn_ids=(1,),
                                               subjects=(Subject(CASS[0], "Cass"),), scope=f"guild:{GUILD}"))
@@ -110,7 +112,8 @@ def test_forgetting_a_person_leaves_no_marker_anywhere_and_everyone_else_intact(
     plant_old_traces(paths, home, instance)
     before = scan(root, home)
     places = {Path(p).name.removesuffix("-wal") for p in before}
-    assert {"turns.db", "memory.duckdb", "llm_cache.sqlite", "familiar-up.log"} <= places, places
+    assert {"turns.db", "memory.duckdb", "llm_cache.sqlite", "familiar-up.log",
+            "memory.duckdb.corrupt-20260101T000000.000000Z"} <= places, places
     assert any(p.endswith(".parquet") for p in before) and any(p.endswith(".db") and "history" in p for p in before)
     assert FtsIndex(paths.fts_turns)._index.searcher().terms_with_prefix(CONTENT, MARK)
     kept = other_memory(paths)
@@ -362,3 +365,14 @@ def test_a_person_who_never_spoke_loses_the_facts_others_taught_about_them(famil
         assert store.sql("SELECT count(*) FROM facts WHERE text LIKE '%Oslo%'").fetchone()[0] == 0
     with TurnLog(paths.turns_db, readonly=True) as log:
         assert log.erasures()[0].status == "done" and log.participant("discord:999") is None
+
+
+def test_a_log_file_is_scrubbed_in_place_so_its_writer_keeps_writing_to_it(tmp_path):
+    from familiar_pipeline.erasure.words import scrub_text_file
+
+    log = tmp_path / "familiar-up.log"
+    log.write_text("INFO start\nWARNING said zqxsecret here\n")
+    with open(log, "ab", buffering=0) as writer:  # as `familiar up` holds it
+        assert scrub_text_file(log, Scrubber({"zqxsecret"})) == 1
+        writer.write(b"INFO after\n")
+    assert log.read_text() == "INFO start\nWARNING said [erased] here\nINFO after\n"

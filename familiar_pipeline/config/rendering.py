@@ -96,6 +96,7 @@ def render_config(cfg: FamiliarConfig) -> str:
     lines += ["", "[memory.scopes]", f"dm_sees_person = {toml_value(cfg.memory.scopes.dm_sees_person)}"]
     lines += ["", "[memory.scopes.groups]"]
     lines += [f"{key_text(name)} = {toml_value(list(members))}" for name, members in cfg.memory.scopes.groups.items()]
+    _render_section(lines, "memory.privacy", cfg.memory.privacy)
     for tier in ("voice", "text", "background"):
         _render_section(lines, f"budget.{tier}", cfg.budgets[tier])
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sqlite3
 from dataclasses import dataclass, field
@@ -196,7 +197,11 @@ def _scrub_value(value: str, scrubber: Scrubber) -> str:
 
 
 def scrub_text_file(path: Path, scrubber: Scrubber) -> int:
-    """Replace the words in a text file's lines, in place (same mode); how many lines changed."""
+    """Replace the words in a text file's lines, in place; how many lines changed.
+
+    Rewritten through the same inode, not a new file renamed over it: a process appending to
+    it (`familiar up` writes its log with O_APPEND) keeps writing to the file the path names.
+    """
     raw = path.read_bytes()
     text = raw.decode("utf-8", errors="surrogateescape")
     lines = text.splitlines(keepends=True)
@@ -207,8 +212,10 @@ def scrub_text_file(path: Path, scrubber: Scrubber) -> int:
         changed += new != line
         out.append(new)
     if changed:
-        temp = path.with_name(path.name + ".scrub")
-        temp.write_bytes("".join(out).encode("utf-8", errors="surrogateescape"))
-        temp.chmod(path.stat().st_mode & 0o777)
-        temp.replace(path)
+        data = "".join(out).encode("utf-8", errors="surrogateescape")
+        with path.open("r+b") as f:
+            f.write(data)
+            f.truncate(len(data))
+            f.flush()
+            os.fsync(f.fileno())
     return changed

@@ -975,17 +975,17 @@ class TurnLog:
 
     def unpurged_deleted(self, *, deleted_before: datetime | None = None) -> list[int]:
         """Ids of tombstoned turns whose text is still there: those of a pending erasure, and the
-        others deleted before ``deleted_before`` (None: every one)."""
-        sql = ("SELECT id FROM turns WHERE deleted_at IS NOT NULL AND purged_at IS NULL AND "
-               "(id IN (SELECT t.turn_id FROM erasure_turns t JOIN erasures e ON e.id = t.erasure_id "
-               "WHERE e.status = 'pending')")
+        others deleted before ``deleted_before`` (None: every one). The turn sensor asks every tick,
+        so both halves are index lookups (the partial index of unpurged tombstones; the pending
+        erasures' turns), never a scan of the log."""
+        pending = ("SELECT t.turn_id FROM erasure_turns t JOIN erasures e ON e.id = t.erasure_id "
+                   "JOIN turns ON turns.id = t.turn_id WHERE e.status = 'pending' AND turns.purged_at IS NULL")
+        deleted = "SELECT id FROM turns WHERE deleted_at IS NOT NULL AND purged_at IS NULL"
         params: list[str] = []
-        if deleted_before is None:
-            sql += " OR 1"
-        else:
-            sql += " OR deleted_at <= ?"
+        if deleted_before is not None:
+            deleted += " AND deleted_at <= ?"
             params.append(_utc_text(deleted_before, "deleted_before"))
-        return [r[0] for r in self._query(sql + ") ORDER BY id", params)]
+        return [r[0] for r in self._query(f"{pending} UNION {deleted} ORDER BY 1", params)]
 
     def said_after_forgotten(self, *, created_before: datetime | None = None) -> list[int]:
         """Ids of the turns forgotten people said after they were forgotten (text not purged yet),
