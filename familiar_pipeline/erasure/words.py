@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from familiar_pipeline.storage.wipe import vacuum
+
 log = logging.getLogger(__name__)
 
 ERASED = "[erased]"
@@ -175,10 +177,8 @@ def scrub_sqlite(path: Path, scrubber: Scrubber) -> int:
                     conn.executemany(f'UPDATE "{table}" SET "{column}" = ? WHERE rowid = ?', updates)
                     conn.execute("COMMIT")
                     changed += len(updates)
-        if changed:
-            conn.execute("VACUUM")
-            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if changed and not vacuum(conn):
+            raise sqlite3.OperationalError("a reader kept its WAL busy; the rewritten records' old pages are still in it")
         return changed
     finally:
         conn.close()

@@ -57,6 +57,7 @@ import tenacity
 
 from familiar_pipeline.config import ConfigError, LlmConfig, LlmSlotConfig
 from familiar_pipeline.models.litellm_import import import_litellm, when_imported
+from familiar_pipeline.storage.wipe import vacuum
 
 log = logging.getLogger(__name__)
 
@@ -427,15 +428,11 @@ class ResponseCache:
         return deleted
 
     def _scrub(self, conn: sqlite3.Connection) -> None:
-        """Leave no deleted byte behind: secure_delete zeroed the cells in the new page images,
-        the checkpoint writes them over the old ones and empties the WAL, and VACUUM rebuilds
-        the file without free pages (a second checkpoint empties the WAL it went through)."""
-        for statement in ("PRAGMA wal_checkpoint(TRUNCATE)", "VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)"):
-            row = conn.execute(statement).fetchone()
-            if row is not None and row[0]:  # a checkpoint another connection kept from finishing
-                raise sqlite3.OperationalError(
-                    f"LLM response cache {self.path}: the replies were deleted, but another process "
-                    "reading the cache kept the file from being scrubbed; run the forget again when it is done")
+        """Leave no deleted byte behind (`storage.wipe`)."""
+        if not vacuum(conn):  # a checkpoint another connection kept from finishing
+            raise sqlite3.OperationalError(
+                f"LLM response cache {self.path}: the replies were deleted, but another process "
+                "reading the cache kept the file from being scrubbed; run the forget again when it is done")
 
     def __len__(self) -> int:
         if self.path is None:

@@ -29,7 +29,6 @@ import os
 import secrets
 import sqlite3
 import threading
-import time
 from bisect import bisect_left
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -41,6 +40,7 @@ from familiar_pipeline.storage.identity import check_key, is_ego_key
 from familiar_pipeline.storage.private import private_dir, private_file
 from familiar_pipeline.storage.scopes import check_turn_scope, turn_scope_sql
 from familiar_pipeline.storage.times import utc_text
+from familiar_pipeline.storage.wipe import vacuum
 
 SCHEMA_VERSION = 4
 ROLES = ("user", "assistant", "system", "tool")
@@ -1032,29 +1032,19 @@ class TurnLog:
                              [(stamp, i) for i in ids])
 
     def compact(self) -> None:
-        """Rewrite the file without free pages and empty the WAL, so no purged byte stays on disk.
-
-        `secure_delete` already zeroes what a purge frees; VACUUM also drops the pages'
-        slack and the WAL truncation removes the old page images a checkpoint left behind.
-        A reader holding the WAL open makes the truncation wait (busy timeout) or retry.
-        """
+        """Rewrite the file without free pages and empty the WAL, so no purged byte stays on disk
+        (`storage.wipe`). A reader holding the WAL open makes the truncation wait or fail."""
         with self._lock:
             conn = self._live()
             if self.readonly or self._in_snapshot:
                 raise TurnLogError(f"turn log {self.path} cannot be compacted from a read-only handle or a snapshot")
             try:
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                conn.execute("VACUUM")
-                for _ in range(50):
-                    busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-                    if not busy:
-                        break
-                    time.sleep(0.1)
-                else:
-                    raise TurnLogUnavailable(f"{self.path}: a reader kept the WAL busy; its old pages were not truncated")
+                emptied = vacuum(conn)
             except sqlite3.Error as exc:
                 kind = TurnLogUnavailable if _unavailable(exc) else TurnLogError
                 raise kind(f"compacting {self.path} failed: {storage_problem(self.path, exc)}") from exc
+            if not emptied:
+                raise TurnLogUnavailable(f"{self.path}: a reader kept the WAL busy; its old pages were not truncated")
 
     def changes_after(self, seq: int, limit: int | None = None) -> list[TurnChange]:
         _check_int(seq, "seq")
