@@ -223,47 +223,28 @@ def load_gold_facts(sample: dict, paths, turn_of: Mapping[str, int], turns: list
 EXTRACTION_COUNTS = ("calls", "cached_calls", "prompt_tokens", "completion_tokens", "cost_usd", "errors")
 
 
-def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
-                         instance, facts: str = "none", background_model: str | None = None,
-                         max_turns: int | None = None) -> PreparedConversation:
-    """Import one conversation, give it the facts its mode asks for, and materialize the projections.
-
-    ``max_turns`` keeps only the conversation's first turns (a quick run with a slow model);
-    questions then keep the evidence among them, and those with none left are skipped.
-    """
-    if facts not in FACT_MODES:
-        raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
-    if facts == "extracted" and not (background_model or "").strip():
-        raise ValueError("--facts extracted needs a background model (--background-model, a litellm model string)")
-    sample_id = str(sample.get("sample_id") or f"conv-{index}")
-    familiar_id = _familiar_id(sample_id, index)
-    extraction: dict[str, Any] = {}
+def new_familiar(familiar_id: str, root: Path, *, embedder: str, model_path: Path | None, facts: str = "none",
+                 background_model: str | None = None) -> FamiliarPaths:
+    """A fresh, empty familiar under ``root`` (any earlier one of that id removed) with the eval's config."""
     paths = FamiliarPaths.for_id(familiar_id, root)
     if paths.dir.exists():
         shutil.rmtree(paths.dir)
     paths.dir.mkdir(parents=True)
     paths.character_toml.write_text(familiar_toml(embedder, model_path, facts, background_model))
+    return paths
+
+
+def materialize_projections(familiar_id: str, root: Path, instance, *, embedder: str,
+                            facts: str = "none") -> tuple[dict[str, float], dict[str, Any], int]:
+    """Materialize through Dagster, in process, what the familiar's imported turns need for retrieval
+    (the full-text index, turn and window vectors with an embedder, the facts the mode asks for).
+
+    Returns ``(seconds per asset and in all, the facts asset's LLM usage, facts it wrote)``;
+    an asset that reports skipped or disabled is an error, so nothing is measured on a half-built familiar.
+    """
     timings: dict[str, float] = {}
-
-    started = time.perf_counter()
-    turns = list(locomo.turns_of(sample))[:max_turns]
-    with TurnLog(paths.turns_db) as log:
-        for speaker in sorted({t.speaker for t in turns}):
-            first = min(t.timestamp for t in turns if t.speaker == speaker)
-            log.upsert_participant(locomo.speaker_key(speaker), global_name=speaker, seen_at=first)
-        written = log.append_turns([
-            {"channel_id": EVAL_CHANNEL, "role": "user", "content": t.text, "author_key": locomo.speaker_key(t.speaker),
-             "author_display": t.speaker, "created_at": t.timestamp}
-            for t in turns
-        ])
-    turn_of = {t.dia_id: w.id for t, w in zip(turns, written)}
-    session_of_turn = {w.id: t.session for t, w in zip(turns, written)}
-    timings["import_s"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    loaded = load_gold_facts(sample, paths, turn_of, turns) if facts == "gold" else 0
-    timings["facts_s"] = time.perf_counter() - started
-
+    extraction: dict[str, Any] = {}
+    loaded = 0
     # The facts asset runs before fact_embeddings in the same run (it is upstream of it).
     selected = ["turns_fts"] + (["facts"] if facts == "extracted" else [])
     if embedder != "off":
@@ -287,6 +268,51 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
                               dropped_reasons=dict(meta.get("dropped_reasons") or {}))
             loaded = int(meta.get("rows_written", 0))
     timings["materialize_s"] = time.perf_counter() - started
+    return timings, extraction, loaded
+
+
+def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
+                         instance, facts: str = "none", background_model: str | None = None,
+                         max_turns: int | None = None) -> PreparedConversation:
+    """Import one conversation, give it the facts its mode asks for, and materialize the projections.
+
+    ``max_turns`` keeps only the conversation's first turns (a quick run with a slow model);
+    questions then keep the evidence among them, and those with none left are skipped.
+    """
+    if facts not in FACT_MODES:
+        raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
+    if facts == "extracted" and not (background_model or "").strip():
+        raise ValueError("--facts extracted needs a background model (--background-model, a litellm model string)")
+    sample_id = str(sample.get("sample_id") or f"conv-{index}")
+    familiar_id = _familiar_id(sample_id, index)
+    paths = new_familiar(familiar_id, root, embedder=embedder, model_path=model_path, facts=facts,
+                         background_model=background_model)
+    timings: dict[str, float] = {}
+
+    started = time.perf_counter()
+    turns = list(locomo.turns_of(sample))[:max_turns]
+    with TurnLog(paths.turns_db) as log:
+        for speaker in sorted({t.speaker for t in turns}):
+            first = min(t.timestamp for t in turns if t.speaker == speaker)
+            log.upsert_participant(locomo.speaker_key(speaker), global_name=speaker, seen_at=first)
+        written = log.append_turns([
+            {"channel_id": EVAL_CHANNEL, "role": "user", "content": t.text, "author_key": locomo.speaker_key(t.speaker),
+             "author_display": t.speaker, "created_at": t.timestamp}
+            for t in turns
+        ])
+    turn_of = {t.dia_id: w.id for t, w in zip(turns, written)}
+    session_of_turn = {w.id: t.session for t, w in zip(turns, written)}
+    timings["import_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    loaded = load_gold_facts(sample, paths, turn_of, turns) if facts == "gold" else 0
+    timings["facts_s"] = time.perf_counter() - started
+
+    materialized, extraction, extracted = materialize_projections(familiar_id, root, instance, embedder=embedder,
+                                                                   facts=facts)
+    timings.update(materialized)
+    if facts == "extracted":
+        loaded = extracted
 
     questions, evidence_skipped, questions_skipped = [], 0, 0
     for position, qa in enumerate(sample.get("qa") or []):
@@ -374,6 +400,53 @@ def first_gold_rank(units: list[frozenset[int]], gold: set[int]) -> int | None:
     return next((rank for rank, unit in enumerate(units, start=1) if unit & gold), None)
 
 
+@dataclass
+class Asked:
+    """One cue put to retrieval and scored: the 0/1 scores, the ranking read at depth, what the section showed."""
+
+    gold: set[int]
+    scores: dict[str, float]
+    units: list[frozenset[int]]  # the ranked units at RANK_DEPTH (turn hits and facts alternating)
+    shown: set[int]  # turns the rendered section shows (hits, neighbours, shown facts' sources)
+    text: str
+    debug: dict
+    latency_ms: float
+
+
+def ask(ctx: AssemblyContext, memory: MemoryView, gold: set[int], gold_sessions: set[int],
+        session_of_turn: Mapping[int, int], fact_sources: Mapping[int, Iterable[int]], deep) -> Asked:
+    """Put ``ctx.cue`` to ``rag_context``'s retrieval (no recent-window exclusion) and score it against ``gold``:
+    the rendered section at the real budget, the ranking at the ``deep`` budget."""
+    started = time.perf_counter()
+    text, debug = retrieve(ctx, memory, frozenset())
+    latency_ms = (time.perf_counter() - started) * 1000
+    _, deep_debug = retrieve_facts(ctx.cue, memory, deep, visible_scopes(ctx, memory))
+    _, deep_turns = retrieve_turns(ctx.cue, memory, ctx, deep, frozenset())
+    deep_debug["turns"] = deep_turns
+    shown = set(debug.get("shown_turn_ids", []))
+    for fid in debug.get("shown_fact_ids", []):
+        shown.update(fact_sources.get(fid, ()))
+    units = ranked_units(deep_debug, fact_sources)
+    scores = score_question(units, gold, gold_sessions, session_of_turn, shown)
+    # Each source alone at depth 10, to see which side carries the recall.
+    turn_top = {t["turn_id"] for t in deep_turns[:10]}
+    fact_top = {t for f in deep_debug["facts"][:10] for t in fact_sources.get(f["fact_id"], ())}
+    scores["turns_any@10"] = float(bool(turn_top & gold))
+    scores["facts_any@10"] = float(bool(fact_top & gold))
+    return Asked(gold, scores, units, shown, text, debug, latency_ms)
+
+
+def fact_sources_of(memory: MemoryView) -> dict[int, tuple[int, ...]]:
+    """``{fact id: source turn ids}`` of the memory's snapshot: what a ranked fact stands for."""
+    facts = memory.snapshot.table("facts").select(["id", "source_turn_ids"]).to_pylist()
+    return {r["id"]: tuple(r["source_turn_ids"] or ()) for r in facts}
+
+
+def depth_budget(memory: MemoryView):
+    """The text-tier budget with the turn and fact caps raised to RANK_DEPTH: the ranking read deep."""
+    return replace(memory.config.budget_for("text"), max_rag_turns=RANK_DEPTH, max_rag_facts=RANK_DEPTH)
+
+
 def evaluate(prepared: list[PreparedConversation], *, retrieval=None, text_budget=None,
              progress: Callable[[int], None] | None = None, embedder_cache: dict | None = None) -> list[dict]:
     """One record per question: its category, 0/1 scores, rendered tokens and latency."""
@@ -382,34 +455,17 @@ def evaluate(prepared: list[PreparedConversation], *, retrieval=None, text_budge
     for conv in prepared:
         memory = open_memory(conv, retrieval=retrieval, text_budget=text_budget, embedder_cache=cache)
         try:
-            facts = memory.snapshot.table("facts").select(["id", "source_turn_ids"]).to_pylist()
-            fact_sources = {r["id"]: tuple(r["source_turn_ids"] or ()) for r in facts}
-            text_budget_now = memory.config.budget_for("text")
-            deep = replace(text_budget_now, max_rag_turns=RANK_DEPTH, max_rag_facts=RANK_DEPTH)
+            fact_sources = fact_sources_of(memory)
+            deep = depth_budget(memory)
             warm = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", "warm up")
             retrieve(warm, memory, frozenset())  # the first call loads the model; keep it out of the latency
             for q in conv.questions:
                 ctx = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", q.text)
-                started = time.perf_counter()
-                text, debug = retrieve(ctx, memory, frozenset())
-                latency_ms = (time.perf_counter() - started) * 1000
-                _, deep_debug = retrieve_facts(q.text, memory, deep, visible_scopes(ctx, memory))
-                _, deep_turns = retrieve_turns(q.text, memory, ctx, deep, frozenset())
-                deep_debug["turns"] = deep_turns
-                gold = {conv.turn_of[d] for d in q.evidence}
-                shown = set(debug.get("shown_turn_ids", []))
-                for fid in debug.get("shown_fact_ids", []):
-                    shown.update(fact_sources.get(fid, ()))
-                scores = score_question(ranked_units(deep_debug, fact_sources), gold,
-                                        {session_of(d) for d in q.evidence}, conv.session_of_turn, shown)
-                # Each source alone at depth 10, to see which side carries the recall.
-                turn_top = {t["turn_id"] for t in deep_turns[:10]}
-                fact_top = {t for f in deep_debug["facts"][:10] for t in fact_sources.get(f["fact_id"], ())}
-                scores["turns_any@10"] = float(bool(turn_top & gold))
-                scores["facts_any@10"] = float(bool(fact_top & gold))
-                records.append({"conversation": conv.sample_id, "question": q.index, "category": q.category, **scores,
-                                "gold_rank": first_gold_rank(ranked_units(deep_debug, fact_sources), gold),
-                                "rendered_tokens": estimate_tokens(text), "latency_ms": latency_ms})
+                asked = ask(ctx, memory, {conv.turn_of[d] for d in q.evidence}, {session_of(d) for d in q.evidence},
+                            conv.session_of_turn, fact_sources, deep)
+                records.append({"conversation": conv.sample_id, "question": q.index, "category": q.category,
+                                **asked.scores, "gold_rank": first_gold_rank(asked.units, asked.gold),
+                                "rendered_tokens": estimate_tokens(asked.text), "latency_ms": asked.latency_ms})
                 if progress is not None:
                     progress(1)
         finally:
