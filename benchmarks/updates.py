@@ -17,6 +17,7 @@ then, as the last line, one JSON object with `newest_above_older`, `wishes_in_pr
 `ordering_any@10` (percentages), per-kind n / any@10 / rendered, the seed and the seconds.
 
     uv run python benchmarks/updates.py [--seed 33] [--chats 8] [--quick] [--out DIR]
+    uv run python benchmarks/updates.py --workdir DIR [--reuse]   # keep the familiars; --reuse: score only
 """
 
 from __future__ import annotations
@@ -43,11 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-path", default=None, help="the MiniLM folder (default: built as "
                                                             "`familiar models minilm` builds it)")
     parser.add_argument("--workdir", default=None, help="keep the familiars here instead of a temporary folder")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --workdir: keep the familiars an earlier run prepared there for the same chats "
+                             "and config (no re-embedding; new projections still catch up): for tuning retrieval")
     parser.add_argument("--out", default=None, help="write updates.json (every record) and updates.md here")
     args = parser.parse_args(argv)
     chats = args.chats if args.chats is not None else (2 if args.quick else 8)
     if chats < 1:
         parser.error("--chats must be at least 1")
+    if args.reuse and not args.workdir:
+        parser.error("--reuse needs --workdir (the folder an earlier run prepared)")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="familiar-updates-") as scratch:
         # A Dagster home of our own: nothing of the caller's instance is read or written.
@@ -72,7 +78,8 @@ def run(args: argparse.Namespace, chats: int, workdir: Path, started: float) -> 
         problems = updates_chats.problems(chat)
         if problems:
             raise SystemExit(f"generated chat {chat.id} is invalid: {'; '.join(problems)}")
-    prepared = updates.prepare_all(generated, workdir, embedder=args.embedder, model_path=model_path, progress=say)
+    prepared = updates.prepare_all(generated, workdir, embedder=args.embedder, model_path=model_path,
+                                   reuse=args.reuse, progress=say)
     prepared_s = time.perf_counter() - started
     cache: dict = {}
     records: list[dict] = []

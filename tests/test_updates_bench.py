@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from familiar_bot.eval import updates_chats as gen
-from familiar_bot.eval.updates import newest_above_older, rank_of, wish_turns
+from familiar_bot.eval import evaluation
+from familiar_bot.eval.updates import (_reusable, import_chat, newest_above_older, rank_of, turn_only_projectors,
+                                       wish_turns)
+from familiar_pipeline.projectors import registry
+from familiar_pipeline.projectors.spec import ProjectorSpec
 
 REPO = Path(__file__).resolve().parents[1]
 HEADLINE = ("newest_above_older", "wishes_in_prompt", "ordering_any@10")
@@ -105,6 +109,33 @@ def test_a_wishes_section_counts_through_the_turns_it_cites():
     assert wish_turns({}) == set()
     assert wish_turns({"wishes": {"wish_ids": [1], "turn_ids": [12, 40], "tokens": 30}}) == {12, 40}
     assert wish_turns({"wishes": "not a dict"}) == set()
+
+
+def test_a_model_free_projector_of_the_turns_is_built_too(tmp_path):
+    """Today the turn index and vectors are all; a heuristic projector that always runs (a wishes table
+    added later) is turned on and materialized with them, one that needs a model or facts is not."""
+    assert turn_only_projectors(tmp_path) == []
+    registry.register_projector(ProjectorSpec(name="bench_heuristic", run=lambda *a, **k: None, needs_llm=False,
+                                              always_on=True))
+    registry.register_projector(ProjectorSpec(name="bench_modelled", run=lambda *a, **k: None, always_on=True))
+    try:
+        assert [s.name for s in turn_only_projectors(tmp_path)] == ["bench_heuristic"]
+    finally:
+        registry.unregister_projector("bench_heuristic")
+        registry.unregister_projector("bench_modelled")
+
+
+def test_the_import_records_the_familiar_as_the_responder_does_and_reuse_checks_the_chat(tmp_path):
+    chat, other = gen.generate(5, 2, **gen.QUICK)
+    turns = import_chat(chat, tmp_path, embedder="hash", model_path=None, extra_projectors=[])
+    assert [(t.role, t.content, t.created_at) for t in turns] == [(t.role, t.text, t.at) for t in chat.turns]
+    assert {t.author_key for t in turns if t.role == "assistant"} == {f"ego:{chat.id}"}
+    assert {t.author_key for t in turns if t.role == "user"} == {chat.person_key}
+    toml = evaluation.familiar_toml("hash", None)
+    assert [t.id for t in _reusable(chat, tmp_path, toml) or []] == [t.id for t in turns]
+    assert _reusable(chat, tmp_path, evaluation.familiar_toml("off", None)) is None  # another config
+    renamed = gen.Chat(chat.id, chat.person_key, chat.person_name, other.turns, chat.probes, chat.asked_at)
+    assert _reusable(renamed, tmp_path, toml) is None  # other turns
 
 
 def test_a_quick_run_ends_with_one_json_line(tmp_path):

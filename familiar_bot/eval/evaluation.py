@@ -168,7 +168,7 @@ class PreparedConversation:
 
 
 def familiar_toml(embedder: str, model_path: Path | None, facts: str = "none",
-                  background_model: str | None = None) -> str:
+                  background_model: str | None = None, extra_projectors: Iterable[str] = ()) -> str:
     """The throwaway familiar's own config: the embedding switches, the projectors the facts mode
     needs and (``extracted``) the background model; everything else is the shipped default."""
     # One run drains each projection's whole backlog (the cap only paces a live familiar).
@@ -188,7 +188,7 @@ def familiar_toml(embedder: str, model_path: Path | None, facts: str = "none",
               if embedder != "off" else [])
     if facts == "extracted":
         wanted.insert(0, "rich_note")
-    projectors = [p for p in wanted if p in registry.known_projectors()]
+    projectors = [p for p in [*wanted, *extra_projectors] if p in registry.known_projectors()]
     lines += ["[providers.memory]", f"projectors = {json.dumps(projectors)}"]
     if facts == "extracted":
         lines += ["[llm.background]", f"model = {json.dumps(background_model or '')}"]
@@ -224,18 +224,19 @@ EXTRACTION_COUNTS = ("calls", "cached_calls", "prompt_tokens", "completion_token
 
 
 def new_familiar(familiar_id: str, root: Path, *, embedder: str, model_path: Path | None, facts: str = "none",
-                 background_model: str | None = None) -> FamiliarPaths:
-    """A fresh, empty familiar under ``root`` (any earlier one of that id removed) with the eval's config."""
+                 background_model: str | None = None, extra_projectors: Iterable[str] = ()) -> FamiliarPaths:
+    """A fresh, empty familiar under ``root`` (any earlier one of that id removed) with the eval's config
+    (``extra_projectors`` turned on besides the ones the embedder and facts mode need)."""
     paths = FamiliarPaths.for_id(familiar_id, root)
     if paths.dir.exists():
         shutil.rmtree(paths.dir)
     paths.dir.mkdir(parents=True)
-    paths.character_toml.write_text(familiar_toml(embedder, model_path, facts, background_model))
+    paths.character_toml.write_text(familiar_toml(embedder, model_path, facts, background_model, extra_projectors))
     return paths
 
 
-def materialize_projections(familiar_id: str, root: Path, instance, *, embedder: str,
-                            facts: str = "none") -> tuple[dict[str, float], dict[str, Any], int]:
+def materialize_projections(familiar_id: str, root: Path, instance, *, embedder: str, facts: str = "none",
+                            extra_assets: Iterable[str] = ()) -> tuple[dict[str, float], dict[str, Any], int]:
     """Materialize through Dagster, in process, what the familiar's imported turns need for retrieval
     (the full-text index, turn and window vectors with an embedder, the facts the mode asks for).
 
@@ -250,6 +251,7 @@ def materialize_projections(familiar_id: str, root: Path, instance, *, embedder:
     if embedder != "off":
         selected += ["fact_embeddings"] if facts != "none" else []
         selected += [key.path[-1] for key in assets.TURN_EMBEDDING]
+    selected += [name for name in extra_assets if name not in selected]
     started = time.perf_counter()
     instance.add_dynamic_partitions("familiars", [familiar_id])
     result = materialize_in_process(selected, instance=instance, data_root=root, partition_key=familiar_id,

@@ -35,9 +35,11 @@ from typing import Any, Callable, Iterable, Mapping
 from dagster import DagsterInstance
 
 from familiar_pipeline.config import load_config
+from familiar_pipeline.projectors import registry
+from familiar_pipeline.projectors.spec import ProjectorSpec
 from familiar_pipeline.storage.identity import ego_key
-from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, default_dir
-from familiar_pipeline.storage.turns import TurnLog
+from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, FamiliarPaths, default_dir
+from familiar_pipeline.storage.turns import Turn, TurnLog
 
 from familiar_bot.eval import evaluation
 from familiar_bot.eval.evaluation import EVAL_CHANNEL, KS, PreparedConversation, session_of
@@ -54,32 +56,75 @@ STANDING = ("wish", "preference")
 class PreparedChat:
     chat: Chat
     prepared: PreparedConversation  # what the LoCoMo evaluation's helpers take (ids, root, dia id -> turn id)
+    reused: bool = False  # its turns and vectors came from an earlier run (--reuse)
 
 
-def prepare_chat(chat: Chat, root: Path, instance, *, embedder: str, model_path: Path | None) -> PreparedChat:
-    """Import one chat into a fresh familiar and materialize its turn projections through Dagster."""
-    paths = evaluation.new_familiar(chat.id, root, embedder=embedder, model_path=model_path)
+def turn_only_projectors(root: Path) -> list[ProjectorSpec]:
+    """Projectors the shipped defaults run (or that always run) that read the turns alone and need neither a
+    model nor an embedder, besides the full-text index the evaluation always builds: none on main today. One
+    added later (a heuristic standing-wishes table) is turned on and materialized too, so the whole prompt
+    is the one a familiar with the shipped defaults would assemble before any model has run."""
+    shipped = set(load_config("shipped-defaults", root=root).memory.projectors)
+    return [s for s in registry.specs()
+            if not s.needs_llm and not s.needs_embedder and set(s.inputs) <= {"turns"} and s.asset != "turns_fts"
+            and (s.always_on or s.name in shipped)]
+
+
+def _reusable(chat: Chat, root: Path, toml: str) -> list[Turn] | None:
+    """The turns of a familiar an earlier run prepared for this very chat and config, else None."""
+    paths = FamiliarPaths.for_id(chat.id, root)
+    if not paths.turns_db.is_file() or not paths.character_toml.is_file() or paths.character_toml.read_text() != toml:
+        return None
+    with TurnLog(paths.turns_db) as log:
+        turns = log.turns_in_range(0, log.latest_id())
+    same = [(t.role, t.content, t.created_at) for t in turns] == [(t.role, t.text, t.at) for t in chat.turns]
+    return turns if same else None
+
+
+def import_chat(chat: Chat, root: Path, *, embedder: str, model_path: Path | None,
+                extra_projectors: list[str]) -> list[Turn]:
+    """A fresh familiar holding the chat's turns: the person's as ``user`` turns, the familiar's as
+    ``assistant`` turns under its ego key and display name, as the responder records them."""
+    paths = evaluation.new_familiar(chat.id, root, embedder=embedder, model_path=model_path,
+                                    extra_projectors=extra_projectors)
     display = load_config(chat.id, root=root).display_name
-    started = time.perf_counter()
     with TurnLog(paths.turns_db) as log:
         log.upsert_participant(chat.person_key, global_name=chat.person_name, seen_at=chat.turns[0].at)
-        written = log.append_turns([
+        return log.append_turns([
             {"channel_id": EVAL_CHANNEL, "role": t.role, "content": t.text, "created_at": t.at,
              "author_key": chat.person_key if t.role == "user" else ego_key(chat.id),
              "author_display": chat.person_name if t.role == "user" else display}
             for t in chat.turns
         ])
+
+
+def prepare_chat(chat: Chat, root: Path, instance, *, embedder: str, model_path: Path | None,
+                 reuse: bool = False) -> PreparedChat:
+    """Import one chat into a fresh familiar and materialize its turn projections through Dagster.
+
+    ``reuse``: a familiar an earlier run left in ``root`` for the same chat and config keeps its turns
+    and projections (the materialization then only catches up), so retrieval can be tuned without
+    embedding every turn again."""
+    extra = turn_only_projectors(root)
+    extra_names = [s.name for s in extra if not s.always_on]
+    started = time.perf_counter()
+    toml = evaluation.familiar_toml(embedder, model_path, extra_projectors=extra_names)
+    written = _reusable(chat, root, toml) if reuse else None
+    reused = written is not None
+    if written is None:
+        written = import_chat(chat, root, embedder=embedder, model_path=model_path, extra_projectors=extra_names)
     timings = {"import_s": time.perf_counter() - started}
-    materialized, _, _ = evaluation.materialize_projections(chat.id, root, instance, embedder=embedder)
+    materialized, _, _ = evaluation.materialize_projections(chat.id, root, instance, embedder=embedder,
+                                                            extra_assets=[s.asset for s in extra])
     timings.update(materialized)
     turn_of = {t.dia_id: w.id for t, w in zip(chat.turns, written)}
     session_of_turn = {w.id: t.session for t, w in zip(chat.turns, written)}
     return PreparedChat(chat, PreparedConversation(chat.id, chat.id, root, turn_of, session_of_turn, [],
-                                                   timings=timings))
+                                                   timings=timings), reused=reused)
 
 
 def prepare_all(chats: list[Chat], workdir: Path, *, embedder: str, model_path: Path | None = None,
-                progress: Callable[[str], None] | None = None) -> list[PreparedChat]:
+                reuse: bool = False, progress: Callable[[str], None] | None = None) -> list[PreparedChat]:
     workdir.mkdir(parents=True, exist_ok=True)
     if default_dir(workdir) != SHIPPED_DEFAULT_DIR:
         raise ValueError(f"{workdir} has its own _default/character.toml; the benchmark measures the shipped defaults")
@@ -88,7 +133,9 @@ def prepare_all(chats: list[Chat], workdir: Path, *, embedder: str, model_path: 
         for chat in chats:
             if progress is not None:
                 progress(f"preparing {chat.id} ({len(chat.turns)} turns, {chat.sessions} sessions)")
-            out.append(prepare_chat(chat, workdir, instance, embedder=embedder, model_path=model_path))
+            out.append(prepare_chat(chat, workdir, instance, embedder=embedder, model_path=model_path, reuse=reuse))
+            if progress is not None and out[-1].reused:
+                progress(f"  {chat.id}: reused the familiar an earlier run prepared")
     return out
 
 
@@ -153,6 +200,11 @@ def score_chat(item: PreparedChat, *, embedder_cache: dict, progress: Callable[[
                               older_ranks=[None if math.isinf(r) else int(r) for r in older],
                               newest_above_older=float(newest_above_older(newest, older)),
                               older_in_top10=float(any(r <= 10 for r in older)))
+            if probe.kind == "ordering":
+                # Spread: the share of the evidence's sessions that the top 10 reaches.
+                top = {conv.session_of_turn.get(t) for unit in asked.units[:10] for t in unit}
+                sessions = {session_of(d) for d in probe.evidence}
+                record["evidence_sessions@10"] = len(top & sessions) / len(sessions)
             records.append(record)
             if progress is not None:
                 progress(1)
@@ -164,7 +216,7 @@ def score_chat(item: PreparedChat, *, embedder_cache: dict, progress: Callable[[
 # --------------------------------------------------------------------------- report
 
 COLUMNS = ("n", "any@1", "any@5", "any@10", "any@50", "all@10", "session_any@10", "rendered", "rendered_rag",
-           "in_prompt", "newest_above_older", "older_in_top10")
+           "in_prompt", "newest_above_older", "older_in_top10", "evidence_sessions@10")
 
 
 def _pct(records: list[dict], key: str) -> float | None:
@@ -211,6 +263,9 @@ def json_line(records: list[dict], summary: Mapping[str, Mapping[str, Any]], *, 
         out[f"{scope}_n"] = row["n"]
         out[f"{scope}_any@10"] = row["any@10"]
         out[f"{scope}_rendered"] = row["rendered"]
+    out["ordering_all@10"] = summary["ordering"]["all@10"]
+    out["ordering_evidence_sessions@10"] = summary["ordering"]["evidence_sessions@10"]
+    out["update_older_in_top10"] = summary["update"]["older_in_top10"]
     out.update(seed=seed, chats=chats, elapsed_s=round(elapsed_s, 1), **setup)
     return out
 

@@ -496,53 +496,73 @@ WISH_DISTRACTORS: tuple[str, ...] = (
 
 # --------------------------------------------------------------------------- ordering
 
-ORDER_TOPICS: tuple[tuple[str, str], ...] = (
-    # (how the question names it, a word that mentions it)
-    ("the broken dishwasher", "the dishwasher"), ("my cousin's wedding", "the wedding"),
-    ("the tax return", "my tax return"), ("the leaky roof", "the roof"), ("the Japanese lessons", "Japanese"),
-    ("the job offer from the agency", "the agency offer"), ("the camping trip", "the camping trip"),
-    ("the vet visit", "the vet"), ("the sourdough starter", "my sourdough starter"),
-    ("the parking ticket", "the parking ticket"), ("the new mattress", "the mattress"),
-    ("the choir audition", "the audition"), ("the garden shed", "the shed"), ("the flu jab", "the flu jab"),
-    ("the lost passport", "my passport"), ("the charity run", "the charity run"),
+# (how the question names it, how the person refers to it: the first shares the question's word, the
+# others do not, so an ordering question cannot be answered by one keyword alone).
+ORDER_TOPICS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("the broken dishwasher", ("the dishwasher", "the machine that does the dishes", "the kitchen appliance repair")),
+    ("my cousin's wedding", ("the wedding", "Ana's big day", "the ceremony in the vineyard")),
+    ("the tax return", ("my tax return", "the forms for the revenue office", "the annual filing")),
+    ("the leaky roof", ("the roof", "the water dripping into the attic", "the tiles the storm loosened")),
+    ("the Japanese lessons", ("Japanese", "my kanji practice", "the language course on Thursday nights")),
+    ("the job offer from the agency", ("the agency offer", "that recruiter's proposal", "the contract they sent me")),
+    ("the camping trip", ("the camping trip", "the tent and the sleeping bags", "our weekend by the lake")),
+    ("the vet visit", ("the vet", "the dog's checkup", "the animal clinic")),
+    ("the sourdough starter", ("my sourdough starter", "the jar of bubbling flour", "the bread culture")),
+    ("the parking ticket", ("the parking ticket", "the fine on my windscreen", "the appeal to the council")),
+    ("the new mattress", ("the mattress", "the new bed I ordered", "sleeping on the memory foam")),
+    ("the choir audition", ("the audition", "singing for the choir director", "my solo for the tryout")),
+    ("the garden shed", ("the shed", "the wooden hut at the back", "the flat-pack building project")),
+    ("the flu jab", ("the flu jab", "my vaccination appointment", "the shot at the pharmacy")),
+    ("the lost passport", ("my passport", "the travel document I misplaced", "the embassy paperwork")),
+    ("the charity run", ("the charity run", "the fundraiser race", "the sponsored 5k")),
 )
 ORDER_MENTION = ("ugh, {t} again: {d}", "so about {t}, {d}", "finally dealt with {t}, {d}",
-                 "quick thing on {t}: {d}", "{t} update, {d}", "can't stop thinking about {t}, {d}",
-                 "today it was {t}, {d}")
+                 "quick thing on {t}: {d}", "update on {t}, {d}", "can't stop thinking about {t}, {d}",
+                 "today it was {t}, {d}", "spent the evening on {t}, {d}")
 ORDER_DETAIL = ("it took all morning", "that went better than I feared", "still not sorted",
                 "I need to call someone about it", "cost more than I expected", "my friend helped out",
-                "there's paperwork involved of course", "I'm glad that's moving")
+                "there's paperwork involved of course", "I'm glad that's moving", "what a saga")
 ORDER_ASK = ("in what order did I bring up {a}, {b} and {c}?", "which did I mention first: {a}, {b} or {c}?",
              "put these in the order I talked about them: {a}, {b}, {c}",
              "what was the sequence in which I mentioned {a}, {b} and {c}?",
-             "did I talk about {a} before {b}, and where does {c} fit?")
+             "did I talk about {a} before {b}, and where does {c} fit?",
+             "sort {a}, {b} and {c} by when I first told you about them")
+# A topic the person comes back to: some mentions name it, the others only describe it.
 RECURRING: tuple[dict[str, Any], ...] = (
-    {"topic": "the gym", "say": ("hit the gym before work", "the gym was packed tonight",
-                                 "leg day at the gym, I can barely walk", "skipped the gym, felt lazy",
-                                 "new routine at the gym, more rowing", "the gym changed its opening hours")},
-    {"topic": "my knee", "say": ("my knee is aching again", "iced my knee after the walk",
-                                 "the physio looked at my knee today", "my knee clicked on the stairs",
-                                 "knee felt fine on the run", "wearing the knee brace again")},
-    {"topic": "the landlord", "say": ("the landlord finally replied about the boiler",
-                                      "the landlord wants to raise the rent", "the landlord sent a plumber",
-                                      "still waiting on the landlord about the mould",
-                                      "the landlord is visiting on Friday")},
-    {"topic": "the garden", "say": ("planted garlic in the garden", "the garden is full of slugs",
-                                    "spent an hour weeding the garden", "first tomatoes from the garden",
-                                    "the garden fence blew over")},
-    {"topic": "my brother", "say": ("my brother called about the holidays", "helped my brother move a sofa",
-                                    "my brother got a promotion", "my brother is visiting next month",
-                                    "argued with my brother about football")},
-    {"topic": "the night shifts", "say": ("on night shifts again this week", "the night shifts are wrecking my sleep",
-                                          "covered a night shift for a colleague",
-                                          "last night shift of the month, finally")},
+    {"topic": "the gym", "named": ("hit the gym before work", "the gym was packed tonight",
+                                   "the gym changed its opening hours"),
+     "described": ("did deadlifts this morning, new personal best", "the squat rack was free for once",
+                   "twenty minutes on the rowing machine, then stretching", "skipped my workout, felt lazy",
+                   "leg day, I can barely walk")},
+    {"topic": "my knee", "named": ("my knee is aching again", "the physio looked at my knee today",
+                                   "my knee clicked on the stairs"),
+     "described": ("wearing the brace on my left leg again", "stairs are a struggle, that old injury is back",
+                   "iced the joint after the walk, the swelling is down", "ran pain-free today, the leg held up")},
+    {"topic": "the landlord", "named": ("the landlord finally replied about the boiler",
+                                        "still waiting on the landlord about the mould"),
+     "described": ("the property manager wants to raise the rent", "the owner of the flat sent a plumber",
+                   "the letting agency says the inspection is on Friday", "got an email about the lease renewal")},
+    {"topic": "the garden", "named": ("first tomatoes from the garden", "the garden fence blew over"),
+     "described": ("planted garlic in the raised beds", "slugs ate all the lettuce overnight",
+                   "spent an hour weeding the vegetable patch", "the apple tree out back is finally blossoming")},
+    {"topic": "my brother", "named": ("my brother called about the holidays", "my brother got a promotion"),
+     "described": ("helped my little bro move a sofa", "Jamie is visiting next month, can't wait to see him",
+                   "argued with Jamie about football again", "my sibling sent photos of his new flat")},
+    {"topic": "the night shifts", "named": ("on night shifts again this week", "covered a night shift for a colleague"),
+     "described": ("working till 6am again, the rota is brutal", "slept through the afternoon after work",
+                   "last overnight rotation of the month, finally", "the ward was quiet at 3am for once")},
 )
 RECURRING_ASK = ("list every time I mentioned {t}", "when did I talk about {t}?",
                  "how many times have I brought up {t}, and when?", "go through each time I mentioned {t}",
-                 "what have I said about {t} over time?")
+                 "what have I said about {t} over time?", "give me a timeline of everything I told you about {t}")
+# The familiar asking after an ordering topic (after the person brought it up): not the person's mention.
+ORDER_ECHO = ("Did you sort out {t} in the end?", "Any news about {t}?", "Fingers crossed for {t}.",
+              "How did things go with {t}?", "Is {t} still on your mind?")
+ECHO_REPLIES = ("not much to report", "all fine", "same as ever", "later maybe", "eh, no change", "let's not")
 # The familiar mentioning a recurring topic: not the person's own mention.
-RECURRING_ECHO = ("By the way, how is {t} these days?", "I was wondering about {t}, anything new?",
-                  "Last time you sounded unsure about {t}.")
+RECURRING_ECHO = ("By the way, how are things with {t} these days?", "I was wondering about {t}, anything new?",
+                  "Last time you sounded unsure about {t}.", "Do you want to talk about {t}?",
+                  "I remember you mentioned {t} a while back.")
 
 # --------------------------------------------------------------------------- the person
 
@@ -552,8 +572,8 @@ PEOPLE: tuple[tuple[str, str], ...] = (
     ("Josephine", "Jo"), ("Nathaniel", "Nat"), ("Gabriela", "Gabi"), ("Frederick", "Fred"),
 )
 EXES = ("Daniel", "Chloe", "Marco", "Hannah", "Oskar", "Yasmin", "Lucas", "Petra")
-ASK_WRAP = ("{q}", "{q}", "quick question: {q}", "sorry, remind me: {q}", "hey, {q}", "{q} I forgot")
-TASK_WRAP = ("{q}", "{q}", "ok, new thing: {q}", "{q} thanks", "random one, {q}")
+ASK_WRAP = ("{q}", "{q}", "quick question: {q}", "sorry, I forgot: {q}", "hey, {q}", "{q} I blanked on it")
+TASK_WRAP = ("{q}", "{q}", "ok, new thing: {q}", "{q} Thanks!", "random one, {q}")
 
 
 # --------------------------------------------------------------------------- generation
@@ -678,24 +698,32 @@ def generate_chat(seed: int, index: int, *, sessions: int = 30, turns_per_sessio
         question = rng.choice(ORDER_ASK).format(a=shown[0], b=shown[1], c=shown[2])
         plan = _Plan(pid, "ordering", question[:1].upper() + question[1:], " / ".join(named),
                      answer=", ".join(named))
-        for session, (_, mention) in zip(_ordinal_sessions(rng, 1, last - 1, 3, gap=max(2, last // 5)), trio):
-            text = fill(rng.choice(ORDER_MENTION), rng, t=mention, d=rng.choice(ORDER_DETAIL))
+        for session, (label, refs) in zip(_ordinal_sessions(rng, 1, last - 2, 3, gap=max(2, last // 5)), trio):
+            text = fill(rng.choice(ORDER_MENTION), rng, t=rng.choice(refs), d=rng.choice(ORDER_DETAIL))
             plan.blocks.append((session, _Block([("user", text, "ordering"), ("assistant", rng.choice(ACKS), "filler")],
                                                 {0: (pid, "statement")})))
+            # Later, the familiar asks after it in the question's own words: not the person bringing it up.
+            yours = re.sub(r"^my ", "your ", label)
+            for echo_text in rng.sample(ORDER_ECHO, 2):
+                echo = _Block([("assistant", echo_text.format(t=yours), "distractor"),
+                               ("user", rng.choice(ECHO_REPLIES), "filler")], {0: (pid, "distractor")})
+                plan.blocks.append((rng.randint(session + 1, last - 1), echo))
         plans.append(plan)
     for item in rng.sample(RECURRING, recurring):
         pid = probe_id("ordering")
-        times = rng.randint(4, min(6, len(item["say"])))
+        said = [*rng.sample(item["named"], rng.randint(0, 1)), *rng.sample(item["described"], 4)]
+        rng.shuffle(said)
         question = rng.choice(RECURRING_ASK).format(t=item["topic"])
         plan = _Plan(pid, "ordering", question[:1].upper() + question[1:], item["topic"])
-        for session, text in zip(_ordinal_sessions(rng, 1, last - 1, times, gap=max(1, last // 8)),
-                                 rng.sample(item["say"], times)):
+        for session, text in zip(_ordinal_sessions(rng, 1, last - 1, len(said), gap=max(1, last // 8)), said):
             plan.blocks.append((session, _Block([("user", text[:1].upper() + text[1:], "ordering"),
                                                  ("assistant", rng.choice(ACKS), "filler")], {0: (pid, "statement")})))
         yours = re.sub(r"^my ", "your ", item["topic"])
-        echo = _Block([("assistant", rng.choice(RECURRING_ECHO).format(t=yours), "distractor"),
-                       ("user", "not much to report", "filler")], {0: (pid, "distractor")})
-        plan.blocks.append((rng.randint(1, last - 1), echo))
+        opening = plan.blocks[0][0]
+        for echo_text in rng.sample(RECURRING_ECHO, 3):
+            echo = _Block([("assistant", echo_text.format(t=yours), "distractor"),
+                           ("user", rng.choice(ECHO_REPLIES), "filler")], {0: (pid, "distractor")})
+            plan.blocks.append((rng.randint(min(opening + 1, last - 1), last - 1), echo))
         plans.append(plan)
 
     # Lay the sessions out: an opener, the planted blocks among filler exchanges, sometimes a closer.
