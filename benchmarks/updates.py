@@ -16,7 +16,7 @@ whole prompt, and for updates whether the newest statement ranks above every old
 then, as the last line, one JSON object with `newest_above_older`, `wishes_in_prompt` and
 `ordering_any@10` (percentages), per-kind n / any@10 / rendered, the seed and the seconds.
 
-    uv run python benchmarks/updates.py [--seed 33] [--chats 8] [--quick] [--out DIR]
+    uv run python benchmarks/updates.py [--seed 33] [--chats 4] [--quick] [--out DIR]
     uv run python benchmarks/updates.py --workdir DIR [--reuse]   # keep the familiars; --reuse: score only
 """
 
@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=33, help="generator seed (default 33)")
-    parser.add_argument("--chats", type=int, default=None, help="how many chats (default 8; 2 with --quick)")
+    parser.add_argument("--chats", type=int, default=None,
+                        help="how many chats (default 4, ~790 turns each; 2 small ones with --quick)")
     parser.add_argument("--quick", action="store_true", help="small chats, fewer questions: a smoke run for tests")
     parser.add_argument("--embedder", choices=("fastembed", "hash", "off"), default="fastembed",
                         help="fastembed: the local MiniLM (default, what the figures use); hash: a quick stand-in")
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                              "and config (no re-embedding; new projections still catch up): for tuning retrieval")
     parser.add_argument("--out", default=None, help="write updates.json (every record) and updates.md here")
     args = parser.parse_args(argv)
-    chats = args.chats if args.chats is not None else (2 if args.quick else 8)
+    chats = args.chats if args.chats is not None else (2 if args.quick else 4)
     if chats < 1:
         parser.error("--chats must be at least 1")
     if args.reuse and not args.workdir:

@@ -35,12 +35,12 @@ def test_the_generator_is_deterministic_from_its_seed():
 
 @pytest.mark.parametrize("seed", [33, 1, 2024])
 def test_every_chat_is_valid_and_plants_every_kind(seed):
-    chats = gen.generate(seed, 8)
+    chats = gen.generate(seed, 4)
     for chat in chats:
         assert gen.problems(chat) == [], chat.id
         kinds = {p.kind for p in chat.probes}
         assert kinds == set(gen.KINDS)
-        assert 300 <= len(chat.turns) <= 500 and chat.sessions >= 25
+        assert 650 <= len(chat.turns) <= 900 and chat.sessions >= 50
         roles = {t.role for t in chat.turns}
         assert roles == {"user", "assistant"}
         sessions_days = {t.at.date() for t in chat.turns}
@@ -50,7 +50,7 @@ def test_every_chat_is_valid_and_plants_every_kind(seed):
 
 
 def test_evidence_exists_is_the_persons_own_and_distractors_never_count():
-    for chat in gen.generate(33, 8):
+    for chat in gen.generate(33, 4):
         by_id = {t.dia_id: t for t in chat.turns}
         distractors = {d for p in chat.probes for d in p.distractors}
         assert distractors, "look-alikes are planted"
@@ -76,7 +76,7 @@ def test_evidence_exists_is_the_persons_own_and_distractors_never_count():
 
 def test_standing_wishes_are_said_before_the_recent_history_window():
     """At the default size a wish is older than the last 240 turns: the 200-turn history does not show it."""
-    for chat in gen.generate(33, 8):
+    for chat in gen.generate(33, 4):
         position = {t.dia_id: i for i, t in enumerate(chat.turns)}
         for probe in chat.probes:
             if probe.kind in ("wish", "preference"):
@@ -92,7 +92,7 @@ def test_the_banks_are_varied():
                  [s for w in gen.PREFERENCES for s in w["ask"]], gen.ORDER_ASK + gen.RECURRING_ASK,
                  gen.WISH_DISTRACTORS, gen.FILLER):
         assert len(set(bank)) >= 10
-    assert gen.vocabulary(gen.generate(33, 8)) > 800
+    assert gen.vocabulary(gen.generate(33, 4)) > 800
 
 
 def test_newest_above_older_counts_a_missing_turn_as_infinitely_far():

@@ -211,6 +211,21 @@ FILLER: tuple[tuple[str, str], ...] = (
     ("what should I listen to on a long drive", "Audiobooks or a long podcast series work well for drives."),
     ("it snowed a tiny bit and everyone lost their minds", "A little snow does that to people."),
     ("organised my desk drawer, found four pens that work", "Four is a good haul."),
+    ("the library had a book sale, came home with {count_small} paperbacks", "A dangerous place to wander into."),
+    ("my {device} finally died, time to shop around", "Sorry to hear it. Anything you liked about the old one?"),
+    ("caught the end of {sport} at the pub", "Was the atmosphere good?"),
+    ("we had a power cut for an hour, read by candlelight", "That sounds oddly cosy."),
+    ("the farmers market had the best strawberries today", "Nothing beats them in season."),
+    ("tried {hobby} for the first time, I'm terrible at it", "Everyone starts there, it's part of the fun."),
+    ("my friend {friend} is learning to drive, I'm the passenger of doom", "Brave of you. How is it going?"),
+    ("there's a jazz night at {place} on {weekday}", "Could be a nice evening out."),
+    ("cooked too much rice again, fried rice tomorrow I guess", "Day-old rice makes the best fried rice."),
+    ("the heating made a clanking sound all night", "Maybe bleed the radiators if it keeps happening."),
+    ("watched the clouds from {place} for a while, very calming", "Sometimes that's exactly what you need."),
+    ("found a great secondhand shop near {place}", "Treasure hunting is the best."),
+    ("accidentally left my umbrella on the tram", "The umbrella graveyard claims another."),
+    ("the {weather} kept everyone indoors today", "A good excuse for a slow day."),
+    ("my grandmother sent a postcard from her holiday", "That's lovely, where is she?"),
 )
 OPENERS: tuple[tuple[str, str], ...] = (
     ("morning!", "Good morning! How are you doing?"), ("hey, I'm back", "Welcome back! What's new?"),
@@ -612,8 +627,8 @@ def _wrap(template: Sequence[str], rng: random.Random, q: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def generate_chat(seed: int, index: int, *, sessions: int = 30, turns_per_session: tuple[int, int] = (10, 14),
-                  updates: int = 6, wishes: int = 4, preferences: int = 4, orders: int = 2, recurring: int = 2,
+def generate_chat(seed: int, index: int, *, sessions: int = 60, turns_per_session: tuple[int, int] = (10, 14),
+                  updates: int = 12, wishes: int = 8, preferences: int = 8, orders: int = 4, recurring: int = 4,
                   quiet_tail_turns: int = 240, start: datetime | None = None) -> Chat:
     """One scripted chat. Wishes and preferences are said before the last ``quiet_tail_turns`` turns (so
     a 200-turn recent history window does not hold them when the questions are asked); updates,
@@ -636,9 +651,15 @@ def generate_chat(seed: int, index: int, *, sessions: int = 30, turns_per_sessio
         return f"{chat_id}:{kind}:{next(counter)}"
 
     # updates: a statement, then one or two later updates in other words, and a look-alike about someone else
-    scenarios = rng.sample(UPDATE_SCENARIOS, min(updates, len(UPDATE_SCENARIOS)))
-    for sc in scenarios:
-        subject, alias = rng.choice(sc["subjects"])
+    # One subject of each scenario in turn (a second date, a second count... once every scenario has one).
+    order = rng.sample(UPDATE_SCENARIOS, len(UPDATE_SCENARIOS))
+    unused = {sc["name"]: rng.sample(list(sc["subjects"]), len(sc["subjects"])) for sc in order}
+    picked: list[tuple[dict[str, Any], tuple[str, str]]] = []
+    while len(picked) < updates and any(unused.values()):
+        for sc in order:
+            if len(picked) < updates and unused[sc["name"]]:
+                picked.append((sc, unused[sc["name"]].pop()))
+    for sc, (subject, alias) in picked:
         pool = sc.get("values_by_subject", {}).get(subject) or sc["values"]
         times = 3 if rng.random() < 0.35 else 2
         values = rng.sample(list(pool), times + 1)
@@ -789,7 +810,7 @@ def generate_chat(seed: int, index: int, *, sessions: int = 30, turns_per_sessio
     return Chat(chat_id, key, name, turns, probes, asked_at=clock + timedelta(hours=2))
 
 
-def generate(seed: int = 33, chats: int = 8, **options: Any) -> list[Chat]:
+def generate(seed: int = 33, chats: int = 4, **options: Any) -> list[Chat]:
     """``chats`` scripted chats, deterministic from ``seed``."""
     return [generate_chat(seed, i, **options) for i in range(chats)]
 
