@@ -272,3 +272,14 @@ def test_memory_lists_the_current_wishes_here_and_the_export_every_one(world):
         assert "Keep answers short" not in str(export), "the DM's wish is not listed in the server"
     finally:
         memory.close()
+
+
+def test_forgetting_a_person_removes_their_wishes_in_that_scope_only(world):
+    keep(world, [world.say("Call me Sam."), world.say("Call me Cassie.", channel=DM, guild=None),
+                 world.say("Call me Bo.", BO)])
+    spec = registry.get_projector("standing_wish")
+    rested = spec.forget_person(world.store, CASS[0], "guild:1")
+    assert rested and sorted((x.person_key, x.scope) for x in wishes_db.all_wishes(world.store)) == [
+        (CASS[0], "channel:30"), (BO[0], "guild:1")]
+    spec.forget_person(world.store, CASS[0], None)
+    assert [x.person_key for x in wishes_db.all_wishes(world.store)] == [BO[0]]
