@@ -59,6 +59,9 @@ NOT_WISHES = [
     "Keep the answer short this time.",  # this once
     "Explain how the parser works.",  # a task
     "I prefer.",  # nothing preferred
+    "Never give up!",  # encouragement (LoCoMo)
+    "Always here to help.",  # no verb: a statement (LoCoMo)
+    "Keep going and never give up!",  # encouragement (LoCoMo)
 ]
 
 

@@ -121,9 +121,15 @@ _POLITE = re.compile(r"^" + _LEAD + r"(?:can|could|would|will) you(?: please| ki
 _NOT_IMPERATIVE = re.compile(
     r"^(?:mind|again|before|ever|once|really|been|was|were|had|did|said|got|went|came|made|took|thought|knew|"
     r"felt|told|saw|gave|found|left|kept|let|bought|brought|[a-z]+ed|[a-z]+ing|[a-z]+s)$", re.I)
-# "never mind", "always fun", "never again", "always a pleasure": not wishes.
-_IDLE = re.compile(r"^(?:never mind|nevermind|always (?:a|the|fun|good|happy|glad|nice|great)|never again|"
-                   r"never (?:a|the|fun|good|happy|glad|nice|great)|stop it|stop that)\b", re.I)
+# "never mind", "always fun", "never give up", "keep going": idioms and encouragement, not wishes.
+_IDLE = re.compile(r"^(?:never mind|nevermind|never again|stop it|stop that|"
+                   r"(?:always|never) (?:a|an|the|fun|good|happy|glad|nice|great|here|there|been|so|too|very|"
+                   r"really|my|your|his|her|our|their|in|on|at|for|with|gonna|going|ready|down|up|around|"
+                   r"together|forget|give up|stop (?:believing|dreaming|trying|learning|smiling))|"
+                   r"keep (?:going|it up|up the good work|the good work|pushing|smiling|shining|rocking|trying|"
+                   r"dreaming|at it|on)|don'?t give up)\b", re.I)
+_NO_VERB = {"here", "there", "been", "so", "too", "very", "really", "the", "a", "an", "my", "your", "in", "on",
+            "at", "for", "with", "gonna", "ready", "together", "around", "up", "down"}
 
 
 # --------------------------------------------------------------------------- points
@@ -201,6 +207,9 @@ def sentence_wish(sentence: str, limit: int = MAX_CHARS) -> Wish | None:
     if not s or _IDLE.match(s):
         return None
     strong = _STRONG.match(s)
+    if strong is not None and strong.group("verb") and (
+            strong.group("verb").lower() in _NO_VERB or _IDLE.match(s[strong.start("cue"):])):
+        strong = None  # "Always here to help.", "Keep going and never give up!"
     if strong is not None:
         verb = strong.group("verb")
         if verb is not None and _NOT_IMPERATIVE.match(verb) and verb.lower() not in _BASE_VERBS:
