@@ -15,6 +15,9 @@ anywhere), and each part is read with the code the prompt layers read it with:
   person, kept when :func:`~familiar_bot.prompt.scoping.visible_fact_ids` keeps them, each with
   links to the messages it came from;
 * the person's dossier: :func:`~familiar_bot.prompt.layers.people_dossier.visible_dossiers`;
+* their standing wishes ("call me Sam", "keep answers short"): the current ones of those scopes,
+  read as the ``standing_wishes`` layer reads them (``wishes.tables.wishes_of``), each with a link
+  to the message that said it;
 * how many of their own messages are remembered: their live user turns that
   :func:`~familiar_pipeline.storage.scopes.turn_visible` admits here.
 
@@ -23,7 +26,8 @@ operator joined them. Memory is read from the published snapshot the bot already
 ``memory.duckdb``.
 
 **The export** holds the person's own live turns in those scopes (never anyone else's words),
-every fact about them held there (retired ones too: they are still held), and their dossiers.
+every fact about them held there (retired ones too: they are still held), their dossiers, and
+every wish of theirs held there (retired ones too).
 
 **Forgetting** goes through ``TurnLog.request_erasure``: the turns are tombstoned at once and
 the pipeline follows the deletions through every projection, then purges the text. A person may
@@ -46,6 +50,7 @@ import pyarrow.compute as pc
 
 from familiar_pipeline.projectors.facts.reads import current_facts, facts_by_ids
 from familiar_pipeline.projectors.facts.tables import Fact, FactView
+from familiar_pipeline.projectors.wishes.tables import CURRENT, StandingWish, WishView, wishes_of
 from familiar_pipeline.storage.scopes import PERSON, turn_visible
 from familiar_pipeline.storage.snapshots import where
 from familiar_pipeline.storage.turns import (
@@ -137,6 +142,19 @@ class HeldFact:
 
 
 @dataclass(frozen=True)
+class HeldWish:
+    wish: StandingWish
+    sources: tuple[Source, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        w = self.wish
+        return {"id": w.id, "text": w.text, "point": w.point, "scope": w.scope, "said_at": _iso(w.valid_from),
+                "current": w.current, "retired_at": _iso(w.retired_at), "retired_by": w.retired_by,
+                "source_message_ids": [s.message_id for s in self.sources if s.message_id],
+                "source_turn_ids": list(w.source_turn_ids)}
+
+
+@dataclass(frozen=True)
 class Held:
     """What a reply said in one place may read about one person."""
 
@@ -145,6 +163,7 @@ class Held:
     facts: tuple[HeldFact, ...]  # current, oldest first
     dossier: str  # the person's dossier of these scopes ("" when none)
     own_messages: int  # their own messages remembered here (not deleted)
+    wishes: tuple[HeldWish, ...] = ()  # their current standing wishes here, newest first
 
 
 def scopes_here(memory: MemoryView, channel_id: int, guild_id: int | None) -> tuple[str, ...]:
@@ -197,6 +216,27 @@ def facts_about(memory: MemoryView, person: str, visible: tuple[str, ...], *, cu
     return held
 
 
+def _sources(turn_log: TurnLog, turn_ids: list[int]) -> dict[int, Source]:
+    """Each turn's message, as a person may follow it (a deleted or missing one says so)."""
+    turns = {t.id: t for t in turn_log.turns_by_ids(turn_ids)}
+    out = {}
+    for turn_id in turn_ids:
+        turn = turns.get(turn_id)
+        out[turn_id] = (Source(turn_id, None, None, deleted=True) if turn is None else
+                        Source(turn_id, turn.platform_message_id, None if turn.deleted else message_link(turn),
+                               deleted=turn.deleted))
+    return out
+
+
+def wishes_here(memory: MemoryView, person: str, visible: tuple[str, ...], *,
+                view: WishView = CURRENT) -> list[HeldWish]:
+    """The person's standing wishes in ``visible`` (the current ones unless ``view`` says every row),
+    newest first, with the messages that said them."""
+    rows = wishes_of(memory.snapshot, person, visible, view)
+    sources = _sources(memory.turn_log, sorted({t for w in rows for t in w.source_turn_ids}))
+    return [HeldWish(w, tuple(sources[t] for t in w.source_turn_ids)) for w in rows]
+
+
 def _dossiers(memory: MemoryView, person: str, visible: tuple[str, ...]) -> str:
     try:
         texts, _excluded = visible_dossiers(memory.snapshot, [person], visible)
@@ -217,7 +257,8 @@ def held_about(memory: MemoryView, person: str, channel_id: int, guild_id: int |
     visible = scopes_here(view, channel_id, guild_id)
     return Held(person=person, scopes=visible, facts=tuple(facts_about(view, person, visible)),
                 dossier=_dossiers(view, person, visible),
-                own_messages=len(own_turns(view.turn_log, person, visible)))
+                own_messages=len(own_turns(view.turn_log, person, visible)),
+                wishes=tuple(wishes_here(view, person, visible)))
 
 
 def export_about(memory: MemoryView, person: str, channel_id: int, guild_id: int | None,
@@ -232,7 +273,8 @@ def export_about(memory: MemoryView, person: str, channel_id: int, guild_id: int
     facts = [f.as_json() for f in facts_about(view, person, visible, current_only=False, now=now)]
     return {"familiar": view.config.familiar_id, "person": person, "scopes": list(visible),
             "exported_at": _iso(now), "turns": turns, "facts": facts,
-            "dossier": _dossiers(view, person, visible) or None}
+            "dossier": _dossiers(view, person, visible) or None,
+            "wishes": [w.as_json() for w in wishes_here(view, person, visible, view=WishView(include_retired=True))]}
 
 
 def export_json(export: dict[str, Any]) -> str:
@@ -252,6 +294,9 @@ def render_held(held: Held, *, limit: int | None = None, export_hint: str = "/me
     if held.dossier:
         text = one_line(held.dossier)
         head.append("My notes on you: " + (text if len(text) <= DOSSIER_CHARS else text[:DOSSIER_CHARS - 1] + "…"))
+    if held.wishes:
+        head.append(f"What you asked me to keep doing ({len(held.wishes)}):")
+        head += [f"- {one_line(w.wish.text)} [{' '.join(s.render() for s in w.sources)}]" for w in held.wishes]
     if not held.facts:
         head.append("Facts about you: none.")
         return "\n".join(head)

@@ -115,7 +115,7 @@ def test_default_order_and_composition(world):
     world.sync()
     prompt = world.assembler().assemble(ctx("berlin"))
     assert [s.name for s in prompt.sections] == [
-        "character_card", "operating_mode", "lorebook", "conversation_summary",
+        "character_card", "operating_mode", "standing_wishes", "lorebook", "conversation_summary",
         "reflection", "people_dossier", "rag_context", "recent_history"]
     assert prompt.system_prompt.startswith("You are Fam.\n\nYou are chatting in a text channel.")
     assert "## Conversation so far\n\nThey talked about Berlin." in prompt.system_prompt
@@ -157,10 +157,10 @@ def test_identical_keys_reuse_builds_and_changes_rebuild(world):
 def test_cache_is_a_bounded_lru(world):
     world.say("strawberry talk")
     world.sync()
-    assembler = world.assembler(cache_size=10)  # 6 stable sections + the 4 newest cues
+    assembler = world.assembler(cache_size=11)  # 7 stable sections + the 4 newest cues
     for i in range(20):
         assembler.assemble(ctx(f"cue number {i}"))
-    assert assembler.cache_len() == 10
+    assert assembler.cache_len() == 11
     assert section(assembler.assemble(ctx("cue number 19")), "rag_context").cached
     assert section(assembler.assemble(ctx("cue number 16")), "rag_context").cached
     assert not section(assembler.assemble(ctx("cue number 0")), "rag_context").cached
@@ -183,7 +183,7 @@ def test_channel_prompt_layers_reorder_and_disable(world):
         assert "strawberry number 2" not in prompt.system_prompt
         assert prompt.system_prompt.index("## Possibly relevant") < prompt.system_prompt.index("You are chatting")
         # Other channels keep the default stack.
-        assert len(w.assembler().assemble(ctx("x", channel=10)).sections) == 8
+        assert len(w.assembler().assemble(ctx("x", channel=10)).sections) == 9
     finally:
         w.close()
 
@@ -234,7 +234,7 @@ def test_render_sections_shows_every_section_with_tokens_and_ranking(world):
     for s in prompt.sections:
         assert f"=== {s.name}: {s.tokens} tokens" in report
     assert "(empty)" in report  # e.g. the lorebook
-    assert re.search(r"=== total: \d+ tokens over 8 sections ===", report)
+    assert re.search(r"=== total: \d+ tokens over 9 sections ===", report)
     assert "fact ranking" in report and "Bo has a cat called Pixel" in report
     assert prompt.debug["rag"]["facts"][0]["selected"] is True
 

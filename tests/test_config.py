@@ -65,7 +65,8 @@ def test_defaults_are_the_documented_values(tmp_path):
     assert dataclasses.asdict(cfg.pipeline) == {
         "sensor_interval_s": 5, "max_familiars_per_tick": 100, "max_batches_per_run": 20, "index_quiet_s": 30}
     mem = cfg.memory
-    assert mem.projectors == ("rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection")
+    assert mem.projectors == ("rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection",
+                             "standing_wish")
     assert mem.projectors == DEFAULT_PROJECTORS
     assert (mem.rolling_summary.turns_threshold, mem.rolling_summary.backfill_cap) == (20, 200)
     assert (mem.rich_note.batch_size, mem.rich_note.participants_max) == (20, 30)
@@ -102,8 +103,8 @@ def test_budget_defaults_per_tier(tmp_path):
     assert (voice.recent_history_tokens, voice.rag_tokens, voice.max_rag_facts, voice.max_lorebook_entries) == (3000, 900, 6, 12)
     assert (text.recent_history_tokens, text.dossier_tokens, text.max_history_turns, text.max_dossier_people) == (8000, 2400, 400, 24)
     assert (background.recent_history_tokens, background.max_rag_turns, background.max_reflections) == (24000, 24, 16)
-    # The total is the sum of the six section caps, never a separate number that could disagree.
-    assert (voice.total_tokens, text.total_tokens, background.total_tokens) == (6600, 17600, 52000)
+    # The total is the sum of the seven section caps, never a separate number that could disagree.
+    assert (voice.total_tokens, text.total_tokens, background.total_tokens) == (6720, 17720, 52120)
     assert TierBudget() == voice
     with pytest.raises(ConfigError, match="unknown budget tier 'loud'; valid tiers: background, text, voice"):
         cfg.budget_for("loud")
@@ -386,7 +387,7 @@ def test_non_utf8_file(tmp_path):
     # layers and channels
     ('[channels."5"]\nprompt_layers = ["character_card", "memes"]',
      "[channels.5].prompt_layers = [\"character_card\", \"memes\"] is invalid: unknown name 'memes'; "
-     "valid: character_card, operating_mode, lorebook, conversation_summary, reflection, "
+     "valid: character_card, operating_mode, standing_wishes, lorebook, conversation_summary, reflection, "
      "people_dossier, rag_context, recent_history"),
     ('[channels."5"]\nprompt_layers = ["lorebook", "lorebook"]', "'lorebook' listed more than once"),
     ('[channels."5"]\nmessage_rendering = "fancy"',
@@ -471,7 +472,7 @@ def test_a_failed_load_changes_no_file(tmp_path):
 def test_registry_builtins_and_registration():
     assert registry.known_projectors() == (
         "fact_embedding", "fact_supersede", "people_dossier", "reflection", "rich_note", "rolling_summary",
-        "turn_embedding", "turn_window_embedding")
+        "standing_wish", "turn_embedding", "turn_window_embedding")
     assert registry.get_projector("fact_embedding").needs_llm is False
     assert registry.get_projector("rich_note").needs_llm is True
     with pytest.raises(registry.UnknownProjectorError, match="unknown memory projector 'nope'; valid: fact_embedding"):

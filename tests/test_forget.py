@@ -376,3 +376,35 @@ def test_a_log_file_is_scrubbed_in_place_so_its_writer_keeps_writing_to_it(tmp_p
         assert scrub_text_file(log, Scrubber({"zqxsecret"})) == 1
         writer.write(b"INFO after\n")
     assert log.read_text() == "INFO start\nWARNING said [erased] here\nINFO after\n"
+
+
+def test_a_forgotten_wish_leaves_no_marker_and_the_older_wish_is_current_again(tmp_path, fake_llm):
+    """A standing wish holding a marker (issue 33): forgetting its message removes the wish through its
+    provenance and the purge leaves its words nowhere; the wish it had retired is current again."""
+    root = tmp_path / "data"
+    paths = make_familiar(root, extra_toml=GRAPH_TOML.replace('"fact_embedding"]', '"fact_embedding", "standing_wish"]'))
+    with TurnLog(paths.turns_db) as log:
+        for key, name in PEOPLE:
+            log.upsert_participant(key, username=name.lower(), global_name=name)
+        for i in range(1, 21):
+            who = PEOPLE[1 + i % 2]
+            log.append_turn(channel_id=CHANNEL, guild_id=GUILD, role="user", author_key=who[0], author_display=who[1],
+                            content=line(i, who), created_at=BASE + timedelta(minutes=i), platform_message_id=1000 + i)
+        for i, text in ((21, "From now on call me Cassie."), (22, "Actually, call me zqxwishname from now on.")):
+            log.append_turn(channel_id=CHANNEL, guild_id=GUILD, role="user", author_key=CASS[0],
+                            author_display=CASS[1], content=text, created_at=BASE + timedelta(minutes=i),
+                            platform_message_id=1000 + i)
+    with dg.instance_for_test() as instance:
+        home = Path(instance.root_directory)
+        tick = sensor_driver(instance, root, start=BASE.timestamp() + 10_000)
+        with ProjectionStore(paths.memory_db, read_only=True) as store:
+            held = store.sql("SELECT text, retired_at IS NULL FROM wishes ORDER BY id").fetchall()
+        assert held == [("From now on call me Cassie.", False), ("Actually, call me zqxwishname from now on.", True)]
+        assert scan(root, home), "the marker is held before"
+        with TurnLog(paths.turns_db) as log:
+            log.request_erasure(kind="message", target="1022", requested_by=CASS[0])
+        assert "wishes" in tick()
+        assert scan(root, home) == {}
+        with ProjectionStore(paths.memory_db, read_only=True) as store:
+            held = store.sql("SELECT text, retired_at IS NULL FROM wishes ORDER BY id").fetchall()
+        assert held == [("From now on call me Cassie.", True)]

@@ -24,7 +24,7 @@ SPECS = registry.specs()
 def test_the_builtins_are_the_registered_specs():
     assert [s.name for s in SPECS] == list(registry.BUILTIN_PROJECTORS)
     assert registry.BUILTIN_PROJECTORS == (
-        "turns_fts", "rolling_summary", "rich_note", "fact_embedding", "fact_supersede", "people_dossier",
+        "turns_fts", "standing_wish", "rolling_summary", "rich_note", "fact_embedding", "fact_supersede", "people_dossier",
         "reflection", "turn_embedding", "turn_window_embedding")
 
 

@@ -44,7 +44,7 @@ def test_prompt_shows_every_section_with_tokens_and_writes_nothing(root, capsys)
     assert code == 0, err
     headers = [line for line in out.splitlines() if line.startswith("=== ")]
     names = [h.split(":")[0].removeprefix("=== ") for h in headers]
-    assert names == ["character_card", "operating_mode", "lorebook", "conversation_summary", "reflection",
+    assert names == ["character_card", "operating_mode", "standing_wishes", "lorebook", "conversation_summary", "reflection",
                      "people_dossier", "rag_context", "recent_history", "total", "scopes"]
     assert all(" tokens" in h for h in headers[:-1])
     assert "You are Fam, a fox spirit." in out

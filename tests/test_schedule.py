@@ -127,7 +127,7 @@ def test_blocked_followers_are_held_for_that_familiar_only_across_its_passes():
         order.done(visit, published=True)
     assert order.blocked["a"] == {a: "blocked: facts failed for this familiar (ValueError)"
                                   for a in ("fact_embeddings", *FACT_DRIVEN)}, "the first reason stays"
-    assert second_pass["a"] == ["turns_fts", "rolling_summary", "turn_embeddings", "turn_window_embeddings"]
+    assert second_pass["a"] == ["turns_fts", "wishes", "rolling_summary", "turn_embeddings", "turn_window_embeddings"]
     assert second_pass["b"] == [a for a in ASSETS if a != "facts"]
 
 
@@ -187,11 +187,11 @@ def state(latest: int, *, marks: dict | None = None, index_at: int | None = None
 def test_a_full_batch_is_due_with_the_fact_driven_followers_and_the_index(config):
     assert due_assets(config, state(9)) == []
     assert due_assets(config, state(10, marks={"rolling_summary": 10})) == ["facts", *FACT_DRIVEN]
-    assert due_assets(config, state(10, index_at=0)) == ["turns_fts", "rolling_summary", "facts", *FACT_DRIVEN]
+    assert due_assets(config, state(10, index_at=0)) == ["turns_fts", "wishes", "rolling_summary", "facts", *FACT_DRIVEN]
 
 
 def test_only_the_summary_due_does_not_drag_the_followers(config):
-    assert due_assets(config, state(10, marks={"rich_note": 5}, index_at=0)) == ["turns_fts", "rolling_summary"]
+    assert due_assets(config, state(10, marks={"rich_note": 5}, index_at=0)) == ["turns_fts", "wishes", "rolling_summary"]
 
 
 def test_a_batch_a_quiet_gap_closed_is_due_short_of_its_size(config):
@@ -214,7 +214,7 @@ def test_read_state_sees_a_short_batch_closed_by_a_quiet_gap(tmp_path, config):
 def test_the_index_alone_waits_for_index_quiet_s(config):
     assert config.pipeline.index_quiet_s == 30
     assert due_assets(config, state(3, index_at=0, age_s=5, marks={"rolling_summary": 3})) == []
-    assert due_assets(config, state(3, index_at=0, age_s=30, marks={"rolling_summary": 3})) == ["turns_fts"]
+    assert due_assets(config, state(3, index_at=0, age_s=30, marks={"rolling_summary": 3})) == ["turns_fts", "wishes"]
     edited = FamiliarState(3, 2, 5.0, 1, {"turns_fts": {"turn_id": 3, "change_seq": 1}})
     assert due_assets(config, edited) == [], "an edit is index work too, and waits the same"
 
@@ -254,7 +254,7 @@ def test_model_assets_are_held_once_told_there_is_no_model_until_the_config_chan
     assert held_for_no_model(bare, {}, "bare", model_assets) == frozenset(), "the first run says why it skips"
     told = {"bare": config_fingerprint(bare)}
     assert held_for_no_model(bare, told, "bare", model_assets) == model_assets
-    assert due_assets(bare, state(10, index_at=0), hold=model_assets) == ["turns_fts"]
+    assert due_assets(bare, state(10, index_at=0), hold=model_assets) == ["turns_fts", "wishes"]
     monkeypatch.setenv("FAMILIAR__PIPELINE__INDEX_QUIET_S", "7")
     assert held_for_no_model(load_config("bare", root=tmp_path), told, "bare", model_assets) == frozenset()
     make_familiar(tmp_path, "model")
@@ -298,7 +298,7 @@ def test_a_tick_plans_the_due_familiars_into_lanes_and_waits_while_a_run_is_queu
     plan = plan_tick({}, names, [], root=tmp_path, in_flight={}, max_requests=100, lanes=2)
     assert plan.new_partitions == names
     assert [list(run) for run in plan.runs] == [names[:MIN_FAMILIARS_PER_LANE], names[MIN_FAMILIARS_PER_LANE:-1]]
-    assert plan.runs[0]["f00"] == ["turns_fts", "rolling_summary", "facts", *FACT_DRIVEN]
+    assert plan.runs[0]["f00"] == ["turns_fts", "wishes", "rolling_summary", "facts", *FACT_DRIVEN]
     assert plan.cursor["f00"] == plan.states["f00"].signature()
     again = plan_tick(plan.cursor, names, names, root=tmp_path, in_flight={}, max_requests=100, lanes=2)
     assert again.runs == [], "nothing new since the cursor"
@@ -320,4 +320,4 @@ def test_a_tick_remembers_who_was_told_there_is_no_model(tmp_path):
     append_chat(paths, 10, start=10)
     second = plan_tick(first.cursor, ["bare"], ["bare"], root=tmp_path, in_flight={}, max_requests=5,
                        model_assets=model_assets)
-    assert second.runs == [{"bare": ["turns_fts"]}], "the model assets would only say 'skipped' again"
+    assert second.runs == [{"bare": ["turns_fts", "wishes"]}], "the model assets would only say 'skipped' again"

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Where a layer's debug block lands in ``AssembledPrompt.debug`` when not under its own name.
+DEBUG_KEYS = {"rag_context": "rag", "standing_wishes": "wishes"}
+
 __all__ = [
     "AssembledPrompt",
     "Assembler",
@@ -155,7 +158,7 @@ class Assembler:
             finally:
                 debug["timings_ms"][layer.name] = round((time.perf_counter() - t0) * 1000, 3)
             if layer_debug is not None:
-                debug["rag" if layer.name == "rag_context" else layer.name] = layer_debug
+                debug[DEBUG_KEYS.get(layer.name, layer.name)] = layer_debug
             if text:
                 texts.append(text)
             sections.append(Section(layer.name, text, estimate_tokens(text), cached))

@@ -119,7 +119,8 @@ def keep_ids(ids: np.ndarray | list[int], allowed: np.ndarray) -> np.ndarray:
     return allowed[at] == want
 
 
-SCOPED_SECTIONS = ("conversation_summary", "reflection", "people_dossier", "rag_context")
+SCOPED_SECTIONS = ("standing_wishes", "conversation_summary", "reflection", "people_dossier", "rag_context")
+_DEBUG_KEYS = {"rag_context": "rag", "standing_wishes": "wishes"}  # as `assembly.DEBUG_KEYS`
 
 
 def report(ctx: AssemblyContext, memory: MemoryView, debug: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +128,7 @@ def report(ctx: AssemblyContext, memory: MemoryView, debug: dict[str, Any]) -> d
     of other scopes were left out (counts only; ``rag_context`` as facts and turns)."""
     excluded: dict[str, int] = {}
     for name in SCOPED_SECTIONS:
-        found = debug.get("rag" if name == "rag_context" else name)
+        found = debug.get(_DEBUG_KEYS.get(name, name))
         if not isinstance(found, dict):
             continue
         if name == "rag_context":

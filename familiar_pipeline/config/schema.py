@@ -46,6 +46,7 @@ DEFAULT_FAMILIAR_ID = "familiar"
 LAYER_NAMES: tuple[str, ...] = (
     "character_card",
     "operating_mode",
+    "standing_wishes",
     "lorebook",
     "conversation_summary",
     "reflection",
@@ -93,6 +94,7 @@ DEFAULT_PROJECTORS: tuple[str, ...] = (
     "fact_supersede",
     "people_dossier",
     "reflection",
+    "standing_wish",
 )
 
 
@@ -301,12 +303,14 @@ class TierBudget:
     max_dossier_people: int = knob(16, minimum=1)
     max_reflections: int = knob(6, minimum=1)
     max_lorebook_entries: int = knob(12, minimum=1)
+    # The speaker's standing wishes (`standing_wishes` layer): small, it is in every reply.
+    wishes_tokens: int = knob(120, minimum=1)
 
     @property
     def total_tokens(self) -> int:
         """Sum of the section caps: a bound for reporting, not a cap of its own."""
         return (self.recent_history_tokens + self.rag_tokens + self.dossier_tokens
-                + self.summary_tokens + self.reflection_tokens + self.lorebook_tokens)
+                + self.summary_tokens + self.reflection_tokens + self.lorebook_tokens + self.wishes_tokens)
 
 
 DEFAULT_BUDGETS: Mapping[str, TierBudget] = FrozenDict({

@@ -36,6 +36,7 @@ from familiar_pipeline.projectors.supersede.spec import SPEC as SUPERSEDE
 from familiar_pipeline.projectors.turn_embeddings.spec import SPEC as TURN_EMBEDDINGS
 from familiar_pipeline.projectors.turn_windows.spec import SPEC as TURN_WINDOWS
 from familiar_pipeline.projectors.turns_index.spec import SPEC as TURNS_INDEX
+from familiar_pipeline.projectors.wishes.spec import SPEC as WISHES
 from familiar_pipeline.storage.paths import checked_name
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage import tables as tables_module
@@ -170,6 +171,7 @@ def tables() -> tuple[Table, ...]:
 # arrive batch by batch or all at once in a rebuild, so the two build the same rows.
 BUILTIN_SPECS: tuple[ProjectorSpec, ...] = (
     TURNS_INDEX,
+    WISHES,
     SUMMARY,
     FACTS,
     FACT_EMBEDDINGS,

@@ -12,13 +12,14 @@ from familiar_bot.prompt.layers.people_dossier import PeopleDossierLayer
 from familiar_bot.prompt.layers.rag_context import RagContextLayer
 from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
 from familiar_bot.prompt.layers.reflection import ReflectionLayer
+from familiar_bot.prompt.layers.standing_wishes import StandingWishesLayer
 from familiar_bot.prompt.types import Layer
 
 
 def default_layers() -> list[Layer]:
     """One instance of every layer, in ``config.LAYER_NAMES`` order (most stable first)."""
     layers: list[Layer] = [
-        CharacterCardLayer(), OperatingModeLayer(), LorebookLayer(), ConversationSummaryLayer(),
+        CharacterCardLayer(), OperatingModeLayer(), StandingWishesLayer(), LorebookLayer(), ConversationSummaryLayer(),
         ReflectionLayer(), PeopleDossierLayer(), RagContextLayer(), RecentHistoryLayer(),
     ]
     assert tuple(layer.name for layer in layers) == LAYER_NAMES, "default stack out of step with LAYER_NAMES"

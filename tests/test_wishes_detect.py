@@ -1,0 +1,121 @@
+"""The standing-wish detector (issue 33): what is pinned, on which point, and what never is.
+
+Every case is a real sentence through `detect`, the function the projector runs; the
+precision figure in the report is the share of these cases it gets right.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from familiar_pipeline.projectors.wishes.detect import detect, point_of, sentences, trimmed, unquoted
+
+# (message, the point it pins)
+WISHES = [
+    ("From now on keep answers short.", "length"),
+    ("Call me Sam.", "address"),
+    ("Actually, call me Sammy from now on.", "address"),
+    ("ok so my name is Jordan btw", "address"),
+    ("Stop calling me Sammy.", "address"),
+    ("Could you please call me Sam from now on?", "address"),
+    ("Never bring up my ex again.", "topic:ex"),
+    ("I'd rather not talk about work.", "topic:work"),
+    ("Please don't mention my weight anymore.", "topic:weight"),
+    ("I prefer step-by-step explanations.", "explain"),
+    ("Please don't use emojis.", "format:emoji"),
+    ("You can go into detail now.", "length"),
+    ("Always format code snippets with line numbers.", "format:code"),
+    ("Please reply in French from now on.", "language"),
+    ("I'd rather you didn't swear.", "tone"),
+    ("I want you to be blunt with me.", "tone"),
+    ("Stop apologizing so much.", "tone"),
+    ("I never want you to mention my brother.", "topic:brother"),
+    ("Going forward, use bullet points for lists of options.", "format:lists"),
+    ("Hey, when you explain code, always add comments.", "format:code"),
+    ("my pronouns are they/them", "pronouns"),
+    ("Keep it concise please.", "length"),
+]
+
+# Looks like a wish, is not one: each is its own reason (quoted, a question, someone else's words, the past).
+NOT_WISHES = [
+    'He said "always use tabs" and I laughed.',  # quoted
+    "She always says 'be nice to everyone'.",  # someone else's words, quoted too
+    "“Never bring up my ex” is what she told him.",  # typographic quotes
+    "> never bring up my ex",  # a quote line
+    "`always use tabs` is the linter rule",  # code
+    "Do you always use tabs?",  # a question
+    "What do you always say?",  # a question
+    "Can you show me the parser?",  # a task, not a standing wish
+    "She always says that.",  # someone else's words
+    "My boss never lets me leave early.",  # someone else
+    "He never calls me back.",  # someone else
+    "They always bring up politics at dinner.",  # someone else
+    "I always went there as a kid.",  # the past
+    "I never liked that place.",  # the past
+    "Always went there as a kid, loved it.",  # the past, subject dropped
+    "Never mind.",  # an idiom
+    "Never again!",  # an exclamation
+    "Don't worry about it.",  # a momentary request on no point
+    "Keep the answer short this time.",  # this once
+    "Explain how the parser works.",  # a task
+    "I prefer.",  # nothing preferred
+    "Never give up!",  # encouragement (LoCoMo)
+    "Always here to help.",  # no verb: a statement (LoCoMo)
+    "Keep going and never give up!",  # encouragement (LoCoMo)
+]
+
+
+@pytest.mark.parametrize("text,point", WISHES)
+def test_a_wish_is_pinned_on_its_point(text, point):
+    found = detect(text)
+    assert [w.point for w in found] == [point], found
+    assert found[0].text == text.strip()
+
+
+@pytest.mark.parametrize("text", NOT_WISHES)
+def test_quoted_questions_others_words_and_the_past_are_not_wishes(text):
+    assert detect(text) == []
+
+
+def test_precision_over_every_case():
+    """The figure the report gives: right answers over all cases (a wish on its point, a non-wish empty)."""
+    right = sum([w.point for w in detect(t)] == [p] for t, p in WISHES) + sum(detect(t) == [] for t in NOT_WISHES)
+    assert right == len(WISHES) + len(NOT_WISHES)
+
+
+def test_a_quote_is_cut_out_but_the_rest_of_the_message_is_read():
+    text = 'My teacher said "always use tabs". Anyway, from now on keep answers short.'
+    assert "tabs" not in unquoted(text)
+    assert [(w.point, w.text) for w in detect(text)] == [("length", "Anyway, from now on keep answers short.")]
+    # an apostrophe inside a word is not a quote
+    assert [w.point for w in detect("Don't use emojis, I can't stand them.")] == ["format:emoji"]
+
+
+def test_one_wish_per_point_per_message_the_last_sentence_wins():
+    found = detect("Call me Sam. Actually no, call me Sammy. Never bring up my ex.")
+    assert [(w.point, w.text) for w in found] == [("address", "Actually no, call me Sammy."),
+                                                  ("topic:ex", "Never bring up my ex.")]
+
+
+def test_points_name_what_a_wish_is_about():
+    assert point_of("never bring up my ex-husband") == "topic:ex-husband"
+    assert point_of("don't talk about the divorce, please") == "topic:divorce"
+    assert point_of("keep replies brief") == "length"
+    assert point_of("answer in German") == "language"
+    assert point_of("hello there") is None
+    # a wish on no known point gets one from its own words: it retires only a wish worded alike
+    assert [w.point for w in detect("Always greet the cat first.")] == ["greeting"]
+    assert [w.point for w in detect("Always double-check the dates.")] == ["general:double-check dates"]
+
+
+def test_text_is_trimmed_at_a_word_and_sentences_split():
+    long = "From now on keep answers short " + "and sweet " * 40
+    [wish] = detect(long, limit=60)
+    assert len(wish.text) <= 60 and wish.text.endswith("…") and wish.text.startswith("From now on keep")
+    assert trimmed("a  b\n c") == "a b c"
+    assert sentences("One. Two? Three!\nFour") == ["One.", "Two?", "Three!", "Four"]
+
+
+def test_bad_input_gets_a_clear_error():
+    with pytest.raises(TypeError, match="takes a message's text"):
+        detect(None)  # type: ignore[arg-type]
