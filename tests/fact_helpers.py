@@ -24,7 +24,7 @@ backend = "hash"
 dim = 64
 
 [providers.memory]
-projectors = ["rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection", "fact_embedding"]
+projectors = ["rolling_summary", "rich_note", "fact_supersede", "people_dossier", "reflection", "standing_wish", "fact_embedding"]
 """
 GRAPH_TOML = '[llm.background]\nmodel = "fake/careful"\n' + GRAPH_MEMORY_TOML
 

@@ -295,8 +295,8 @@ def test_a_run_over_many_familiars_publishes_every_familiars_facts_before_any_fo
     assert all(e.passed for e in result.get_asset_check_evaluations())
 
 
-EVERYTHING = ["turns_fts", "rolling_summary", "facts", "fact_supersessions", "people_dossiers", "reflections"]
-FOLLOWERS = ["turns_fts", "rolling_summary", "fact_supersessions", "people_dossiers", "reflections"]
+EVERYTHING = ["turns_fts", "wishes", "rolling_summary", "facts", "fact_supersessions", "people_dossiers", "reflections"]
+FOLLOWERS = ["turns_fts", "wishes", "rolling_summary", "fact_supersessions", "people_dossiers", "reflections"]
 
 
 def pending(paths: FamiliarPaths) -> tuple[str, ...]:

@@ -305,7 +305,7 @@ def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_l
 
     # With a fold per batch the short story gives every person a dossier; 3 is the default cadence.
     paths = make_familiar(tmp_path, extra_toml=GRAPH_TOML + f"\n[providers.memory.people_dossier]\nbatches_per_fold = {per_fold}\n")
-    everything = [turns_fts, rolling_summary, facts, *(k.path[-1] for k in FACT_DRIVEN)]
+    everything = [turns_fts, rolling_summary, facts, "wishes", *(k.path[-1] for k in FACT_DRIVEN)]
 
     def run_all(rebuild):
         return run_assets(tmp_path, "fam", instance, everything, rebuild=rebuild)

@@ -166,7 +166,7 @@ def test_ab_a_layer_order_on_one_channel(built, capsys):
     sections = {ch: [n for n in re.findall(r"^=== (\w+): \d+ tokens", out, flags=re.M) if n != "total"]
                 for ch, out in outputs.items()}
     assert sections["20"] == ["character_card", "rag_context", "people_dossier", "recent_history"]
-    assert sections["10"][:3] == ["character_card", "operating_mode", "lorebook"]
+    assert sections["10"][:4] == ["character_card", "operating_mode", "standing_wishes", "lorebook"]
     assert sections["10"] != sections["20"]
 
 

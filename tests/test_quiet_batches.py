@@ -76,7 +76,7 @@ def test_sensor_dispatches_a_lone_message_once_quiet_s_has_passed(tmp_path, monk
     sensor = build_turn_watermark_sensor([MEMORY])
     with dg.instance_for_test() as instance:
         first = sensor(dg.build_sensor_context(instance=instance))
-        assert [sorted(k.path[-1] for k in r.asset_selection) for r in first.run_requests] == [["turns_fts"]]
+        assert [sorted(k.path[-1] for k in r.asset_selection) for r in first.run_requests] == [["turns_fts", "wishes"]]
         instance.add_dynamic_partitions("familiars", ["alpha"])
         assert sensor(dg.build_sensor_context(instance=instance, cursor=first.cursor)).run_requests == []
         age_log(paths, 60)  # quiet for 60 s < quiet_s: still open
