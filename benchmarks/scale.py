@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from familiar_bot.supervisor import child_sessions, free_port, processes_in_sessions, rss_bytes  # noqa: E402
 from familiar_pipeline.config import load_config  # noqa: E402
+from familiar_pipeline.projectors.facts.reads import current_facts  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader, read_manifest  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
@@ -138,7 +139,7 @@ def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: f
             if now >= next_check:
                 for f in [f for f, ids in pending.items() if ids]:
                     readers[f].refresh()
-                    cited = {t for fact in readers[f].current().current_facts() for t in fact.source_turn_ids}
+                    cited = {t for fact in current_facts(readers[f]) for t in fact.source_turn_ids}
                     seen = time.monotonic()  # one look: the messages it finds cited form one batch
                     for turn_id in pending[f] & cited:
                         visible[(f, turn_id)] = seen

@@ -111,3 +111,30 @@ def verified_webserver(dagster_home: Path | str, data_root_dir: Path | str | Non
             "answer yet; try again when it is ready, or stop it"
         )
     return marker
+
+
+# --------------------------------------------------------------------------- a sharded deployment
+
+CONTROL_PLANE_MARKER = "familiar-control-plane.json"
+
+
+def write_control_plane_marker(dagster_home: Path | str, url: str, shards: dict[str, str]) -> Path:
+    """What `familiar control-plane` leaves in its DAGSTER_HOME: the UI's address, its pid, shard -> code server."""
+    from familiar_pipeline.storage.private import private_file
+
+    path = Path(dagster_home) / CONTROL_PLANE_MARKER
+    staging = private_file(path.with_name(f".{path.name}.{os.getpid()}"))
+    staging.write_text(json.dumps({"url": url, "pid": os.getpid(), "shards": shards}, indent=2) + "\n")
+    os.replace(staging, path)
+    return path
+
+
+def read_control_plane_marker(dagster_home: Path | str) -> dict | None:
+    """The marker of a live `familiar control-plane` on this DAGSTER_HOME, else None."""
+    try:
+        marker = json.loads((Path(dagster_home) / CONTROL_PLANE_MARKER).read_text())
+        if pid_alive(int(marker["pid"])) and isinstance(marker["shards"], dict) and isinstance(marker["url"], str):
+            return marker
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
