@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from familiar_pipeline.storage.paths import REPO_ROOT, data_root
+from familiar_pipeline.storage.private import private_file
 
 MARKER_NAME = "familiar-up.json"
 
@@ -120,8 +121,6 @@ CONTROL_PLANE_MARKER = "familiar-control-plane.json"
 
 def write_control_plane_marker(dagster_home: Path | str, url: str, shards: dict[str, str]) -> Path:
     """What `familiar control-plane` leaves in its DAGSTER_HOME: the UI's address, its pid, shard -> code server."""
-    from familiar_pipeline.storage.private import private_file
-
     path = Path(dagster_home) / CONTROL_PLANE_MARKER
     staging = private_file(path.with_name(f".{path.name}.{os.getpid()}"))
     staging.write_text(json.dumps({"url": url, "pid": os.getpid(), "shards": shards}, indent=2) + "\n")
