@@ -199,3 +199,32 @@ def test_two_shards_project_their_own_familiars_and_survive_each_other(tmp_path,
             proc.stop()
     for proc in procs.values():
         assert proc.process.poll() is not None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_familiar_up_on_a_postgres_instance_keeps_the_preloaded_launcher(tmp_path, postgres_url, monkeypatch):
+    """One host, `familiar up --instance`: Dagster's Postgres storage, runs still forked from the preloaded process."""
+    import dagster as dg
+
+    from familiar_pipeline.instance import validate_url
+    from familiar_pipeline.run_launcher import PID_TAG
+
+    root, home = tmp_path / "familiars", tmp_path / "home"
+    fam = make_familiar(root, "solo")
+    up = Proc("up", ["up", "--no-bot", "--familiar", "solo", "--port", str(free_port()), "--instance", postgres_url],
+              tmp_path, cli_env(FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home)))
+    try:
+        up.wait_for("ready in")
+        assert "# Written by familiar up --instance" in (home / "dagster.yaml").read_text()
+        assert postgres_url.split("@")[0] not in (home / "dagster.yaml").read_text()
+        append_chat(fam, 10)
+        wait_for_facts([fam], {"solo": 0}, timeout=120, procs=[up])
+    finally:
+        up.stop()
+    monkeypatch.setenv("FAMILIAR_INSTANCE_URL", validate_url(postgres_url))
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+        assert type(instance.run_launcher).__name__ == "PreloadedRunLauncher"
+        runs = [r for r in instance.get_runs() if "familiar/turn_ids" in r.tags]
+        assert runs and all(PID_TAG in r.tags for r in runs)  # forked, not started the stock way
