@@ -12,10 +12,15 @@ that file with Dagster's `storage: postgres:` in place of the SQLite storage:
   which every process started for a Postgres instance gets (`POSTGRES_ENV`);
 * on one host (`familiar up --instance`) the preloaded run launcher stays: it forks runs on
   the daemon's machine, which is the only one;
-* for shards (`control_plane_yaml`) the run launcher is Dagster's `DefaultRunLauncher`: it
-  asks the code server of the run's location to start the run, so a run executes on the
-  host that owns its familiars. The run queue gives each shard its own lanes
-  (`familiar/queue` per unique value: `familiar_pipeline.shards.queue_value`).
+* for shards (`write_instance(..., shards=True)`) the run launcher is Dagster's
+  `DefaultRunLauncher`: it asks the code server of the run's location to start the run, so a
+  run executes on the host that owns its familiars. The run queue gives each shard its own
+  lanes (`familiar/queue` per unique value: `familiar_pipeline.shards.queue_value`). That
+  launcher cannot tell that a run's host died (no worker health check), so the control
+  plane's run monitoring also gets a maximum run time (`run_monitoring:
+  max_runtime_seconds`, `DEFAULT_MAX_RUNTIME_S`): past it the daemon terminates the run, and
+  a run whose code server is gone is marked failed, which frees its familiars for the turn
+  sensor's next tick.
 
 The connection URL is never written to a file: the YAML reads it from the environment
 (`INSTANCE_URL_ENV`), which the commands set for the processes they start.
@@ -38,6 +43,9 @@ SHIPPED_YAML = REPO_ROOT / "dagster_home" / "dagster.yaml"
 # range run, as this repository's SQLite event log records (the turn sensor then never cuts runs at gaps).
 POSTGRES_ENV = {"DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "1"}
 CONNECT_TIMEOUT_S = 5
+# A sharded deployment's bound on one run (`familiar control-plane --max-run-seconds`): well above a
+# turn-sensor run's batch, so it only ends runs whose host died (or runs that hang).
+DEFAULT_MAX_RUNTIME_S = 3600
 
 
 class InstanceError(RuntimeError):
@@ -87,8 +95,11 @@ def _shipped() -> dict:
     return yaml.safe_load(SHIPPED_YAML.read_text())
 
 
-def postgres_config(*, shards: bool) -> dict:
-    """The shipped instance config with Postgres storage (see the module docstring for what changes)."""
+def postgres_config(*, shards: bool, max_runtime_s: int = DEFAULT_MAX_RUNTIME_S) -> dict:
+    """The shipped instance config with Postgres storage (see the module docstring for what changes).
+
+    With `shards`, `max_runtime_s` > 0 becomes run monitoring's `max_runtime_seconds` (0: no bound).
+    """
     config = copy.deepcopy(_shipped())
     config.pop("event_log_storage", None)  # a SQLite class: Postgres gets Dagster's own event log
     config["storage"] = {"postgres": {"postgres_url": {"env": INSTANCE_URL_ENV}}}
@@ -97,13 +108,15 @@ def postgres_config(*, shards: bool) -> dict:
         for limit in config["run_queue"]["tag_concurrency_limits"]:
             if limit["key"] == "familiar/queue":
                 limit["value"] = {"applyLimitPerUniqueValue": True}  # each shard its own lanes
+        if max_runtime_s > 0:
+            config.setdefault("run_monitoring", {"enabled": True})["max_runtime_seconds"] = int(max_runtime_s)
     return config
 
 
 WRITTEN_BY = "# Written by familiar "
 
 
-def write_instance(home: Path, *, shards: bool) -> Path:
+def write_instance(home: Path, *, shards: bool, max_runtime_s: int = DEFAULT_MAX_RUNTIME_S) -> Path:
     """Write `home/dagster.yaml` for a Postgres instance; returns its path.
 
     Refuses (InstanceError) to replace a `dagster.yaml` it did not write: the shipped SQLite
@@ -117,7 +130,7 @@ def write_instance(home: Path, *, shards: bool) -> Path:
     header = (WRITTEN_BY + ("control-plane" if shards else "up --instance")
               + " (familiar_pipeline/instance.py): the shipped dagster_home/dagster.yaml with Postgres storage.\n"
               f"# The URL comes from ${INSTANCE_URL_ENV} in each process's environment, never from this file.\n")
-    target.write_text(header + yaml.safe_dump(postgres_config(shards=shards), sort_keys=False))
+    target.write_text(header + yaml.safe_dump(postgres_config(shards=shards, max_runtime_s=max_runtime_s), sort_keys=False))
     return target
 
 

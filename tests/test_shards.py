@@ -4,8 +4,8 @@ Two `familiar shard serve` (each a real `dagster api grpc` code server with its 
 root and ten familiars) and one `familiar control-plane` (the real `dagster-webserver` and
 `dagster-daemon`) over a PostgreSQL server started by the `postgres_server` fixture. New
 turns become facts on the shard that owns them, in runs launched through that shard's code
-server; `familiar backfill` reaches the right shard; with one shard's code server stopped
-the other's familiars keep being projected, and once it is back its familiars catch up.
+server; with one shard's code server stopped the other's familiars keep being projected,
+and once it is back its familiars catch up while `familiar backfill` reaches the right shard.
 """
 
 from __future__ import annotations
@@ -105,14 +105,50 @@ def test_unreachable_instance_and_bad_shard_are_one_line_errors(tmp_path, postgr
     result = subprocess.run([*CLI, "control-plane", "--instance", postgres_url, "--shard", "a=nowhere"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "expected NAME=HOST:PORT" in result.stderr, result.stderr
+    result = subprocess.run([*CLI, "control-plane", "--instance", postgres_url, "--shard", "a=127.0.0.1:4000",
+                             "--max-run-seconds", "-1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--max-run-seconds must be 0" in result.stderr, result.stderr
+    # `familiar backfill --shard` names the shards of the control plane its DAGSTER_HOME's marker points to
+    from familiar_pipeline.webserver import write_control_plane_marker
+
+    home = tmp_path / "cp"
+    home.mkdir()
+    write_control_plane_marker(home, "http://127.0.0.1:1", {"a": "127.0.0.1:2", "b": "127.0.0.1:3"})
+    bad = subprocess.run([*CLI, "backfill", "--familiar", "b03", "--projection", "facts", "--shard", "c"],
+                         cwd=REPO, env=cli_env(DAGSTER_HOME=str(home)), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.strip() == (
+        "error: unknown shard 'c': the control plane at http://127.0.0.1:1 serves a, b"), bad.stderr
+
+
+def test_the_control_plane_instance_bounds_a_run_and_gives_each_shard_its_lanes():
+    from familiar_pipeline.instance import DEFAULT_MAX_RUNTIME_S, postgres_config
+
+    config = postgres_config(shards=True)
+    assert "run_launcher" not in config and "event_log_storage" not in config  # Dagster's DefaultRunLauncher, Postgres log
+    assert config["run_monitoring"]["enabled"] and config["run_monitoring"]["max_runtime_seconds"] == DEFAULT_MAX_RUNTIME_S
+    lanes = next(lim for lim in config["run_queue"]["tag_concurrency_limits"] if lim["key"] == "familiar/queue")
+    assert lanes["value"] == {"applyLimitPerUniqueValue": True}
+    assert "max_runtime_seconds" not in postgres_config(shards=True, max_runtime_s=0)["run_monitoring"]
+    single = postgres_config(shards=False)  # one host: the preloaded launcher, no run bound
+    assert single["run_launcher"]["class"] == "PreloadedRunLauncher"
+    assert "max_runtime_seconds" not in single.get("run_monitoring", {})
+
+
+def runs_of(instance, shard: str, statuses=None) -> list:
+    import dagster as dg
+
+    return [r for r in instance.get_runs(filters=dg.RunsFilter(statuses=statuses) if statuses else None)
+            if location_of(r) == f"familiar_shard_{shard}"]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_two_shards_project_their_own_familiars_and_survive_each_other(tmp_path, postgres_url, monkeypatch):
+    import json
+
     import dagster as dg
 
-    from familiar_pipeline.instance import validate_url
+    from familiar_pipeline.instance import DEFAULT_MAX_RUNTIME_S, validate_url
 
     roots = {s: tmp_path / f"host_{s}" / "familiars" for s in FAMILIARS}
     paths = {f: make_familiar(roots[s], f) for s, ids in FAMILIARS.items() for f in ids}
@@ -127,72 +163,83 @@ def test_two_shards_project_their_own_familiars_and_survive_each_other(tmp_path,
                                        "--port", str(ports[shard])], tmp_path, env)
 
     procs: dict[str, Proc] = {}
+    monkeypatch.setenv("FAMILIAR_INSTANCE_URL", validate_url(postgres_url))
     try:
+        # The control plane starts with the code servers: its daemon and webserver find the
+        # locations unreachable at first and load each one as soon as its server answers.
         procs["a"], procs["b"] = serve("a"), serve("b")
         procs["cp"] = Proc("control-plane", ["control-plane", "--instance", postgres_url, "--home", str(home),
                                              "--port", str(ui_port), *(x for s in FAMILIARS for x in
                                                                        ("--shard", f"{s}=127.0.0.1:{ports[s]}"))],
                            tmp_path, env)
+        for p in paths.values():  # ten turns (one full batch) in each of the 20 familiars, before anything is up
+            append_chat(p, 10)
         for proc in procs.values():
             proc.wait_for("ready")
         started = time.monotonic()
 
-        # 1. Ten turns (one full batch) in each of the 20 familiars become facts on their own shard.
-        for p in paths.values():
-            append_chat(p, 10)
+        # 1. The turns become facts on their own shard.
         took = wait_for_facts(list(paths.values()), {f: 0 for f in paths}, timeout=150, procs=procs.values())
-        print(f"20 familiars' first facts after {took:.1f}s")
+        print(f"20 familiars' first facts {took:.1f}s after everything was ready")
         for shard, root in roots.items():  # no shard's runs made a folder for another shard's familiar
             assert sorted(p.name for p in root.iterdir() if not p.name.startswith("_")) == FAMILIARS[shard]
 
-        monkeypatch.setenv("FAMILIAR_INSTANCE_URL", validate_url(postgres_url))
         with dg.DagsterInstance.from_config(str(home)) as instance:
             assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
             assert type(instance.run_launcher).__name__ == "DefaultRunLauncher"
+            assert instance.run_monitoring_enabled
+            assert instance.run_monitoring_max_runtime_seconds == DEFAULT_MAX_RUNTIME_S
             assert sorted(instance.get_dynamic_partitions("familiars_a")) == FAMILIARS["a"]
             assert sorted(instance.get_dynamic_partitions("familiars_b")) == FAMILIARS["b"]
             sensor_runs = [r for r in instance.get_runs() if "familiar/turn_ids" in r.tags]
-            assert sensor_runs
+            assert {location_of(r) for r in sensor_runs} == {"familiar_shard_a", "familiar_shard_b"}
             for run in sensor_runs:  # each run launched through the code server of the shard owning its familiars
-                import json
-
                 shard = location_of(run).removeprefix("familiar_shard_")
                 assert set(json.loads(run.tags["familiar/turn_ids"])) <= set(FAMILIARS[shard]), run.tags
                 assert all(key.path[0] == f"shard_{shard}" for key in run.asset_selection or ())
                 assert run.tags["familiar/queue"] == f"projections_{shard}"
 
-            # 2. `familiar backfill` with the control plane's DAGSTER_HOME queues the run on b03's shard.
-            result = subprocess.run([*CLI, "backfill", "--familiar", "b03", "--projection", "rolling_summary"],
-                                    cwd=REPO, env=cli_env(DAGSTER_HOME=str(home)), capture_output=True, text=True,
-                                    timeout=120)
-            assert result.returncode == 0, result.stderr
-            assert "on shard b" in result.stdout, result.stdout
-            run_id = result.stdout.strip().rsplit("/", 1)[-1]
-            bad = subprocess.run([*CLI, "backfill", "--familiar", "b03", "--projection", "facts", "--shard", "c"],
-                                 cwd=REPO, env=cli_env(DAGSTER_HOME=str(home)), capture_output=True, text=True, timeout=120)
-            assert bad.returncode == 1 and bad.stderr.strip() == (
-                f"error: unknown shard 'c': the control plane at http://127.0.0.1:{ui_port} serves a, b"), bad.stderr
+            # 2. Shard b's code server goes down between runs (its facts are written; the rest of
+            # its run finishes first: a run in flight on a dead host is run monitoring's, see
+            # docs/scaling.md); shard a's familiars keep getting facts.
+            deadline = time.monotonic() + 120
+            in_flight = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                         dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+            while runs_of(instance, "b", in_flight):
+                assert time.monotonic() < deadline, "shard b's runs did not finish"
+                time.sleep(0.5)
+            procs["b"].stop()
+            marks = {f: max(cited(p)) for f, p in paths.items()}
+            b_runs = len(runs_of(instance, "b"))
+            for p in paths.values():
+                append_chat(p, 10, start=10)
+            took = wait_for_facts([paths[f] for f in FAMILIARS["a"]], marks, timeout=120)
+            print(f"shard a's new facts with shard b down after {took:.1f}s")
+            assert all(max(cited(paths[f])) == marks[f] for f in FAMILIARS["b"])  # nothing ran for b meanwhile
+            assert len(runs_of(instance, "b")) == b_runs
+
+            # 3. Shard b comes back on its address and its familiars catch up from their watermarks;
+            # meanwhile `familiar backfill` (the control plane's DAGSTER_HOME, no --shard) finds a03
+            # among the shards' partitions and queues its run in shard a's location.
+            procs["b"] = serve("b")
+            backfill = subprocess.Popen([*CLI, "backfill", "--familiar", "a03", "--projection", "rolling_summary"],
+                                        cwd=REPO, env=cli_env(DAGSTER_HOME=str(home)), stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+            procs["b"].wait_for("ready")
+            took = wait_for_facts([paths[f] for f in FAMILIARS["b"]], marks, timeout=150)
+            print(f"shard b caught up {took:.1f}s after it was back")
+            out, err = backfill.communicate(timeout=120)
+            assert backfill.returncode == 0, err
+            assert "on shard a" in out, out
+            run_id = out.strip().rsplit("/", 1)[-1]
             deadline = time.monotonic() + 90
             while not (run := instance.get_run_by_id(run_id)).is_finished:
                 assert time.monotonic() < deadline, run.status
-                time.sleep(1)
+                time.sleep(0.5)
             assert run.status == dg.DagsterRunStatus.SUCCESS
-            assert location_of(run) == "familiar_shard_b" and run.tags["dagster/partition"] == "b03"
-
-        # 3. Shard b's code server goes down; shard a's familiars keep getting facts.
-        procs["b"].stop()
-        marks = {f: max(cited(p)) for f, p in paths.items()}
-        for p in paths.values():
-            append_chat(p, 10, start=10)
-        took = wait_for_facts([paths[f] for f in FAMILIARS["a"]], marks, timeout=120)
-        print(f"shard a's new facts with shard b down after {took:.1f}s")
-        assert all(max(cited(paths[f])) == marks[f] for f in FAMILIARS["b"])  # nothing ran for b meanwhile
-
-        # 4. Shard b comes back on its address; its familiars catch up from their watermarks.
-        procs["b"] = serve("b")
-        procs["b"].wait_for("ready")
-        took = wait_for_facts([paths[f] for f in FAMILIARS["b"]], marks, timeout=150)
-        print(f"shard b caught up {took:.1f}s after it was back; whole test body {time.monotonic() - started:.0f}s")
+            assert location_of(run) == "familiar_shard_a" and run.tags["dagster/partition"] == "a03"
+            assert [key.path for key in run.asset_selection] == [["shard_a", "rolling_summary"]]
+        print(f"whole test body {time.monotonic() - started:.0f}s after everything was ready")
         assert procs["cp"].process.poll() is None and procs["a"].process.poll() is None
     finally:
         for proc in procs.values():

@@ -7,7 +7,10 @@ entry per `--shard NAME=HOST:PORT` (each a `familiar shard serve`), then runs Da
 `dagster-webserver` and `dagster-daemon run` on them. The daemon evaluates each shard's
 sensors on that shard's code server and launches each run through it, so the run executes
 on the shard's host. A shard that is down is a code location in error; the others are
-served as usual, and the daemon reconnects to it when it reloads the workspace (every 60 s).
+served as usual. The daemon (like the webserver) watches every `grpc_server` location, asking
+its server id every second, and reloads the location as soon as the code server answers again.
+Run monitoring fails a run still going after `--max-run-seconds` (default 3600): with
+`DefaultRunLauncher` that is the only way a run whose shard host died ever ends.
 
 It leaves `familiar-control-plane.json` in its DAGSTER_HOME (the UI's address and the
 shards) so that `familiar backfill` run with that DAGSTER_HOME submits to the right shard.
@@ -44,6 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="DAGSTER_HOME of the control plane (default dagster_home/control-plane)")
     parser.add_argument("--host", default="127.0.0.1", help="address the Dagster UI binds to (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=3000, help="Dagster UI port (default 3000)")
+    parser.add_argument("--max-run-seconds", type=int, default=None, metavar="S",
+                        help="run monitoring fails a run still going after S seconds, e.g. one whose shard host died "
+                             "(default 3600; 0: no limit)")
 
 
 def parse_shards(entries: list[str]) -> dict[str, tuple[str, int]]:
@@ -74,12 +80,16 @@ def workspace_yaml(shards: dict[str, tuple[str, int]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_pipeline.instance import INSTANCE_URL_ENV, POSTGRES_ENV, InstanceError, check_reachable, instance_url_from, write_instance
+    from familiar_pipeline.instance import (DEFAULT_MAX_RUNTIME_S, INSTANCE_URL_ENV, POSTGRES_ENV, InstanceError, check_reachable,
+                                            instance_url_from, write_instance)
     from familiar_pipeline.storage.private import private_dir
 
     shards = parse_shards(args.shard)
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be 1-65535, got {args.port}", EXIT_CONFIG)
+    max_runtime_s = DEFAULT_MAX_RUNTIME_S if args.max_run_seconds is None else args.max_run_seconds
+    if max_runtime_s < 0:
+        raise CliError(f"--max-run-seconds must be 0 (no limit) or more, got {max_runtime_s}", EXIT_CONFIG)
     url = instance_url_from(args.instance)
     if url is None:
         raise CliError("the control plane needs the shared instance: --instance postgresql://... or $FAMILIAR_INSTANCE_URL",
@@ -91,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if supervisor.port_in_use(supervisor.local_host(args.host), args.port):
         raise CliError(f"port {args.port} is already in use; pick another with --port")
     home = private_dir(Path(args.home).expanduser().resolve())
-    write_instance(home, shards=True)
+    write_instance(home, shards=True, max_runtime_s=max_runtime_s)
     workspace = home / "workspace.yaml"
     workspace.write_text(workspace_yaml(shards))
     env = supervisor.child_env({INSTANCE_URL_ENV: url, "DAGSTER_HOME": str(home), **POSTGRES_ENV}, dagster_home=home)
