@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from familiar_bot.supervisor import child_sessions, free_port, processes_in_sessions, rss_bytes  # noqa: E402
 from familiar_pipeline.config import load_config  # noqa: E402
+from familiar_pipeline.projectors.facts.reads import current_facts  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader, read_manifest  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
@@ -138,7 +139,7 @@ def drive(familiars: list[FamiliarPaths], rate: float, duration: float, drain: f
             if now >= next_check:
                 for f in [f for f, ids in pending.items() if ids]:
                     readers[f].refresh()
-                    cited = {t for fact in readers[f].current().current_facts() for t in fact.source_turn_ids}
+                    cited = {t for fact in current_facts(readers[f]) for t in fact.source_turn_ids}
                     seen = time.monotonic()  # one look: the messages it finds cited form one batch
                     for turn_id in pending[f] & cited:
                         visible[(f, turn_id)] = seen
@@ -320,6 +321,132 @@ def left_pending(paths: list[FamiliarPaths], dagster_home: Path, timeout: float,
     return count()
 
 
+class ShardedSampler(GroupSampler):
+    """CPU and RSS of every `familiar` command started (each with its children's sessions) plus the PostgreSQL server."""
+
+    def __init__(self, root_pids: list[int], postgres_folder: Path):
+        super().__init__(root_pids[0])
+        self.root_pids, self.postgres_folder = root_pids, str(postgres_folder)
+
+    def sample(self) -> None:
+        pids = set(self.root_pids)
+        for root in self.root_pids:
+            pids |= set(processes_in_sessions(child_sessions(root)))
+        for entry in Path("/proc").iterdir():  # the postmaster and its backends: their data folder is in the command line
+            if entry.name.isdigit():
+                try:
+                    if self.postgres_folder in (entry / "cmdline").read_text(errors="replace") or \
+                            (entry / "comm").read_text().startswith("postgres"):
+                        pids.add(int(entry.name))
+                except OSError:
+                    continue
+        rss = 0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            self.ticks[(pid, float(fields[19]))] = int(fields[11]) + int(fields[12])
+            rss += rss_bytes(pid)
+        self.peak_rss = max(self.peak_rss, rss)
+
+
+def measure_sharded(shards: int, familiars: int, rate: float, duration: float, drain: float, quiet_s: int,
+                    settle: float = 120) -> dict:
+    """The same load as `measure`, on `shards` code servers (`familiar shard serve`, a data root each) and one
+    `familiar control-plane` over a PostgreSQL server of its own: Dagster's DefaultRunLauncher, runs started by
+    each shard's code server. Familiars are dealt round-robin over the shards."""
+    import signal
+    import subprocess
+
+    from familiar_pipeline.instance import INSTANCE_URL_ENV, validate_url
+    from tests.postgres import start_postgres
+
+    load_at_start = round(os.getloadavg()[0], 2)
+    server = start_postgres()
+    procs: list[subprocess.Popen] = []
+    try:
+        url = server.create_database("bench")
+        with tempfile.TemporaryDirectory() as name:
+            tmp = Path(name)
+            names = [chr(ord("a") + i) for i in range(shards)]
+            paths: list[FamiliarPaths] = []
+            owned: dict[str, list[str]] = {s: [] for s in names}
+            for i in range(familiars):
+                shard = names[i % shards]
+                p = FamiliarPaths.for_id(f"f{i:04d}", tmp / f"host_{shard}" / "familiars")
+                p.dir.mkdir(parents=True)
+                p.character_toml.write_text('[llm.background]\nmodel = "fake/careful"\n')
+                with TurnLog(p.turns_db) as log:
+                    log.upsert_participant("discord:1", global_name="Ana")
+                paths.append(p)
+                owned[shard].append(p.familiar_id)
+            env = dict(os.environ, FAMILIAR_FAKE_LLM="familiar_pipeline.testing.scripted:careful_model",
+                       LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONUNBUFFERED="1",
+                       FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__QUIET_S=str(quiet_s))
+            env.pop("DISCORD_TOKEN", None)
+            cli = [sys.executable, "-m", "familiar_bot.cli.main"]
+
+            def start(tag: str, argv: list[str]) -> Path:
+                err = tmp / f"{tag}.err"
+                procs.append(subprocess.Popen([*cli, *argv], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.DEVNULL, stderr=err.open("wb"), start_new_session=True))
+                return err
+
+            ports = {s: free_port() for s in names}
+            errs = [start(f"shard-{s}", ["shard", "serve", "--shard", s, "--data-root", str(tmp / f"host_{s}" / "familiars"),
+                                         "--familiars", ",".join(owned[s]), "--instance", url, "--port", str(ports[s])])
+                    for s in names]
+            home = tmp / "control-plane"
+            errs.append(start("control-plane", ["control-plane", "--instance", url, "--home", str(home), "--port",
+                                                str(free_port()), *(x for s in names for x in ("--shard", f"{s}=127.0.0.1:{ports[s]}"))]))
+            started = time.monotonic()
+            while not all("ready" in e.read_text() for e in errs):
+                if any(p.poll() is not None for p in procs) or time.monotonic() - started > 240:
+                    raise RuntimeError("not ready:\n" + "\n".join(e.read_text()[-1500:] for e in errs))
+                time.sleep(0.2)
+            print(f"{shards} shard(s) ready after {time.monotonic() - started:.1f}s; {familiars} familiars, "
+                  f"{rate} messages/s for {duration}s", flush=True)
+            os.environ[INSTANCE_URL_ENV] = validate_url(url)
+            sampler = ShardedSampler([p.pid for p in procs], server.folder)
+            sampler.start()
+            cpu_before = sampler.cpu_seconds()
+            appended, visible = drive(paths, rate, duration, drain)
+            settled = wait_for_runs(home, settle)
+            sampler.stopped.set()
+            sampler.join()
+            sampler.sample()
+            cpu = sampler.cpu_seconds() - cpu_before
+            fresh = sorted(visible[k] - appended[k] for k in visible)
+            lags = batch_lags(appended, visible)
+            shipped = load_config(paths[0].familiar_id, root=paths[0].root).memory.rich_note.batch_size
+            result = {
+                "shards": shards, "familiars": familiars, "messages_per_s": rate, "duration_s": duration, "quiet_s": quiet_s,
+                "instance": "postgres", "run_launcher": "DefaultRunLauncher (each shard's code server)",
+                "messages": len(appended), "with_facts": len(visible), "backlog_messages": len(appended) - len(visible),
+                "messages_per_s_with_facts": round(len(visible) / max(1e-9, duration), 2),
+                "freshness_p50_s": round(percentile(fresh, 0.5), 1) if fresh else None,
+                "freshness_p95_s": round(percentile(fresh, 0.95), 1) if fresh else None,
+                "batches": len(lags), **lag_figures(lags, shipped, quiet_s), "settle_s": round(settled, 1),
+                "busy_cpu_s": round(cpu, 1), "busy_cpu_s_per_1000_turns": round(cpu / max(1, len(appended)) * 1000),
+                "peak_rss_mib": round(sampler.peak_rss / 2**20),
+                "load_average_1m_at_start": load_at_start, "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+            }
+            result.update(run_breakdown(home))
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=60)
+            procs.clear()
+            return result
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+        server.stop()
+
+
 def sweep_rate(familiars: int) -> float:
     """The sweep's total message rate: one message every 2 s per familiar, at most 10 per second in all."""
     return min(familiars / 2, 10.0)
@@ -377,7 +504,18 @@ def main() -> None:
                         help="[providers.memory.rich_note].batch_size for the run (default: the shipped one)")
     parser.add_argument("--sweep", default="", help="comma-separated familiar counts, each at sweep_rate(N) (overrides --familiars/--rate)")
     parser.add_argument("--out", type=Path, default=None, help="with --sweep: write scale.json and scale.png here")
+    parser.add_argument("--shards", default="",
+                        help="comma-separated shard counts (e.g. 1,2): each a sharded deployment on one PostgreSQL "
+                             "instance (familiar shard serve x N + familiar control-plane), run one after the other")
     args = parser.parse_args()
+    if args.shards:
+        results = [measure_sharded(int(n), args.familiars, args.rate, args.duration, args.drain, args.quiet_s, args.settle)
+                   for n in args.shards.split(",") if n.strip()]
+        print(json.dumps(results, indent=1), flush=True)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "shards.json").write_text(json.dumps(results, indent=1) + "\n")
+        return
     if not args.sweep:
         result = measure(args.familiars, args.rate, args.duration, args.drain, args.quiet_s, args.sensor_interval,
                          args.settle, args.order, args.batch_size)

@@ -25,7 +25,8 @@ from familiar_pipeline.defs.assets import op_name
 from familiar_pipeline.defs.jobs import PROJECTION_JOB
 from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.defs.sensors import in_flight_runs
-from familiar_pipeline.webserver import UnverifiedWebserver, verified_webserver
+from familiar_pipeline.shards import key_prefix, location_name, queue_value
+from familiar_pipeline.webserver import UnverifiedWebserver, read_control_plane_marker, verified_webserver
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.storage.paths import REPO_ROOT, FamiliarPaths, validate_familiar_id
 
@@ -112,6 +113,66 @@ def check_enabled(familiar_id: str, asset: str) -> None:
     )
 
 
+PARTITION_KEYS_QUERY = """
+query FamiliarPartitions($assetKey: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $assetKey) { __typename ... on AssetNode { partitionKeys } }
+}
+"""
+
+
+def graphql_client(url: str):
+    from urllib.parse import urlsplit
+
+    from dagster_graphql import DagsterGraphQLClient
+
+    address = urlsplit(url)
+    assert address.hostname is not None
+    return DagsterGraphQLClient(address.hostname, port_number=address.port, timeout=30)
+
+
+def shard_familiars(client, shard: str, asset: str) -> set[str]:
+    """The familiars (partitions) the control plane shows for `asset` of `shard`; empty if its location is down."""
+    data = client._execute(PARTITION_KEYS_QUERY, {"assetKey": {"path": [*key_prefix(shard), asset]}})
+    node = data.get("assetNodeOrError") or {}
+    return set(node.get("partitionKeys") or ())
+
+
+def backfill_on_shard(familiar_id: str, asset: str, *, rebuild: bool, marker: dict, shard: str | None = None) -> BackfillOutcome:
+    """Queue the run on the control plane, in the code location of the shard that owns the familiar.
+
+    The shard is `shard` if given, else the one whose partitions list the familiar (ids are
+    unique across shards). The run goes through the control plane's queue and is launched
+    by its daemon through that shard's code server, so it runs on that shard's host.
+    """
+    url, shards = marker["url"], sorted(marker["shards"])
+    if shard is not None and shard not in shards:
+        raise BackfillError(f"unknown shard {shard!r}: the control plane at {url} serves {', '.join(shards)}")
+    client = graphql_client(url)
+    try:
+        owners = [s for s in ([shard] if shard else shards) if familiar_id in shard_familiars(client, s, asset)]
+    except Exception as exc:
+        raise BackfillError(f"the control plane at {url} did not answer: {' '.join(str(exc).split())}") from None
+    if not owners:
+        where = f"shard {shard!r}" if shard else f"any shard ({', '.join(shards)})"
+        raise BackfillError(f"familiar {familiar_id!r} is not a partition of {asset} on {where}: its shard's sensor adds "
+                            "it once its turn log exists there, and a shard that is down lists nothing")
+    if len(owners) > 1:
+        raise BackfillError(f"familiar {familiar_id!r} is on shards {', '.join(owners)}: ids must be unique across shards; "
+                            "pass --shard")
+    owner = owners[0]
+    try:
+        run_id = client.submit_job_execution(
+            PROJECTION_JOB, repository_location_name=location_name(owner), repository_name="__repository__",
+            run_config={"ops": {op_name(asset): {"config": {"rebuild": rebuild}}}},
+            tags={"dagster/partition": familiar_id, "familiar": familiar_id, "trigger": "familiar backfill",
+                  "familiar/queue": queue_value(owner)},
+            asset_selection=[dg.AssetKey([*key_prefix(owner), asset])],
+        )
+    except Exception as exc:
+        raise BackfillError(f"the control plane at {url} refused the run: {' '.join(str(exc).split())}") from exc
+    return BackfillOutcome("queued", run_id, f"queued {asset} for {familiar_id} on shard {owner}: {url}/runs/{run_id}")
+
+
 def verified_target() -> str | None:
     """The URL of this checkout's own webserver on this DAGSTER_HOME, or None to run in-process."""
     try:
@@ -128,9 +189,15 @@ def backfill(
     rebuild: bool = False,
     allow_local: bool = True,
     force_local: bool = False,
+    shard: str | None = None,
 ) -> BackfillOutcome:
     validate_familiar_id(familiar_id)
     asset = resolve_asset(projection)
+    marker = None if force_local else read_control_plane_marker(ensure_dagster_home())
+    if marker is not None:  # a sharded deployment: the familiar's config is on its shard's host
+        return backfill_on_shard(familiar_id, asset, rebuild=rebuild, marker=marker, shard=shard)
+    if shard is not None:
+        raise BackfillError(f"--shard {shard}: no `familiar control-plane` runs on DAGSTER_HOME {ensure_dagster_home()}")
     check_enabled(familiar_id, asset)
     url = None if force_local else verified_target()
     if url is not None:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from familiar_pipeline.storage.paths import REPO_ROOT, data_root
+from familiar_pipeline.storage.private import private_file
 
 MARKER_NAME = "familiar-up.json"
 
@@ -111,3 +112,28 @@ def verified_webserver(dagster_home: Path | str, data_root_dir: Path | str | Non
             "answer yet; try again when it is ready, or stop it"
         )
     return marker
+
+
+# --------------------------------------------------------------------------- a sharded deployment
+
+CONTROL_PLANE_MARKER = "familiar-control-plane.json"
+
+
+def write_control_plane_marker(dagster_home: Path | str, url: str, shards: dict[str, str]) -> Path:
+    """What `familiar control-plane` leaves in its DAGSTER_HOME: the UI's address, its pid, shard -> code server."""
+    path = Path(dagster_home) / CONTROL_PLANE_MARKER
+    staging = private_file(path.with_name(f".{path.name}.{os.getpid()}"))
+    staging.write_text(json.dumps({"url": url, "pid": os.getpid(), "shards": shards}, indent=2) + "\n")
+    os.replace(staging, path)
+    return path
+
+
+def read_control_plane_marker(dagster_home: Path | str) -> dict | None:
+    """The marker of a live `familiar control-plane` on this DAGSTER_HOME, else None."""
+    try:
+        marker = json.loads((Path(dagster_home) / CONTROL_PLANE_MARKER).read_text())
+        if pid_alive(int(marker["pid"])) and isinstance(marker["shards"], dict) and isinstance(marker["url"], str):
+            return marker
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None

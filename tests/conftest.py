@@ -41,3 +41,21 @@ def fake_llm():
     fake.script(careful_model)
     yield fake
     fake.script(careful_model)
+
+
+@pytest.fixture(scope="module")
+def postgres_server():
+    """A real PostgreSQL server for this test module (tests/postgres.py), skipped where none is installed."""
+    from tests.postgres import postgres_bin, start_postgres
+
+    if postgres_bin() is None:
+        pytest.skip("no PostgreSQL binaries under /usr/lib/postgresql/*/bin (.ci/run installs them: apt-get install -y postgresql)")
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A fresh, empty database on the module's PostgreSQL server."""
+    return postgres_server.create_database()

@@ -176,14 +176,14 @@ def test_no_import_cycles_between_modules():
 # The pipeline's layers, bottom first; a package may import only its own layer's or lower ones.
 LAYERS = (
     ("familiar_pipeline.storage",),
-    ("familiar_pipeline.config",),
+    ("familiar_pipeline.config", "familiar_pipeline.shards"),
     ("familiar_pipeline.models",),
     ("familiar_pipeline.projectors", "familiar_pipeline.erasure"),
     ("familiar_pipeline.testing", "familiar_pipeline.defs", "familiar_pipeline.event_log",
      "familiar_pipeline.dagster_internals"),
     ("familiar_pipeline.definitions",),
     ("familiar_pipeline.run_worker", "familiar_pipeline.run_launcher", "familiar_pipeline.backfill",
-     "familiar_pipeline.webserver", "familiar_pipeline.forget"),
+     "familiar_pipeline.webserver", "familiar_pipeline.forget", "familiar_pipeline.instance"),
 )
 
 

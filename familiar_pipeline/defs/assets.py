@@ -29,7 +29,7 @@ import dagster as dg
 from pydantic import Field
 
 from familiar_pipeline.defs.checks import INVARIANT, MemoryCheck, memory_checks, partition_evaluations
-from familiar_pipeline.defs.partitions import familiars_partitions, projection_run_queued
+from familiar_pipeline.defs.partitions import asset_key, familiars_partitions, projection_run_queued
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.erasure.purge import purge
 from familiar_pipeline.models.llm import LlmUsage
@@ -71,7 +71,7 @@ class ProjectionConfig(dg.Config):
 
 
 turns = dg.AssetSpec(
-    "turns",
+    asset_key("turns"),
     group_name="turns",
     kinds={"sqlite"},
     partitions_def=familiars_partitions,
@@ -316,13 +316,13 @@ def materialize_projections(
         for asset, error in outcome.failed.items():
             failed[asset][familiar_id] = error
             context.log.error(f"[{familiar_id}] {asset} failed: {type(error).__name__}: {error}", exc_info=error)
-            yield dg.AssetMaterialization(asset, partition=familiar_id,
+            yield dg.AssetMaterialization(asset_key(asset), partition=familiar_id,
                                           metadata={"status": f"failed: {type(error).__name__}: {error}"},
                                           tags=data_version_tags(context, asset, familiar_id, changed=False))
         for asset, result in outcome.results.items():
             done[asset] += 1
             changed = config.rebuild or result["report"].rows_written > 0
-            yield dg.AssetMaterialization(asset, partition=familiar_id, metadata=result["metadata"],
+            yield dg.AssetMaterialization(asset_key(asset), partition=familiar_id, metadata=result["metadata"],
                                           tags=data_version_tags(context, asset, familiar_id, changed=changed))
         # One line per familiar that did something (each is an event the run's log stores: the
         # per-asset details are on each partition's materialization).
@@ -365,7 +365,7 @@ def data_version_tags(context: dg.AssetExecutionContext, asset: str, familiar_id
         return {}
     if changed:
         return {DATA_VERSION_TAG: context.run.run_id}
-    record = context.instance.get_latest_data_version_record(dg.AssetKey(asset), partition_key=familiar_id)
+    record = context.instance.get_latest_data_version_record(asset_key(asset), partition_key=familiar_id)
     previous = (record.event_log_entry.tags or {}).get(DATA_VERSION_TAG) if record else None
     return {DATA_VERSION_TAG: previous or "empty"}
 
@@ -388,9 +388,9 @@ FOLLOWS_FACTS = (
         & ~(dg.AutomationCondition.executed_with_tags(tag_values=FOLLOWERS_INCLUDED_TAG)
             | dg.AutomationCondition.all_new_updates_have_run_tags(tag_values=FOLLOWERS_INCLUDED_TAG))
     )
-    .ignore(dg.AssetSelection.assets("turns"))
+    .ignore(dg.AssetSelection.assets(asset_key("turns")))
     .with_label("facts changed (rows written) outside a run that already included the followers")
-    & ~dg.AutomationCondition.any_deps_missing().ignore(dg.AssetSelection.assets("turns"))
+    & ~dg.AutomationCondition.any_deps_missing().ignore(dg.AssetSelection.assets(asset_key("turns")))
     & ~dg.AutomationCondition.any_deps_in_progress()
     & ~dg.AutomationCondition.in_progress()
 ).with_label("after facts change")
@@ -402,8 +402,8 @@ MEMORY_OP = "memory"
 def asset_spec(spec: ProjectorSpec) -> dg.AssetSpec:
     """The Dagster asset of one projector, everything about it read from its spec."""
     return dg.AssetSpec(
-        spec.asset,
-        deps=list(spec.inputs),
+        asset_key(spec.asset),
+        deps=[asset_key(i) for i in spec.inputs],
         description=spec.description or None,
         group_name=spec.group,
         kinds=set(spec.kinds),
@@ -454,7 +454,7 @@ def projection_asset(spec: ProjectorSpec) -> dg.AssetsDefinition:
 
 # The built-in projectors: one step, each asset selectable on its own.
 MEMORY = projection_assets(list(registry.BUILTIN_SPECS), MEMORY_OP)
-ASSET_KEYS: dict[str, dg.AssetKey] = {spec.asset: dg.AssetKey(spec.asset) for spec in registry.BUILTIN_SPECS}
+ASSET_KEYS: dict[str, dg.AssetKey] = {spec.asset: asset_key(spec.asset) for spec in registry.BUILTIN_SPECS}
 
 TURN_DRIVEN = [ASSET_KEYS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger != FACTS and not s.needs_embedder]
 FACT_DRIVEN = [ASSET_KEYS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger == FACTS]

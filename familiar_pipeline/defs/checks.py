@@ -28,7 +28,7 @@ from familiar_pipeline.dagster_internals import (
     latest_materialization_targets,
     previous_check_evaluations,
 )
-from familiar_pipeline.defs.partitions import familiars_partitions
+from familiar_pipeline.defs.partitions import asset_key, familiars_partitions
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec
 from familiar_pipeline.storage import corrupt
@@ -67,11 +67,11 @@ class MemoryCheck:
 
     @property
     def key(self) -> dg.AssetCheckKey:
-        return dg.AssetCheckKey(dg.AssetKey(self.asset), self.name)
+        return dg.AssetCheckKey(asset_key(self.asset), self.name)
 
     @property
     def spec(self) -> dg.AssetCheckSpec:
-        return dg.AssetCheckSpec(self.name, asset=self.asset, description=self.description,
+        return dg.AssetCheckSpec(self.name, asset=asset_key(self.asset), description=self.description,
                                  blocking=self.blocking, partitions_def=familiars_partitions)
 
     def evaluate(self, runtime, familiar_id: str) -> dg.AssetCheckResult:

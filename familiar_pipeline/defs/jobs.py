@@ -8,6 +8,7 @@ import os
 import dagster as dg
 
 from familiar_pipeline.defs.assets import MEMORY, op_name, projection_asset, turns
+from familiar_pipeline.defs.partitions import asset_key
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
 from familiar_pipeline.projectors import registry
 
@@ -15,7 +16,7 @@ PROJECTION_JOB = "project_memory"
 
 projection_job = dg.define_asset_job(
     PROJECTION_JOB,
-    selection=dg.AssetSelection.all() - dg.AssetSelection.assets("turns"),
+    selection=dg.AssetSelection.all() - dg.AssetSelection.assets(asset_key("turns")),
     description="Materialize memory projections for the selected familiars; pick assets with an asset selection.",
 )
 
@@ -68,7 +69,7 @@ def materialize_in_process(
     to include; select their keys in `assets` too. A partition range goes in `tags`.
     `log_level`: the console logger's level (e.g. "WARNING" for a quiet harness).
     """
-    keys = [dg.AssetKey(a) if isinstance(a, str) else a for a in assets]
+    keys = [asset_key(a) if isinstance(a, str) else a for a in assets]
     steps = {op_name(key.path[-1]) for key in keys}
     run_config: dict = {"ops": {step: {"config": {"rebuild": rebuild, "familiars": familiars or {}}} for step in steps}}
     if log_level:

@@ -39,9 +39,10 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from familiar_pipeline import shards
 from familiar_pipeline.config import ConfigError, PipelineConfig, load_config
 from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG, op_name
-from familiar_pipeline.defs.partitions import FAMILIARS, PROJECTION_QUEUE_TAG, WAITING_STATUSES, familiars_partitions
+from familiar_pipeline.defs.partitions import FAMILIARS, PROJECTION_QUEUE_TAG, WAITING_STATUSES, asset_key, familiars_partitions
 from familiar_pipeline.projectors.schedule import (
     MAX_RANGE_GAP, FamiliarState, InFlightRun, TickPlan, plan_tick, triggered,
 )
@@ -83,7 +84,9 @@ def run_lanes(instance: dg.DagsterInstance) -> int:
     limits = queue.tag_concurrency_limits
     (key, value), = PROJECTION_QUEUE_TAG.items()
     for limit in limits or ():
-        if limit.get("key") == key and limit.get("value") in (None, value):
+        # `value` unset, this queue's value, or per unique value (a shard's own lanes: familiar_pipeline.shards)
+        per_value = isinstance(limit.get("value"), dict) and bool(limit["value"].get("applyLimitPerUniqueValue"))
+        if limit.get("key") == key and (limit.get("value") in (None, value) or per_value):
             return max(1, int(limit.get("limit", 1)))
     return 1
 
@@ -109,7 +112,7 @@ def range_request(plan: dict[str, list[str]], states: dict[str, FamiliarState], 
         # Idempotent: the same familiars in the same state ask for the same run.
         run_key=f"{first}..{last}:{hashlib.sha256((marks + repr(selection)).encode()).hexdigest()[:16]}"
                 + (f":retry{attempt}" if attempt else ""),
-        asset_selection=[dg.AssetKey(a) for a in selection],
+        asset_selection=[asset_key(a) for a in selection],
         run_config={"ops": step_config(due_for, ops)},
         tags={
             RANGE_START_TAG: first,
@@ -167,6 +170,13 @@ def in_flight_runs(instance: dg.DagsterInstance, order: list[str], records=None)
         for familiar_id, dispatched in run_familiars(run, order).items():
             in_flight.setdefault(familiar_id, InFlightRun(waiting=run.status in WAITING, dispatched_turn_id=dispatched))
     return in_flight
+
+
+def owned_familiars(root) -> list[str]:
+    """The familiars under the data root that this code location serves: on a shard, only those it owns."""
+    found = list_familiars(root)
+    owned = shards.shard_familiars()
+    return found if owned is None else [f for f in found if f in owned]
 
 
 # The daemon's sensor loop wakes every 5 s (MIN_INTERVAL_LOOP_TIME in Dagster's sensor daemon) and
@@ -232,7 +242,7 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
     def turn_watermark_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         root = data_root()
         cursor = json.loads(context.cursor) if context.cursor else {}
-        familiars = list_familiars(root)
+        familiars = owned_familiars(root)
         known = list(context.instance.get_dynamic_partitions(FAMILIARS))
         records = in_flight_records(context.instance)
         in_flight = in_flight_runs(context.instance, known, records)

@@ -11,6 +11,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--familiar", required=True, help="familiar id (its folder under the data root)")
     parser.add_argument("--projection", required=True, help="projector or asset name, e.g. rich_note, facts, rolling_summary, turns_fts")
     parser.add_argument("--rebuild", action="store_true", help="drop the projection's rows and watermark first, then rebuild from turns")
+    parser.add_argument("--shard", metavar="NAME",
+                        help="sharded deployment (DAGSTER_HOME of a running `familiar control-plane`): the shard "
+                             "that owns the familiar (default: found from the shards' partitions)")
     parser.add_argument("--local", action="store_true",
                         help="run in this process even if this checkout's `familiar up` is running")
 
@@ -18,9 +21,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from familiar_pipeline.backfill import BackfillError, ProjectionDisabled, backfill
 
-    require_familiar(args.familiar)
+    from familiar_pipeline.backfill import ensure_dagster_home
+    from familiar_pipeline.webserver import read_control_plane_marker
+
+    if args.local or read_control_plane_marker(ensure_dagster_home()) is None:
+        require_familiar(args.familiar)  # on a control plane the familiar's files are on its shard's host
     try:
-        outcome = backfill(args.familiar, args.projection, rebuild=args.rebuild, allow_local=True, force_local=args.local)
+        outcome = backfill(args.familiar, args.projection, rebuild=args.rebuild, allow_local=True, force_local=args.local,
+                           shard=args.shard)
     except ProjectionDisabled as exc:
         raise CliError(str(exc), EXIT_CONFIG) from None
     except BackfillError as exc:

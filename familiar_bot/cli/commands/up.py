@@ -63,6 +63,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="address the Dagster UI binds to (default 127.0.0.1; the UI has no "
                              "login: anything else prints a warning; expose it only behind a proxy "
                              "that authenticates, see docs/playbook.md)")
+    parser.add_argument("--instance", metavar="URL",
+                        help="keep Dagster's runs, events and schedules in this PostgreSQL database "
+                             "(postgresql://user:password@host:port/db; default: $FAMILIAR_INSTANCE_URL, else SQLite "
+                             "files in DAGSTER_HOME); its dagster.yaml is written to $DAGSTER_HOME, else dagster_home/postgres")
     parser.add_argument("--no-bot", action="store_true", help="run only Dagster (UI, sensors, runs)")
     parser.add_argument("--as", dest="speaker", metavar="NAME",
                         help="console chat only: who you are (default: the name you gave on first "
@@ -116,15 +120,17 @@ def run(args: argparse.Namespace) -> int:
     if supervisor.port_in_use(supervisor.local_host(args.host), args.port):
         raise CliError(f"port {args.port} is already in use (another `familiar up` or `dagster dev`?); "
                        "stop it or pick another with --port")
+    instance_env = postgres_instance(args.instance)  # an unreachable instance is refused before anything is created
     if ensure_familiar(familiar_id, create=args.demo):
         say(f"created familiar {familiar_id!r} from the defaults")
     config = load_config(familiar_id)  # fail on bad config before starting anything
     refuse_scripted_models(config, familiar_id)
     transport = "none" if args.no_bot else ("discord" if config.secrets.discord_token else "console")
 
+    extra = {"FAMILIAR_ID": familiar_id, **instance_env}
     private_tmp = Path(tempfile.mkdtemp(prefix="familiar-up-"))  # 0700: the children's sockets live here
     # The code location reads the served familiar's [pipeline] (sensor cadence, flood guard).
-    env = supervisor.child_env({"FAMILIAR_ID": familiar_id}, private_tmp=private_tmp)
+    env = supervisor.child_env(extra, private_tmp=private_tmp)
     private_dir(env["FAMILIAR_DATA_ROOT"])
     log_path = Path(env["DAGSTER_HOME"]) / "familiar-up.log"
     local = supervisor.local_address(args.host, args.port)  # where this machine reaches the UI
@@ -182,6 +188,29 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(stop.status)
+
+
+def postgres_instance(url_arg: str | None) -> dict[str, str]:
+    """With --instance (or $FAMILIAR_INSTANCE_URL): the children's environment for a Postgres instance; else {}.
+
+    Checks the database answers first (one line if not), and writes the instance's
+    dagster.yaml (`familiar_pipeline.instance`: Postgres storage, the preloaded launcher).
+    """
+    from familiar_pipeline.instance import (INSTANCE_URL_ENV, POSTGRES_ENV, InstanceError, check_reachable,
+                                            instance_url_from, postgres_home, write_instance)
+
+    url = instance_url_from(url_arg)
+    if url is None:
+        return {}
+    try:
+        url = check_reachable(url)
+        home = postgres_home(os.environ.get("DAGSTER_HOME"))
+        private_dir(home)
+        write_instance(home, shards=False)
+    except InstanceError as exc:
+        raise CliError(str(exc)) from None
+    say(f"Dagster instance: PostgreSQL ({home / 'dagster.yaml'})")
+    return {INSTANCE_URL_ENV: url, "DAGSTER_HOME": str(home), **POSTGRES_ENV}
 
 
 def enter_demo(args: argparse.Namespace) -> None:
