@@ -75,6 +75,7 @@ from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
+from familiar_bot.prompt.threads import follow_threads
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
                                               next_replies, window_id_ranges)
@@ -482,6 +483,46 @@ class _TurnRows:
         return [self.rows[i] for i in sorted(wanted) if i in self.rows]
 
 
+SPREAD_DEPTH = 3
+import os, re
+SPREAD_LIST_ONLY = os.environ.get("SPREAD_LIST_ONLY") == "1"
+_AUX = {"is", "was", "does", "has", "his", "this", "its", "us"}
+_MANY = re.compile(r"\b(both|all|every|each|list|in what order|how many times|(?:what|which)\s+(?:kinds?|types?|sorts?)\s+of)\b", re.I)
+_PL = re.compile(r"\b(?:what|which)\s+(?:\w+\s+)?(\w+s)\b", re.I)
+
+
+def asks_for_many(cue: str) -> bool:
+    if _MANY.search(cue):
+        return True
+    m = _PL.search(cue)
+    return bool(m and m.group(1).lower() not in _AUX and not m.group(1).lower().endswith("ss"))
+
+
+def spread_days(fused: list[dict], rows_of: "_TurnRows", tz, penalty: float, depth: int) -> list[dict]:
+    """``fused`` with its first ``depth`` candidates re-ranked greedily: each pick lowers the
+    score of the candidates said the same day in the same channel by ``penalty``."""
+    head, tail = fused[:depth], fused[depth:]
+    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in head)}
+    day = {f["turn_id"]: ((rows[f["turn_id"]].channel_id, local_date(rows[f["turn_id"]].created_at, tz))
+                          if f["turn_id"] in rows else None) for f in head}
+    count: dict = {}
+    keep = int(os.environ.get("SPREAD_KEEP", "0"))
+    out: list[dict] = list(head[:keep])
+    for f in out:
+        if day[f["turn_id"]] is not None:
+            count[day[f["turn_id"]]] = count.get(day[f["turn_id"]], 0) + 1
+    left = list(head[keep:])
+    while left:
+        best = max(range(len(left)), key=lambda i: (left[i]["total"] - penalty * count.get(day[left[i]["turn_id"]], 0),
+                                                     -i))
+        pick = left.pop(best)
+        key = day[pick["turn_id"]]
+        if key is not None:
+            count[key] = count.get(key, 0) + 1
+        out.append(pick)
+    return out + tail
+
+
 def _same_channel_windows(log, span: int, exclude: frozenset[int]) -> Callable[[list[int]], dict[int, list[int]]]:
     """For :func:`_dense_turns`: each candidate with its ``span`` nearest live same-channel turns each side
     (``context_windows``, the same windows the ``turn_window_embedding`` projector embeds).
@@ -549,6 +590,10 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fused = [f for f, k in zip(fused, keep) if k]
         if signals is not None and signals.active:
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
+        if retrieval.turn_thread_hits > 0 and dense_cache.get("sims") is not None:
+            fused = _with_threads(fused, dense_cache["sims"], rows_of, retrieval, THREAD_DEPTH * limit)
+        if retrieval.turn_day_spread > 0 and (not SPREAD_LIST_ONLY or asks_for_many(cue)):
+            fused = spread_days(fused, rows_of, memory.config.tz, retrieval.turn_day_spread, SPREAD_DEPTH * limit)
         kept, ranked = [], []
         # Rows are read in rank order, a few more than still wanted at a time: most
         # candidates rank below the cut and never need their row built.
@@ -644,6 +689,21 @@ def _with_signals(fused: list[dict], signals: CueSignals, memory, rows_of: "_Tur
     fused = [f for f in fused if f["turn_id"] not in exclude]
     rows.update((t.id, t) for t in rows_of.get(f["turn_id"] for f in fused if f["turn_id"] not in rows))
     return add_signals(fused, rows, signals)
+
+
+THREAD_DEPTH = 3  # candidates (x the section's hit limit) a thread is followed among
+
+
+def _with_threads(fused: list[dict], scores: "TurnScores", rows_of: "_TurnRows", knobs, depth: int) -> list[dict]:
+    """``fused`` with later same-subject turns lifted above the hits they update (:mod:`threads`)."""
+    head, tail = fused[:depth], fused[depth:]
+    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in head)}
+    want = np.fromiter((f["turn_id"] for f in head), dtype=np.int64)
+    at = np.minimum(np.searchsorted(scores.ids, want), max(0, len(scores.ids) - 1))
+    found = scores.ids[at] == want if len(scores.ids) else np.zeros(len(want), dtype=bool)
+    vectors = {int(tid): scores.matrix[row] for tid, row, ok in zip(want, at, found) if ok}
+    return follow_threads(head, rows, vectors, hits=knobs.turn_thread_hits,
+                          threshold=knobs.turn_thread_similarity, update_bonus=knobs.turn_thread_update_bonus) + tail
 
 
 GROUP_SLACK_TOKENS = 8  # a date header and a blank line a hit's group may add

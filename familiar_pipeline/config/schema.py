@@ -209,6 +209,14 @@ class RetrievalConfig:
     turn_time_slack_days: float = knob(14.0, minimum=0.0, maximum=366.0)
     turn_when_share: float = knob(0.25, minimum=0.0, maximum=1.0)
     turn_reply_credit: float = knob(0.8, minimum=0.0, maximum=1.0)
+    # At most this many ranked hits per channel and local day before the rest of that day's
+    # (0 = no cap): evidence spread over several days comes into view (docs/benchmarks.md).
+    turn_day_spread: float = knob(0.0, minimum=0.0)
+    # The newer word wins: a later turn by the same person whose vector is this close to one
+    # of the best `turn_thread_hits` hits' ranks just above it (0 hits = off).
+    turn_thread_hits: int = knob(0, minimum=0)
+    turn_thread_similarity: float = knob(0.6, minimum=-1.0, maximum=1.0)
+    turn_thread_update_bonus: float = knob(0.0, minimum=0.0, maximum=1.0)
 
 
 # A scope string a reply or a row can carry (see familiar_pipeline.storage.scopes); "familiar"
