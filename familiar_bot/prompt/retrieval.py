@@ -75,6 +75,7 @@ from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
+from familiar_bot.prompt.spread import asks_for_many, spread_days
 from familiar_bot.prompt.threads import follow_threads
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
@@ -82,6 +83,10 @@ from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_re
 
 FACTS_HEADER = "## Possibly relevant facts"
 TURNS_HEADER = "## Possibly relevant earlier turns"
+# When a thread was followed (a later turn on the same subject lifted above an earlier one,
+# :mod:`threads`), the days are listed newest first and the header says so, so the reply
+# can tell the current word from the old one ("it used to be the 7th, now the 14th").
+NEWEST_FIRST_HEADER = TURNS_HEADER + " (newest first: a later turn may update an earlier one)"
 NEUTRAL = 0.5
 NEIGHBOUR_SPAN = 3  # how far (in ids) to look for a hit's same-channel neighbours
 MAX_REFETCH_ROUNDS = 3
@@ -483,46 +488,6 @@ class _TurnRows:
         return [self.rows[i] for i in sorted(wanted) if i in self.rows]
 
 
-SPREAD_DEPTH = 3
-import os, re
-SPREAD_LIST_ONLY = os.environ.get("SPREAD_LIST_ONLY") == "1"
-_AUX = {"is", "was", "does", "has", "his", "this", "its", "us"}
-_MANY = re.compile(r"\b(both|all|every|each|list|in what order|how many times|(?:what|which)\s+(?:kinds?|types?|sorts?)\s+of)\b", re.I)
-_PL = re.compile(r"\b(?:what|which)\s+(?:\w+\s+)?(\w+s)\b", re.I)
-
-
-def asks_for_many(cue: str) -> bool:
-    if _MANY.search(cue):
-        return True
-    m = _PL.search(cue)
-    return bool(m and m.group(1).lower() not in _AUX and not m.group(1).lower().endswith("ss"))
-
-
-def spread_days(fused: list[dict], rows_of: "_TurnRows", tz, penalty: float, depth: int) -> list[dict]:
-    """``fused`` with its first ``depth`` candidates re-ranked greedily: each pick lowers the
-    score of the candidates said the same day in the same channel by ``penalty``."""
-    head, tail = fused[:depth], fused[depth:]
-    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in head)}
-    day = {f["turn_id"]: ((rows[f["turn_id"]].channel_id, local_date(rows[f["turn_id"]].created_at, tz))
-                          if f["turn_id"] in rows else None) for f in head}
-    count: dict = {}
-    keep = int(os.environ.get("SPREAD_KEEP", "0"))
-    out: list[dict] = list(head[:keep])
-    for f in out:
-        if day[f["turn_id"]] is not None:
-            count[day[f["turn_id"]]] = count.get(day[f["turn_id"]], 0) + 1
-    left = list(head[keep:])
-    while left:
-        best = max(range(len(left)), key=lambda i: (left[i]["total"] - penalty * count.get(day[left[i]["turn_id"]], 0),
-                                                     -i))
-        pick = left.pop(best)
-        key = day[pick["turn_id"]]
-        if key is not None:
-            count[key] = count.get(key, 0) + 1
-        out.append(pick)
-    return out + tail
-
-
 def _same_channel_windows(log, span: int, exclude: frozenset[int]) -> Callable[[list[int]], dict[int, list[int]]]:
     """For :func:`_dense_turns`: each candidate with its ``span`` nearest live same-channel turns each side
     (``context_windows``, the same windows the ``turn_window_embedding`` projector embeds).
@@ -590,10 +555,13 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fused = [f for f, k in zip(fused, keep) if k]
         if signals is not None and signals.active:
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
-        if retrieval.turn_thread_hits > 0 and dense_cache.get("sims") is not None:
+        # A question for one answer follows threads to the newest word; one asking for many
+        # (a list, an order, every time) wants every statement, spread over days instead.
+        many = asks_for_many(cue)
+        if retrieval.turn_thread_hits > 0 and not many and dense_cache.get("sims") is not None:
             fused = _with_threads(fused, dense_cache["sims"], rows_of, retrieval, THREAD_DEPTH * limit)
-        if retrieval.turn_day_spread > 0 and (not SPREAD_LIST_ONLY or asks_for_many(cue)):
-            fused = spread_days(fused, rows_of, memory.config.tz, retrieval.turn_day_spread, SPREAD_DEPTH * limit)
+        if retrieval.turn_day_spread > 0 and many:
+            fused = _spread(fused, rows_of, memory.config.tz, retrieval, SPREAD_DEPTH * limit)
         kept, ranked = [], []
         # Rows are read in rank order, a few more than still wanted at a time: most
         # candidates rank below the cut and never need their row built.
@@ -643,7 +611,8 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted
                        and turn_visible(rows[tid], visible)] for hit, ids in zip(kept, shown)]
     chosen = fit_by_rank(groups, token_budget)
-    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to") if k in f}
+    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "updates")
+              if k in f}
              for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
 
@@ -706,6 +675,16 @@ def _with_threads(fused: list[dict], scores: "TurnScores", rows_of: "_TurnRows",
                           threshold=knobs.turn_thread_similarity, update_bonus=knobs.turn_thread_update_bonus) + tail
 
 
+SPREAD_DEPTH = 3  # candidates (x the section's hit limit) a list question's days are spread among
+
+
+def _spread(fused: list[dict], rows_of: "_TurnRows", tz, knobs, depth: int) -> list[dict]:
+    """``fused`` with a list question's best candidates spread over days (:mod:`spread`)."""
+    rows = rows_of.get(f["turn_id"] for f in fused[:depth])
+    day_of = {t.id: (t.channel_id, local_date(t.created_at, tz)) for t in rows}
+    return spread_days(fused, day_of, knobs.turn_day_spread, depth, keep=knobs.turn_day_spread_keep)
+
+
 GROUP_SLACK_TOKENS = 8  # a date header and a blank line a hit's group may add
 
 
@@ -734,17 +713,24 @@ def fit_by_rank(groups: list[list], token_budget: int | None) -> dict[int, Any]:
     return chosen
 
 
-def turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str]]:
+def turn_lines(turns: list, labels: Labels, tz, newest_first: bool = False) -> list[tuple[str, str]]:
     """``(kind, line)`` pairs: date headers, quoted turn lines, and blank separators."""
-    return [(kind, line) for kind, line, _ in owned_turn_lines(turns, labels, tz)]
+    return [(kind, line) for kind, line, _ in owned_turn_lines(turns, labels, tz, newest_first)]
 
 
-def owned_turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str, int | None]]:
+def owned_turn_lines(turns: list, labels: Labels, tz, newest_first: bool = False) -> list[tuple[str, str, int | None]]:
     """``turn_lines`` with the id of the turn each line quotes (None for headers and blanks),
-    so the caller can tell which turns survived the token budget."""
+    so the caller can tell which turns survived the token budget. Days in time order, or
+    with ``newest_first`` the latest day first (each day's turns still in time order)."""
     lines: list[tuple[str, str, int | None]] = []
     day = None
-    for t in sorted(turns, key=lambda t: (t.created_at, t.id)):
+    ordered = sorted(turns, key=lambda t: (t.created_at, t.id))
+    if newest_first:
+        by_day: dict[Any, list] = {}
+        for t in ordered:
+            by_day.setdefault(local_date(t.created_at, tz), []).append(t)
+        ordered = [t for date in sorted(by_day, reverse=True) for t in by_day[date]]
+    for t in ordered:
         date = local_date(t.created_at, tz)
         if date != day:
             if day is not None:
@@ -760,17 +746,19 @@ def owned_turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str, in
 # --------------------------------------------------------------------------- rendering
 
 
-def render(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int) -> str:
+def render(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int,
+           turns_header: str = TURNS_HEADER) -> str:
     """Facts first, then turns, within ``max_tokens`` (headers not counted).
 
     A line that does not fit ends its part once something is kept; the first
     kept line is truncated if it alone is too big. A date header left without
     its turns is dropped.
     """
-    return render_counted(fact_lines, turn_part, max_tokens)[0]
+    return render_counted(fact_lines, turn_part, max_tokens, turns_header)[0]
 
 
-def render_counted(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int) -> tuple[str, int, int]:
+def render_counted(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int,
+                   turns_header: str = TURNS_HEADER) -> tuple[str, int, int]:
     """``render`` plus how many fact lines and turn-part lines it kept (what the prompt really shows)."""
     facts = cap_blocks(fact_lines, max_tokens)
     remaining = max_tokens - sum(estimate_tokens(line) for line in facts)
@@ -794,7 +782,7 @@ def render_counted(fact_lines: list[str], turn_part: list[tuple[str, str]], max_
     if facts:
         parts.append(FACTS_HEADER + "\n\n" + "\n".join(facts))
     if turns:
-        parts.append(TURNS_HEADER + "\n\n" + "\n".join(turns))
+        parts.append(turns_header + "\n\n" + "\n".join(turns))
     return "\n\n".join(parts), len(facts), len(turns)
 
 
@@ -820,9 +808,16 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
     debug["scope_excluded"] = debug["scope_excluded_facts"] + debug["scope_excluded_turns"]
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)
-    owned = owned_turn_lines(turns, labels, memory.config.tz)
+    # A followed thread whose both ends are shown: newest day first (see NEWEST_FIRST_HEADER).
+    shown_ids = {t.id for t in turns}
+    threads = [[f["updates"], f["turn_id"]] for f in turn_debug
+               if "updates" in f and f["turn_id"] in shown_ids and f["updates"] in shown_ids]
+    if threads:
+        debug["threads"] = threads
+    owned = owned_turn_lines(turns, labels, memory.config.tz, newest_first=bool(threads))
     text, facts_kept, lines_kept = render_counted(fact_lines, [(k, line) for k, line, _ in owned],
-                                                  budget.rag_tokens)
+                                                  budget.rag_tokens,
+                                                  NEWEST_FIRST_HEADER if threads else TURNS_HEADER)
     # What the section really shows after the token cut: the evaluation's rendered recall reads these.
     debug["shown_fact_ids"] = [f.id for f in facts[:facts_kept]]
     debug["shown_turn_ids"] = sorted({tid for _, _, tid in owned[:lines_kept] if tid is not None})

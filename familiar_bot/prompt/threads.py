@@ -75,9 +75,9 @@ def follow_threads(fused: list[dict], rows: Mapping[int, Any], vectors: Mapping[
         changed = False
         for hit in [f for f in out[:hits] if f["turn_id"] in index]:
             h = index[hit["turn_id"]]
-            later = np.flatnonzero((ids > hit["turn_id"]) & (sims[h] >= threshold))
+            close = np.flatnonzero((ids > hit["turn_id"]) & (sims[h] >= threshold))
             hit_turn = rows[hit["turn_id"]]
-            later = [c for c in later if same_author(rows[int(ids[c])], hit_turn)]
+            later = [int(c) for c in close if same_author(rows[int(ids[c])], hit_turn)]
             if not later:
                 continue
             best = usable[max(later, key=lambda c: sims[h, c])]
