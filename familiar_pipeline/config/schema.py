@@ -213,7 +213,7 @@ class RetrievalConfig:
     # every time; prompt/spread.py): the best candidates are re-picked, each losing this much
     # per better one already taken from its channel and local day (0 = off); the first
     # `turn_day_spread_keep` stay where they are (docs/benchmarks.md, "Updates, wishes and order").
-    turn_day_spread: float = knob(0.6, minimum=0.0)
+    turn_day_spread: float = knob(0.0, minimum=0.0)
     turn_day_spread_keep: int = knob(5, minimum=0)
     # The newer word wins (issue 33; prompt/threads.py): each of the best `turn_thread_hits`
     # hits is followed to its closest later candidate by the same person (blended cosine at
