@@ -75,12 +75,18 @@ from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
+from familiar_bot.prompt.spread import asks_for_many, spread_days
+from familiar_bot.prompt.threads import follow_threads
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
                                               next_replies, window_id_ranges)
 
 FACTS_HEADER = "## Possibly relevant facts"
 TURNS_HEADER = "## Possibly relevant earlier turns"
+# When a thread was followed (a later turn on the same subject lifted above an earlier one,
+# :mod:`threads`), the days are listed newest first and the header says so, so the reply
+# can tell the current word from the old one ("it used to be the 7th, now the 14th").
+NEWEST_FIRST_HEADER = TURNS_HEADER + " (newest first: a later turn may update an earlier one)"
 NEUTRAL = 0.5
 NEIGHBOUR_SPAN = 3  # how far (in ids) to look for a hit's same-channel neighbours
 MAX_REFETCH_ROUNDS = 3
@@ -549,6 +555,13 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fused = [f for f, k in zip(fused, keep) if k]
         if signals is not None and signals.active:
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
+        # A question for one answer follows threads to the newest word; one asking for many
+        # (a list, an order, every time) wants every statement, spread over days instead.
+        many = asks_for_many(cue)
+        if retrieval.turn_thread_hits > 0 and not many and dense_cache.get("sims") is not None:
+            fused = _with_threads(fused, dense_cache["sims"], rows_of, retrieval, THREAD_DEPTH * limit)
+        if retrieval.turn_day_spread > 0 and many:
+            fused = _spread(fused, rows_of, memory.config.tz, retrieval, SPREAD_DEPTH * limit)
         kept, ranked = [], []
         # Rows are read in rank order, a few more than still wanted at a time: most
         # candidates rank below the cut and never need their row built.
@@ -598,7 +611,8 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted
                        and turn_visible(rows[tid], visible)] for hit, ids in zip(kept, shown)]
     chosen = fit_by_rank(groups, token_budget)
-    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to") if k in f}
+    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "updates")
+              if k in f}
              for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
 
@@ -646,6 +660,31 @@ def _with_signals(fused: list[dict], signals: CueSignals, memory, rows_of: "_Tur
     return add_signals(fused, rows, signals)
 
 
+THREAD_DEPTH = 3  # candidates (x the section's hit limit) a thread is followed among
+
+
+def _with_threads(fused: list[dict], scores: "TurnScores", rows_of: "_TurnRows", knobs, depth: int) -> list[dict]:
+    """``fused`` with later same-subject turns lifted above the hits they update (:mod:`threads`)."""
+    head, tail = fused[:depth], fused[depth:]
+    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in head)}
+    want = np.fromiter((f["turn_id"] for f in head), dtype=np.int64)
+    at = np.minimum(np.searchsorted(scores.ids, want), max(0, len(scores.ids) - 1))
+    found = scores.ids[at] == want if len(scores.ids) else np.zeros(len(want), dtype=bool)
+    vectors = {int(tid): scores.matrix[row] for tid, row, ok in zip(want, at, found) if ok}
+    return follow_threads(head, rows, vectors, hits=knobs.turn_thread_hits,
+                          threshold=knobs.turn_thread_similarity, update_bonus=knobs.turn_thread_update_bonus) + tail
+
+
+SPREAD_DEPTH = 3  # candidates (x the section's hit limit) a list question's days are spread among
+
+
+def _spread(fused: list[dict], rows_of: "_TurnRows", tz, knobs, depth: int) -> list[dict]:
+    """``fused`` with a list question's best candidates spread over days (:mod:`spread`)."""
+    rows = rows_of.get(f["turn_id"] for f in fused[:depth])
+    day_of = {t.id: (t.channel_id, local_date(t.created_at, tz)) for t in rows}
+    return spread_days(fused, day_of, knobs.turn_day_spread, depth, keep=knobs.turn_day_spread_keep)
+
+
 GROUP_SLACK_TOKENS = 8  # a date header and a blank line a hit's group may add
 
 
@@ -674,17 +713,24 @@ def fit_by_rank(groups: list[list], token_budget: int | None) -> dict[int, Any]:
     return chosen
 
 
-def turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str]]:
+def turn_lines(turns: list, labels: Labels, tz, newest_first: bool = False) -> list[tuple[str, str]]:
     """``(kind, line)`` pairs: date headers, quoted turn lines, and blank separators."""
-    return [(kind, line) for kind, line, _ in owned_turn_lines(turns, labels, tz)]
+    return [(kind, line) for kind, line, _ in owned_turn_lines(turns, labels, tz, newest_first)]
 
 
-def owned_turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str, int | None]]:
+def owned_turn_lines(turns: list, labels: Labels, tz, newest_first: bool = False) -> list[tuple[str, str, int | None]]:
     """``turn_lines`` with the id of the turn each line quotes (None for headers and blanks),
-    so the caller can tell which turns survived the token budget."""
+    so the caller can tell which turns survived the token budget. Days in time order, or
+    with ``newest_first`` the latest day first (each day's turns still in time order)."""
     lines: list[tuple[str, str, int | None]] = []
     day = None
-    for t in sorted(turns, key=lambda t: (t.created_at, t.id)):
+    ordered = sorted(turns, key=lambda t: (t.created_at, t.id))
+    if newest_first:
+        by_day: dict[Any, list] = {}
+        for t in ordered:
+            by_day.setdefault(local_date(t.created_at, tz), []).append(t)
+        ordered = [t for date in sorted(by_day, reverse=True) for t in by_day[date]]
+    for t in ordered:
         date = local_date(t.created_at, tz)
         if date != day:
             if day is not None:
@@ -700,17 +746,19 @@ def owned_turn_lines(turns: list, labels: Labels, tz) -> list[tuple[str, str, in
 # --------------------------------------------------------------------------- rendering
 
 
-def render(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int) -> str:
+def render(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int,
+           turns_header: str = TURNS_HEADER) -> str:
     """Facts first, then turns, within ``max_tokens`` (headers not counted).
 
     A line that does not fit ends its part once something is kept; the first
     kept line is truncated if it alone is too big. A date header left without
     its turns is dropped.
     """
-    return render_counted(fact_lines, turn_part, max_tokens)[0]
+    return render_counted(fact_lines, turn_part, max_tokens, turns_header)[0]
 
 
-def render_counted(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int) -> tuple[str, int, int]:
+def render_counted(fact_lines: list[str], turn_part: list[tuple[str, str]], max_tokens: int,
+                   turns_header: str = TURNS_HEADER) -> tuple[str, int, int]:
     """``render`` plus how many fact lines and turn-part lines it kept (what the prompt really shows)."""
     facts = cap_blocks(fact_lines, max_tokens)
     remaining = max_tokens - sum(estimate_tokens(line) for line in facts)
@@ -734,7 +782,7 @@ def render_counted(fact_lines: list[str], turn_part: list[tuple[str, str]], max_
     if facts:
         parts.append(FACTS_HEADER + "\n\n" + "\n".join(facts))
     if turns:
-        parts.append(TURNS_HEADER + "\n\n" + "\n".join(turns))
+        parts.append(turns_header + "\n\n" + "\n".join(turns))
     return "\n\n".join(parts), len(facts), len(turns)
 
 
@@ -760,9 +808,16 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
     debug["scope_excluded"] = debug["scope_excluded_facts"] + debug["scope_excluded_turns"]
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)
-    owned = owned_turn_lines(turns, labels, memory.config.tz)
+    # A followed thread whose both ends are shown: newest day first (see NEWEST_FIRST_HEADER).
+    shown_ids = {t.id for t in turns}
+    threads = [[f["updates"], f["turn_id"]] for f in turn_debug
+               if "updates" in f and f["turn_id"] in shown_ids and f["updates"] in shown_ids]
+    if threads:
+        debug["threads"] = threads
+    owned = owned_turn_lines(turns, labels, memory.config.tz, newest_first=bool(threads))
     text, facts_kept, lines_kept = render_counted(fact_lines, [(k, line) for k, line, _ in owned],
-                                                  budget.rag_tokens)
+                                                  budget.rag_tokens,
+                                                  NEWEST_FIRST_HEADER if threads else TURNS_HEADER)
     # What the section really shows after the token cut: the evaluation's rendered recall reads these.
     debug["shown_fact_ids"] = [f.id for f in facts[:facts_kept]]
     debug["shown_turn_ids"] = sorted({tid for _, _, tid in owned[:lines_kept] if tid is not None})
