@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from familiar_pipeline.defs.assets import FACT_DRIVEN, TURN_DRIVEN
 from familiar_pipeline.defs.jobs import materializations, materialize_in_process
 from familiar_pipeline.models.llm import LlmUsage
@@ -89,7 +91,7 @@ def metadata(result, asset_name: str) -> dict:
 
 def populate_every_table(store: ProjectionStore) -> tuple:
     """One row or more in every built-in table (a fact retired by another, its decision, dossiers, a
-    summary, a reflection, vectors) and every projector's watermark: for drop and rebuild tests."""
+    summary, a reflection, vectors, a standing wish) and every projector's watermark: for drop and rebuild tests."""
     from familiar_pipeline.projectors.dossiers import tables as dossier_db
     from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
     from familiar_pipeline.projectors.reflections import tables as reflection_db
@@ -99,6 +101,7 @@ def populate_every_table(store: ProjectionStore) -> tuple:
     from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
     from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
     from familiar_pipeline.projectors.vectors import set_vectors
+    from familiar_pipeline.projectors.wishes import tables as wishes_db
 
     cass, aria = Subject("discord:1", "Cass"), Subject("discord:2", "Aria")
     a, b, c = (facts_db.append_fact(store, FactDraft(text, source_turn_ids=(turn,), subjects=(who,)))[0]
@@ -115,6 +118,8 @@ def populate_every_table(store: ProjectionStore) -> tuple:
     fact_vectors.set_fact_embedding(store, b.id, "m", [1.0])
     set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [1.0])])
     set_vectors(store, TURN_WINDOW_EMBEDDINGS, "m", [(1, [1.0])])
+    wishes_db.insert_wishes(store, [wishes_db.WishDraft("discord:1", "call", "Call me Cass.", 2, 1,
+                                                        datetime(2026, 1, 1, tzinfo=timezone.utc), "dm:discord:1")])
     for name in BUILTIN_PROJECTORS:
         store.set_watermark(name, turn_id=3, fact_id=c.id)
     return a, b, c

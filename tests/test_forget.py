@@ -382,7 +382,7 @@ def test_a_forgotten_wish_leaves_no_marker_and_the_older_wish_is_current_again(t
     """A standing wish holding a marker (issue 33): forgetting its message removes the wish through its
     provenance and the purge leaves its words nowhere; the wish it had retired is current again."""
     root = tmp_path / "data"
-    paths = make_familiar(root, extra_toml=GRAPH_TOML.replace('"fact_embedding"]', '"fact_embedding", "standing_wish"]'))
+    paths = make_familiar(root, extra_toml=GRAPH_TOML)  # its projectors include standing_wish
     with TurnLog(paths.turns_db) as log:
         for key, name in PEOPLE:
             log.upsert_participant(key, username=name.lower(), global_name=name)

@@ -25,7 +25,8 @@ def env(tmp_path, monkeypatch):
 
 
 FOLLOWERS = ["fact_supersessions", "people_dossiers", "reflections"]  # active by default; embeddings are opt-in
-FULL = sorted(["facts", "rolling_summary", "turns_fts", *FOLLOWERS])
+INDEXES = ["turns_fts", "wishes"]  # turn-index assets: model-free, run once a conversation goes quiet
+FULL = sorted(["facts", "rolling_summary", *INDEXES, *FOLLOWERS])
 
 
 def tick(instance, cursor=None):
@@ -80,14 +81,14 @@ def test_new_familiar_is_added_on_a_later_tick(env):
     append_chat(make_familiar(root, "beta"), 3)
     second = tick(instance, cursor=first.cursor)
     assert [k for r in second.dynamic_partitions_requests for k in r.partition_keys] == ["beta"]
-    assert requested(second) == {"beta": ["turns_fts"]}
+    assert requested(second) == {"beta": INDEXES}
 
 
 def test_thresholds_decide_which_assets_run(env):
     root, instance = env
     paths = make_familiar(root, "alpha")
     append_chat(paths, 9)  # below batch_size=10 and turns_threshold=10
-    assert requested(tick(instance)) == {"alpha": ["turns_fts"]}
+    assert requested(tick(instance)) == {"alpha": INDEXES}
     append_chat(paths, 1, start=9)  # exactly at the threshold
     assert requested(tick(instance)) == {"alpha": FULL}
 
@@ -96,7 +97,7 @@ def test_env_override_of_a_threshold_takes_effect(env, monkeypatch):
     root, instance = env
     append_chat(make_familiar(root, "alpha"), 5)
     monkeypatch.setenv("FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE", "5")
-    assert requested(tick(instance)) == {"alpha": sorted(["facts", "turns_fts", *FOLLOWERS])}
+    assert requested(tick(instance)) == {"alpha": sorted(["facts", *INDEXES, *FOLLOWERS])}
 
 
 def test_cursor_reset_redispatches_without_losing_anything(env):
@@ -208,7 +209,7 @@ def test_index_alone_waits_for_a_quiet_conversation(env, monkeypatch):
     instance.add_dynamic_partitions("familiars", ["alpha"])
     assert "alpha" not in json.loads(first.cursor), "not recorded, so a later tick looks again"
     monkeypatch.setenv("FAMILIAR__PIPELINE__INDEX_QUIET_S", "0")
-    assert requested(tick(instance, cursor=first.cursor)) == {"alpha": ["turns_fts"]}
+    assert requested(tick(instance, cursor=first.cursor)) == {"alpha": INDEXES}
 
 
 def test_sensor_ticks_at_the_configured_interval_within_the_daemon_loop(tmp_path, monkeypatch):
@@ -269,7 +270,8 @@ def test_one_run_per_tick_covers_every_due_familiar(env):
 def published_up_to(paths, turn_id: int) -> None:
     """A serving manifest whose watermarks say every projector has processed turns up to `turn_id`."""
     marks = {name: {"turn_id": turn_id, "change_seq": 0}
-             for name in ("turns_fts", "rolling_summary", "rich_note", "supersede", "dossiers", "reflections")}
+             for name in ("turns_fts", "standing_wish", "rolling_summary", "rich_note", "supersede", "dossiers",
+                         "reflections")}
     write_manifest(paths, 1, marks)
 
 
@@ -295,7 +297,7 @@ def test_the_range_spans_familiars_between_the_due_ones_and_the_plan_leaves_them
     append_chat(FamiliarPaths.for_id("a3", root), 1, start=12)
     second = tick(instance, cursor=first.cursor)
     assert covered(second) == ("a1", "a3")
-    assert requested(second) == {"a1": FULL, "a3": ["turns_fts"]}, "a2 is in the range, not in the plan"
+    assert requested(second) == {"a1": FULL, "a3": INDEXES}, "a2 is in the range, not in the plan"
 
 
 def test_the_range_follows_partition_order_and_a_familiar_added_mid_run_joins_the_next_tick(env):

@@ -112,14 +112,14 @@ def test_a_wishes_section_counts_through_the_turns_it_cites():
 
 
 def test_a_model_free_projector_of_the_turns_is_built_too(tmp_path):
-    """Today the turn index and vectors are all; a heuristic projector that always runs (a wishes table
-    added later) is turned on and materialized with them, one that needs a model or facts is not."""
-    assert turn_only_projectors(tmp_path) == []
+    """Besides the turn index and vectors, a heuristic projector that always runs (the standing wishes) is
+    turned on and materialized with them; one that needs a model or facts is not."""
+    assert [s.name for s in turn_only_projectors(tmp_path)] == ["standing_wish"]
     registry.register_projector(ProjectorSpec(name="bench_heuristic", run=lambda *a, **k: None, needs_llm=False,
                                               always_on=True))
     registry.register_projector(ProjectorSpec(name="bench_modelled", run=lambda *a, **k: None, always_on=True))
     try:
-        assert [s.name for s in turn_only_projectors(tmp_path)] == ["bench_heuristic"]
+        assert [s.name for s in turn_only_projectors(tmp_path)] == ["standing_wish", "bench_heuristic"]
     finally:
         registry.unregister_projector("bench_heuristic")
         registry.unregister_projector("bench_modelled")
