@@ -105,7 +105,7 @@ def test_budget_defaults_per_tier(tmp_path):
     assert (text.recent_history_tokens, text.dossier_tokens, text.max_history_turns, text.max_dossier_people) == (8000, 2400, 400, 24)
     assert (background.recent_history_tokens, background.max_rag_turns, background.max_reflections) == (24000, 24, 16)
     # The total is the sum of the seven section caps, never a separate number that could disagree.
-    assert (voice.total_tokens, text.total_tokens, background.total_tokens) == (6720, 17720, 52120)
+    assert (voice.total_tokens, text.total_tokens, background.total_tokens) == (6840, 18000, 52400)
     assert TierBudget() == voice
     with pytest.raises(ConfigError, match="unknown budget tier 'loud'; valid tiers: background, text, voice"):
         cfg.budget_for("loud")

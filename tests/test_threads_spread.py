@@ -133,6 +133,17 @@ def test_cues_that_ask_for_one_answer(cue):
     assert not asks_for_many(cue)
 
 
+def test_only_a_cue_s_head_is_read_so_a_pasted_wall_of_text_is_not_a_list_question():
+    """A 100 KB message without a comma once took seconds per reply here (an unbounded item pattern
+    searched from every start): the cue is cut to its head and the items' lengths are bounded."""
+    from familiar_bot.prompt.spread import CUE_CHARS
+
+    assert not asks_for_many("word " * 20_000 + "list every time")
+    assert asks_for_many("list every time " + "word " * 20_000)
+    assert not asks_for_many("x" * CUE_CHARS + ", a, b and c")
+    assert asks_for_many("y" * 30 + ", a, b and c"), "an item up to 60 characters still counts"
+
+
 # ----------------------------------------------------------------------------- rendering
 
 class NameLabels:

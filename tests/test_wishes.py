@@ -167,7 +167,7 @@ def test_the_knobs_and_the_layer_are_configured_and_checked(tmp_path):
     paths = make_familiar(tmp_path, extra_toml="[budget.text]\nwishes_tokens = 40\n"
                                                "[providers.memory.standing_wish]\nmax_chars = 80\n")
     config = load_config(paths.familiar_id, root=tmp_path, env={})
-    assert config.budget_for("text").wishes_tokens == 40 and config.budget_for("voice").wishes_tokens == 120
+    assert config.budget_for("text").wishes_tokens == 40 and config.budget_for("voice").wishes_tokens == 240
     assert config.memory.standing_wish.max_chars == 80
     paths.character_toml.write_text("[budget.text]\nwishes_tokens = 0\n")
     with pytest.raises(ConfigError, match="wishes_tokens"):
@@ -232,6 +232,7 @@ def test_the_layer_is_empty_without_wishes_and_drops_the_oldest_past_its_cap(wor
     world.publish()
     prompt = assemble(world)
     assert section(prompt) == "" and prompt.debug["wishes"] == {"wish_ids": [], "turn_ids": [], "tokens": 0}
+    world.paths.character_toml.write_text(world.paths.character_toml.read_text() + "\n[budget.text]\nwishes_tokens = 120\n")
     said = [world.say(f"Never bring up my {thing}, it is a long story I would rather forget about for good.")
             for thing in ("ex", "job", "brother", "landlord", "dentist", "cousin")]
     keep(world, said)
@@ -239,7 +240,8 @@ def test_the_layer_is_empty_without_wishes_and_drops_the_oldest_past_its_cap(wor
     prompt = assemble(world)
     assert section_tokens(prompt) <= 120 and 0 < len(prompt.debug["wishes"]["wish_ids"]) < 6
     assert "dentist" in section(prompt) and "my ex" not in section(prompt), "newest kept, oldest dropped"
-    world.paths.character_toml.write_text(world.paths.character_toml.read_text() + "\n[budget.text]\nwishes_tokens = 400\n")
+    world.paths.character_toml.write_text(world.paths.character_toml.read_text().replace("wishes_tokens = 120",
+                                                                                         "wishes_tokens = 400"))
     assert len(assemble(world).debug["wishes"]["wish_ids"]) == 6
 
 

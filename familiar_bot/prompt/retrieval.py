@@ -557,7 +557,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
         # A question for one answer follows threads to the newest word; one asking for many
         # (a list, an order, every time) wants every statement, spread over days instead.
-        many = asks_for_many(cue)
+        many = (retrieval.turn_thread_hits > 0 or retrieval.turn_day_spread > 0) and asks_for_many(cue)
         if retrieval.turn_thread_hits > 0 and not many and dense_cache.get("sims") is not None:
             fused = _with_threads(fused, dense_cache["sims"], rows_of, retrieval, THREAD_DEPTH * limit)
         if retrieval.turn_day_spread > 0 and many:

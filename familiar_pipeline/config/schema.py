@@ -316,8 +316,10 @@ class TierBudget:
     max_dossier_people: int = knob(16, minimum=1)
     max_reflections: int = knob(6, minimum=1)
     max_lorebook_entries: int = knob(12, minimum=1)
-    # The speaker's standing wishes (`standing_wishes` layer): small, it is in every reply.
-    wishes_tokens: int = knob(120, minimum=1)
+    # The speaker's standing wishes (`standing_wishes` layer): in every reply to someone who has any
+    # (0 tokens for everyone else). At 120 a person with 16 wishes saw about half of them
+    # (benchmarks/updates.py, docs/benchmarks.md).
+    wishes_tokens: int = knob(240, minimum=1)
 
     @property
     def total_tokens(self) -> int:
@@ -332,11 +334,13 @@ DEFAULT_BUDGETS: Mapping[str, TierBudget] = FrozenDict({
         recent_history_tokens=8000, rag_tokens=2400, dossier_tokens=2400, summary_tokens=1600,
         reflection_tokens=1600, lorebook_tokens=1600, max_history_turns=400, max_rag_turns=32,
         max_rag_facts=10, max_dossier_people=24, max_reflections=10, max_lorebook_entries=20,
+        wishes_tokens=400,
     ),
     "background": TierBudget(
         recent_history_tokens=24000, rag_tokens=8000, dossier_tokens=8000, summary_tokens=4000,
         reflection_tokens=4000, lorebook_tokens=4000, max_history_turns=1000, max_rag_turns=24,
         max_rag_facts=16, max_dossier_people=32, max_reflections=16, max_lorebook_entries=32,
+        wishes_tokens=400,
     ),
 })
 
