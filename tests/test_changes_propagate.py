@@ -199,7 +199,8 @@ def test_the_kernel_removes_what_rests_on_a_turn_through_the_declared_provenance
         put_dossier(store, "discord:1", "Cass likes coffee now.", b.id, source_fact_ids=[a.id, b.id])
         followed = forget_changed(store, Followed(change_seq=1, turns=[2]))
         assert followed.facts_removed == [b.id] and followed.facts_restored == [a.id]
-        assert followed.removed == {"facts": 1, "fact_subjects": 1, "supersede_decisions": 1, "fact_embeddings": 1}
+        assert followed.removed == {"facts": 1, "fact_subjects": 1, "supersede_decisions": 1, "fact_embeddings": 1,
+                                    "wishes": 1}, "the wish said in turn 2 goes with it"
         assert store.sql("SELECT id, superseded_at FROM facts ORDER BY id").fetchall() == [(a.id, None), (c.id, None)]
         assert store.stale_keys(DOSSIERS) == [("discord:1", "familiar")], "left to its projector, which rebuilds it"
         assert store.count(store.table("reflections")) == 1, "it cites turn 1 and fact a, both still there"

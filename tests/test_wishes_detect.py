@@ -21,19 +21,36 @@ WISHES = [
     ("Never bring up my ex again.", "topic:ex"),
     ("I'd rather not talk about work.", "topic:work"),
     ("Please don't mention my weight anymore.", "topic:weight"),
-    ("I prefer step-by-step explanations.", "explain"),
+    ("I prefer step-by-step explanations.", "explain:steps"),
     ("Please don't use emojis.", "format:emoji"),
     ("You can go into detail now.", "length"),
-    ("Always format code snippets with line numbers.", "format:code"),
+    ("Always format code snippets with line numbers.", "format:line_numbers"),
     ("Please reply in French from now on.", "language"),
-    ("I'd rather you didn't swear.", "tone"),
-    ("I want you to be blunt with me.", "tone"),
-    ("Stop apologizing so much.", "tone"),
+    ("I'd rather you didn't swear.", "tone:language"),
+    ("I want you to be blunt with me.", "tone:honesty"),
+    ("Stop apologizing so much.", "tone:apology"),
     ("I never want you to mention my brother.", "topic:brother"),
     ("Going forward, use bullet points for lists of options.", "format:lists"),
     ("Hey, when you explain code, always add comments.", "format:code"),
     ("my pronouns are they/them", "pronouns"),
     ("Keep it concise please.", "length"),
+    # preferences for how to be answered, said as the person's taste rather than an order
+    ("Metric units work better for me than imperial.", "units"),
+    ("I'm much more comfortable with metric units.", "units"),
+    ("Celsius please, Fahrenheit means nothing to me.", "units:temperature"),
+    ("honestly I learn best when things are broken into steps", "explain:steps"),
+    ("I understand things best through analogies.", "explain:analogies"),
+    ("I lean vegetarian when I cook.", "diet"),
+    ("when there's code involved I like Python best", "code_language"),
+    ("I'd rather see side-by-side tables for comparisons.", "format:tables"),
+    ("give me the bottom line first, that's what works for me", "format:summary"),
+    ("I'd rather go for budget-friendly choices.", "budget"),
+    ("whenever there are several items, use bullets", "format:lists"),
+    ("no emojis please, always plain text", "format:emoji"),
+    ("I'm a beginner, so please avoid jargon.", "explain:level"),  # the clause after ", so"
+    ("I'd like replies in German from now on.", "language"),
+    ("I respond better to gentle feedback.", "tone:honesty"),
+    ("Diagrams help me more than text.", "format:visual"),
 ]
 
 # Looks like a wish, is not one: each is its own reason (quoted, a question, someone else's words, the past).
@@ -62,6 +79,16 @@ NOT_WISHES = [
     "Never give up!",  # encouragement (LoCoMo)
     "Always here to help.",  # no verb: a statement (LoCoMo)
     "Keep going and never give up!",  # encouragement (LoCoMo)
+    "My dad prefers imperial units, it drives me nuts.",  # someone else's taste
+    "My roommate would rather eat vegetarian every day.",  # someone else's taste
+    "I'd rather stay in tonight.",  # a plan, on no point
+    "I'd rather have the vegetarian lasagna tonight.",  # this once
+    "Coffee please.",  # a request on no point
+    "That recipe works better for me.",  # on no point
+    "I'd like to go to the short film festival on Saturday.",  # a plan ("short" is no wish on length)
+    "I'd like the details of the trip when you have them.",  # a request for once
+    "I like long walks on the beach.",  # a taste, on no point
+    "Running helps me a lot with stress.",  # on no point
 ]
 
 

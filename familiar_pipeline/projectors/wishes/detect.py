@@ -13,7 +13,10 @@ always says…", "my boss never…") and statements about the past ("I always we
 as a kid": "I always" is not a cue); quoted text (in quotes, or a ``>`` quote line) is
 cut out before anything is read; a question ("do you always…?") is not a wish, except
 the polite request form "could you (please) …". Weak cues ("keep…", "don't…", "you
-can…", "feel free…") count only when what follows names a known point.
+can…", "feel free…") count only when what follows names a known point, and so do
+preferences said as the person's own taste ("metric units work better for me", "I learn
+best through analogies", "Celsius please"). A clause after a reason ("I'm a beginner, so
+please avoid jargon") is read on its own when the whole sentence is not a wish.
 
 Each wish gets a **point**: what it is about (``address``, ``length``, ``language``,
 ``format:emoji``, ``topic:ex``, ...), so that a newer wish on the same point retires
@@ -77,7 +80,8 @@ _LEAD = (r"(?:(?:ok(?:ay)?|so|also|and|but|oh|hey|hi|no|nah|wait|oops|sorry|btw|
          r"seriously|honestly|again|anyway|well|look|listen|fyi|note|remember|reminder|pls|please|"
          r"from now on|going forward|in (?:the )?future|for future reference|"
          r"from here on(?: out)?|moving forward|for now on|for the future|"
-         r"(?:from )?today on|when(?:ever)? (?:you|we) [^,]{1,40}|if (?:you|i) [^,]{1,40})"
+         r"(?:from )?today on|when(?:ever)? (?:you|we|i|there'?s|there (?:is|are)|it'?s) [^,]{1,40}|"
+         r"if (?:you|i) [^,]{1,40})"
          r"[\s,:;-]*)*")
 _NAME = r"[A-Za-z][\w'-]{0,30}(?: [A-Z][\w'-]{0,30})?"
 
@@ -108,10 +112,30 @@ _WEAK = re.compile(
     r")",
     re.I,
 )
+# A preference for how to be answered, said as the person's own taste rather than an instruction
+# ("metric units work better for me", "I learn best through analogies", "Celsius please"): a wish
+# only when it names a known point (as a weak cue) and is not for this once. At a sentence's start
+# (after a lead) when it begins with "I", so someone else's taste ("my dad prefers imperial") is not
+# read; the "... for me" forms may be anywhere, as their subject is the thing preferred.
+_PREFERS = re.compile(
+    r"^" + _LEAD + r"(?P<cue>"
+    r"i'?d (?:much |really |honestly )?rather\b|i would (?:much |really )?rather\b"
+    r"|i(?: \w+)? (?:learn|understand|follow|get|take in)(?: things| it| ideas| concepts| stuff)? best\b"
+    r"|i'?m (?:much |far |a lot |way )?more comfortable with\b|i am (?:much |far )?more comfortable with\b"
+    r"|i(?: \w+)? lean\b|i like [\w' -]{1,30} best\b"
+    r"|i like (?:it )?(?:a|an|my|when|answers|replies|responses|explanations)\b"
+    r"|i find [\w' -]{1,40} (?:easier|clearer|better|more helpful)\b"
+    r"|i respond (?:better|best) to\b|i (?:don'?t|do not|never) eat\b"
+    r"|(?:[\w'-]+ ){0,2}[\w'-]+,? please\b"
+    r")"
+    r"|\b(?:better|best|easier|easiest|clearer|clearest) for me\b|\bwhat works for me\b|\bwhat i'?m used to\b"
+    r"|\bsuits? me (?:best|better)\b|\bhelps? me (?:a lot|more|most|the most|best)\b|\breally helps? me\b",
+    re.I,
+)
 _ONE_OFF = re.compile(r"\b(?:this (?:time|once|one|answer|question|reply|message|week)|for this|right now|for now|"
                       r"just now|today|tonight|here|yet)\b", re.I)
 # An imperative with a standing marker anywhere ("reply in French from now on").
-_IMPERATIVE = re.compile(r"^" + _LEAD + r"(?P<cue>(?:reply|answer|respond|write|speak|talk|explain|format|call|"
+_IMPERATIVE = re.compile(r"^" + _LEAD + r"(?P<cue>(?:i'?d like|i would like|reply|answer|respond|write|speak|talk|explain|format|call|"
                          r"address|refer|greet|sign|end|start|begin|use|keep|be|give|show|tell|ask|remind|add|"
                          r"put|include|say|number|list|mention|check)\b)", re.I)
 _STANDING = re.compile(r"\b(?:from now on|going forward|in (?:the )?future|from here on(?: out)?|every time|"
@@ -142,17 +166,39 @@ _POINTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((p, re.compile(r, re.I)
     ("pronouns", r"\b(?:pronouns?|(?:she|he|they)/(?:her|him|them))\b"),
     ("language", rf"\b(?:in|speak|speaking|use|reply in|answer in|write in)\s+(?:{_LANGUAGES})\b|\b(?:{_LANGUAGES})\b"),
     ("format:emoji", r"\bemoj(?:i|is)\b|\bemoticons?\b"),
-    ("format:code", r"\b(?:code|snippets?|line numbers?|syntax)\b"),
-    ("format:lists", r"\b(?:bullet(?:s| points?)?|numbered lists?|lists?|tables?)\b"),
+    ("format:types", r"\btype (?:hints?|annotations?)\b"),
+    ("format:line_numbers", r"\b(?:line numbers?|number(?:ed)? (?:the |its |their )?lines)\b"),
+    ("code_language", r"\b(?:python|javascript|typescript|golang|kotlin|php|c\+\+|java)\b"),
+    ("format:code", r"\b(?:code|snippets?|syntax)\b"),
+    ("format:visual", r"\b(?:diagrams?|charts?|drawings?|sketches)\b"),
+    ("format:tables", r"\b(?:tables?|side-by-side)\b"),
+    ("format:lists", r"\b(?:bullet(?:s| points?)?|numbered lists?|lists?)\b"),
     ("format:markdown", r"\b(?:markdown|headers?|headings?|bold|italics?|formatting|plain text)\b"),
+    ("format:summary", r"\b(?:(?:one-line |short )?summar(?:y|ies) (?:at the top|first)|bottom line|conclusion first|"
+                       r"tl;?dr (?:first|at the top))\b"),
     ("length", r"\b(?:short(?:er)?|brief(?:er)?|concise|succinct|long(?:er)?|lengthy|detail(?:s|ed)?|in depth|"
                r"in-depth|verbose|wordy|ramble|rambling|tl;?dr|one(?:-| )(?:line|sentence|word)|few sentences|"
                r"to the point|elaborate|thorough|essays?|walls? of text)\b"),
-    ("explain", r"\b(?:step[- ]by[- ]step|explain(?:ing|ations?)?|examples?|analog(?:y|ies)|eli5|"
-                r"simple (?:terms|words|language)|jargon|technical|beginner)\b"),
-    ("tone", r"\b(?:formal|informal|casual|polite|swear(?:ing)?|curs(?:e|ing)|profanity|sarcas(?:m|tic)|jokes?|"
-             r"joking|puns?|humou?r|serious|cheerful|blunt|honest|gentle|harsh|sugarcoat(?:ing)?|tone|"
-             r"apologi[sz](?:e|ing)|sorry|flatter(?:y|ing)|compliments?)\b"),
+    # Ways of explaining and of speaking that can hold together ("step by step" and "with analogies";
+    # "casual" and "no swearing"): each its own point, so one does not retire the other.
+    ("explain:steps", r"\b(?:step[- ]by[- ]step|(?:broken|break(?:ing)?) (?:\w+ )?into steps|one step at a time)\b"),
+    ("explain:analogies", r"\b(?:analog(?:y|ies)|everyday (?:comparisons?|things|examples)|metaphors?)\b"),
+    ("explain:level", r"\b(?:eli5|simple (?:terms|words|language)|jargon|technical|beginner|like i'?m five)\b"),
+    ("explain:examples", r"\bexamples?\b"),
+    ("explain", r"\bexplain(?:ing|ations?)?\b"),
+    ("tone:register", r"\b(?:formal|informal|casual|polite)\b"),
+    ("tone:language", r"\b(?:swear(?:ing)?|curs(?:e|ing)|profanity)\b"),
+    ("tone:humour", r"\b(?:sarcas(?:m|tic)|jokes?|joking|puns?|humou?r|serious|cheerful)\b"),
+    ("tone:honesty", r"\b(?:blunt|honest|gentle|harsh|sugarcoat(?:ing)?)\b"),
+    ("tone:apology", r"\b(?:apologi[sz](?:e|ing)|sorry)\b"),
+    ("tone:praise", r"\b(?:flatter(?:y|ing)|compliments?)\b"),
+    ("tone", r"\btone\b"),
+    ("units:temperature", r"\b(?:celsius|fahrenheit)\b"),
+    ("units", r"\b(?:metric|imperial|kilomet(?:er|re)s?|grams|kilograms|"
+              r"ounces|metres|meters)\b"),
+    ("diet", r"\b(?:vegetarian|vegan|pescatarian|plant-based|gluten[- ]free|dairy[- ]free|halal|kosher|"
+             r"without meat|eat (?:meat|pork|fish|dairy|gluten|eggs))\b"),
+    ("budget", r"\b(?:budget(?:-friendly)?|cheap(?:er)?|inexpensive|affordable|low[- ]cost)\b"),
     ("greeting", r"\b(?:greet(?:ing)?|good morning|say (?:hi|hello)|sign[- ]off)\b"),
 ))
 _TOPIC = re.compile(
@@ -179,7 +225,7 @@ def point_of(rest: str) -> str | None:
     if topic is not None:
         said = re.split(r"[,;.!?]| (?:because|since|unless|as|when|until|if|and)\b", topic.group("what"))[0]
         what = _key_words(said, 3)
-        if what and not any(p.search(said) for name, p in _POINTS if name != "tone"):
+        if what and not any(p.search(said) for name, p in _POINTS if not name.startswith("tone")):
             return "topic:" + what
     for name, pattern in _POINTS:
         if pattern.search(rest):
@@ -196,8 +242,23 @@ def trimmed(sentence: str, limit: int = MAX_CHARS) -> str:
     return cut + "…"
 
 
+# A clause that follows a reason ("I'm a beginner, so please avoid jargon"; "...; keep it short").
+_THEN_CLAUSE = re.compile(r"(?:,\s*(?:and )?so|;)\s+", re.I)
+
+
 def sentence_wish(sentence: str, limit: int = MAX_CHARS) -> Wish | None:
-    """The wish a sentence states, or None (module doc: what is and is not one)."""
+    """The wish a sentence states, or None (module doc: what is and is not one): the whole sentence
+    first, then each clause after a "…, so" or ";", kept with the whole sentence's text."""
+    wish = _clause_wish(sentence, limit)
+    if wish is None:
+        for clause in _THEN_CLAUSE.split(sentence)[1:]:
+            found = _clause_wish(clause, limit)
+            if found is not None:
+                return Wish(found.point, trimmed(sentence, limit))
+    return wish
+
+
+def _clause_wish(sentence: str, limit: int) -> Wish | None:
     s = " ".join(sentence.replace("’", "'").split())
     if s.endswith("?"):  # a question, unless a polite request ("could you please call me Sam?")
         polite = _POLITE.match(s)
@@ -222,7 +283,7 @@ def sentence_wish(sentence: str, limit: int = MAX_CHARS) -> Wish | None:
         point = point_of(s)
         rest = _key_words(s[ordered.start("cue"):], 4)
         return Wish(point or "general:" + rest, trimmed(sentence, limit)) if point or rest else None
-    weak = _WEAK.match(s)
+    weak = _WEAK.match(s) or _PREFERS.search(s)
     if weak is None or _ONE_OFF.search(s):
         return None
     point = point_of(s)
