@@ -77,10 +77,12 @@ class GroupSampler(threading.Thread):
         self.peak_rss = 0
         self.stopped = threading.Event()
 
+    def pids(self) -> set[int]:
+        return {self.root_pid, *processes_in_sessions(child_sessions(self.root_pid))}
+
     def sample(self) -> None:
-        pids = {self.root_pid, *processes_in_sessions(child_sessions(self.root_pid))}
         rss = 0
-        for pid in pids:
+        for pid in self.pids():
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
@@ -328,7 +330,7 @@ class ShardedSampler(GroupSampler):
         super().__init__(root_pids[0])
         self.root_pids, self.postgres_folder = root_pids, str(postgres_folder)
 
-    def sample(self) -> None:
+    def pids(self) -> set[int]:
         pids = set(self.root_pids)
         for root in self.root_pids:
             pids |= set(processes_in_sessions(child_sessions(root)))
@@ -340,15 +342,7 @@ class ShardedSampler(GroupSampler):
                         pids.add(int(entry.name))
                 except OSError:
                     continue
-        rss = 0
-        for pid in pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            self.ticks[(pid, float(fields[19]))] = int(fields[11]) + int(fields[12])
-            rss += rss_bytes(pid)
-        self.peak_rss = max(self.peak_rss, rss)
+        return pids
 
 
 def measure_sharded(shards: int, familiars: int, rate: float, duration: float, drain: float, quiet_s: int,

@@ -243,6 +243,26 @@ def stop_children(children: Sequence[Child], grace: float = STOP_GRACE_S) -> flo
     return time.monotonic() - started
 
 
+def watch_children(children: Sequence[Child], stop: threading.Event, say: Callable[[str], None],
+                   poll_s: float) -> int:
+    """Wait until asked to stop (0) or until a child exits (1, its exit said): a command's main loop."""
+    while not stop.wait(poll_s):
+        gone = next((c for c in children if not c.running()), None)
+        if gone is not None:
+            say(gone.describe_exit())
+            return 1
+    return 0
+
+
+def shut_down(children: Sequence[Child], previous_handlers: dict, say: Callable[[str], None]) -> None:
+    """Stop the children (saying how long it took) and put the signal handlers back."""
+    took = stop_children(children)
+    if children:
+        say(f"stopped in {took:.1f}s")
+    for sig, handler in previous_handlers.items():
+        signal.signal(sig, handler)
+
+
 # --------------------------------------------------------------------------- restarting
 
 

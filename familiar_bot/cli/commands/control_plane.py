@@ -126,21 +126,10 @@ def run(args: argparse.Namespace) -> int:
             return 0
         webserver.write_control_plane_marker(home, local, {n: f"{h}:{p}" for n, (h, p) in shards.items()})
         say(f"ready in {waited:.1f}s: {supervisor.ui_address(args.host, args.port)} (logs: {home}/webserver.log, daemon.log)")
-        status = 0
-        while not stop.wait(POLL_S):
-            gone = next((c for c in children if not c.running()), None)
-            if gone is not None:
-                say(gone.describe_exit())
-                status = 1
-                break
-        return status
+        return supervisor.watch_children(children, stop, say, POLL_S)
     finally:
         (home / webserver.CONTROL_PLANE_MARKER).unlink(missing_ok=True)
-        took = supervisor.stop_children(children)
-        if children:
-            say(f"stopped in {took:.1f}s")
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        supervisor.shut_down(children, previous, say)
 
 
 COMMAND = Command("control-plane", "run the Dagster daemon and UI of a sharded deployment over a shared Postgres "

@@ -125,7 +125,6 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     children: list[supervisor.Child] = []
-    status = 0
     try:
         children.append(supervisor.start_child(f"code server {shards.location_name(shard)}",
                                                 code_server_argv(shard, args.host, args.port), env=env,
@@ -143,19 +142,9 @@ def run(args: argparse.Namespace) -> int:
         for familiar in args.bot:
             children.append(supervisor.start_child(f"bot {familiar}", [sys.executable, "-m", "familiar_bot.cli.main",
                                                                          "bot", "--familiar", familiar], env=env))
-        while not stop.wait(POLL_S):
-            gone = next((c for c in children if not c.running()), None)
-            if gone is not None:
-                say(gone.describe_exit())
-                status = 1
-                break
-        return status
+        return supervisor.watch_children(children, stop, say, POLL_S)
     finally:
-        took = supervisor.stop_children(children)
-        if children:
-            say(f"stopped in {took:.1f}s")
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        supervisor.shut_down(children, previous, say)
 
 
 COMMAND = Command("shard", "serve this host's familiars as a Dagster code location of a sharded deployment "
