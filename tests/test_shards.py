@@ -84,6 +84,28 @@ def wait_for_facts(paths: list[FamiliarPaths], since: dict[str, int], timeout: f
         time.sleep(1)
 
 
+LINEAGE_QUERY = """
+query { assetNodes { assetKey { path } dependencyKeys { path } partitionKeys repository { location { name } } } }
+"""
+
+
+def ui_shows_every_shard(ui_port: int) -> None:
+    """The control plane's UI (its GraphQL, what the asset graph page reads) lists each shard's assets in
+    that shard's location, with their lineage inside the shard and the shard's familiars as partitions."""
+    from familiar_pipeline.backfill import graphql_client
+
+    nodes = graphql_client(f"http://127.0.0.1:{ui_port}")._execute(LINEAGE_QUERY)["assetNodes"]
+    for shard, familiars in FAMILIARS.items():
+        mine = {tuple(n["assetKey"]["path"]): n for n in nodes if n["assetKey"]["path"][0] == f"shard_{shard}"}
+        assert (f"shard_{shard}", "facts") in mine and (f"shard_{shard}", "turns_fts") in mine, sorted(mine)
+        assert {n["repository"]["location"]["name"] for n in mine.values()} == {f"familiar_shard_{shard}"}
+        facts = mine[(f"shard_{shard}", "facts")]
+        assert sorted(facts["partitionKeys"]) == familiars
+        upstream = {tuple(d["path"]) for n in mine.values() for d in n["dependencyKeys"]}
+        assert upstream and all(key[0] == f"shard_{shard}" for key in upstream), "lineage stays inside the shard"
+        assert (f"shard_{shard}", "facts") in upstream, "what is built on the facts shows as downstream of them"
+
+
 def location_of(run) -> str:
     return run.remote_job_origin.repository_origin.code_location_origin.location_name
 
@@ -191,6 +213,7 @@ def test_two_shards_project_their_own_familiars_and_survive_each_other(tmp_path,
             assert instance.run_monitoring_max_runtime_seconds == DEFAULT_MAX_RUNTIME_S
             assert sorted(instance.get_dynamic_partitions("familiars_a")) == FAMILIARS["a"]
             assert sorted(instance.get_dynamic_partitions("familiars_b")) == FAMILIARS["b"]
+            ui_shows_every_shard(ui_port)
             sensor_runs = [r for r in instance.get_runs() if "familiar/turn_ids" in r.tags]
             assert {location_of(r) for r in sensor_runs} == {"familiar_shard_a", "familiar_shard_b"}
             for run in sensor_runs:  # each run launched through the code server of the shard owning its familiars
