@@ -146,3 +146,11 @@ def test_text_is_trimmed_at_a_word_and_sentences_split():
 def test_bad_input_gets_a_clear_error():
     with pytest.raises(TypeError, match="takes a message's text"):
         detect(None)  # type: ignore[arg-type]
+
+
+def test_a_repeated_condition_is_read_once_so_hostile_text_cannot_stall_the_projector():
+    """"when i when i ..." once backtracked without end (a free `[^,]{1,40}` inside a repeated lead):
+    the projector run over such a message never finished. Now a lead holds at most one condition."""
+    assert detect("when i " * 300) == []
+    assert detect("when there's x " * 200 + ", please") == []
+    assert [w.point for w in detect("so " * 2000 + "when you explain code, always add comments")] == ["format:code"]

@@ -75,14 +75,17 @@ def sentences(text: str) -> list[str]:
 
 # --------------------------------------------------------------------------- cues
 
-# What may come before a cue without making it someone else's words.
-_LEAD = (r"(?:(?:ok(?:ay)?|so|also|and|but|oh|hey|hi|no|nah|wait|oops|sorry|btw|by the way|actually|just|one more thing|"
-         r"seriously|honestly|again|anyway|well|look|listen|fyi|note|remember|reminder|pls|please|"
-         r"from now on|going forward|in (?:the )?future|for future reference|"
-         r"from here on(?: out)?|moving forward|for now on|for the future|"
-         r"(?:from )?today on|when(?:ever)? (?:you|we|i|there'?s|there (?:is|are)|it'?s) [^,]{1,40}|"
-         r"if (?:you|i) [^,]{1,40})"
-         r"[\s,:;-]*)*")
+# What may come before a cue without making it someone else's words: discourse markers, then at most
+# one condition ("when you explain code,"), then markers again. One condition, not any number: a free
+# `[^,]{1,40}` inside the repeated group let "when i when i when i ..." backtrack without end.
+_MARKERS = (r"(?:(?:ok(?:ay)?|so|also|and|but|oh|hey|hi|no|nah|wait|oops|sorry|btw|by the way|actually|just|"
+            r"one more thing|seriously|honestly|again|anyway|well|look|listen|fyi|note|remember|reminder|pls|please|"
+            r"from now on|going forward|in (?:the )?future|for future reference|"
+            r"from here on(?: out)?|moving forward|for now on|for the future|(?:from )?today on)"
+            r"[\s,:;-]*)*")
+_CONDITION = (r"(?:(?:when(?:ever)? (?:you|we|i|there'?s|there (?:is|are)|it'?s)|if (?:you|i)) [^,]{1,40}"
+              r"[\s,:;-]*)")
+_LEAD = _MARKERS + r"(?:" + _CONDITION + _MARKERS + r")?"
 _NAME = r"[A-Za-z][\w'-]{0,30}(?: [A-Z][\w'-]{0,30})?"
 
 # Strong cues: a wish whatever point it is on.
