@@ -75,8 +75,8 @@ from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
-from familiar_bot.prompt.spread import asks_for_many, spread_days
-from familiar_bot.prompt.threads import follow_threads
+from familiar_bot.prompt.spread import asks_for_many, asks_for_order, spread_days
+from familiar_bot.prompt.threads import asks_for_now, follow_threads
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
                                               next_replies, window_id_ranges)
@@ -555,12 +555,12 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fused = [f for f, k in zip(fused, keep) if k]
         if signals is not None and signals.active:
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
-        # A question for one answer follows threads to the newest word; one asking for many
-        # (a list, an order, every time) wants every statement, spread over days instead.
-        many = (retrieval.turn_thread_hits > 0 or retrieval.turn_day_spread > 0) and asks_for_many(cue)
-        if retrieval.turn_thread_hits > 0 and not many and dense_cache.get("sims") is not None:
+        # A question about how one thing stands now follows threads to the newest word; one asking
+        # for an order or every time wants every statement, spread over days instead.
+        if (retrieval.turn_thread_hits > 0 and dense_cache.get("sims") is not None and asks_for_now(cue)
+                and not asks_for_many(cue)):
             fused = _with_threads(fused, dense_cache["sims"], rows_of, retrieval, THREAD_DEPTH * limit)
-        if retrieval.turn_day_spread > 0 and many:
+        if retrieval.turn_day_spread > 0 and asks_for_order(cue):
             fused = _spread(fused, rows_of, memory.config.tz, retrieval, SPREAD_DEPTH * limit)
         kept, ranked = [], []
         # Rows are read in rank order, a few more than still wanted at a time: most
@@ -672,7 +672,7 @@ def _with_threads(fused: list[dict], scores: "TurnScores", rows_of: "_TurnRows",
     found = scores.ids[at] == want if len(scores.ids) else np.zeros(len(want), dtype=bool)
     vectors = {int(tid): scores.matrix[row] for tid, row, ok in zip(want, at, found) if ok}
     return follow_threads(head, rows, vectors, hits=knobs.turn_thread_hits,
-                          threshold=knobs.turn_thread_similarity, update_bonus=knobs.turn_thread_update_bonus) + tail
+                          threshold=knobs.turn_thread_similarity) + tail
 
 
 SPREAD_DEPTH = 3  # candidates (x the section's hit limit) a list question's days are spread among

@@ -1,16 +1,19 @@
-"""Spread over days: a question that asks for many things sees evidence from many days.
+"""Spread over days: a question about an order or every time sees evidence from many days.
 
 "In what order did I bring up the roof, the vet and the taxes?", "list every time I
-mentioned the gym", "what books has she read?": the answer is spread over many
+mentioned the gym", "how often do I go running?": the answer is spread over many
 sessions, while ranking by similarity fills the top with the one or two sessions that
-talk about the subject most. For such cues (:func:`asks_for_many`) the best candidates
+talk about the subject most. For such cues (:func:`asks_for_order`) the best candidates
 are re-picked greedily, each pick lowering the others said the same local day in the
-same channel (:func:`spread_days`), an MMR with a same-day similarity. Single-answer
-questions are left as ranked: on LoCoMo, spreading every question cost 2-11 points of
-any@10, because evidence sits next to the question it answers (docs/benchmarks.md).
+same channel (:func:`spread_days`), an MMR with a same-day similarity. Other questions
+are left as ranked: on LoCoMo, spreading every question cost 2-11 points of any@10, and
+spreading every list question ("What items has Melanie bought?") still 1.6, because that
+evidence sits in one session next to the question (docs/benchmarks.md).
 
-Plain functions over the candidate dicts ``retrieval`` ranks (``turn_id``, ``total``);
-``retrieval.retrieve_turns`` calls them.
+:func:`asks_for_many` (a list, an order, every time, several named things) is the wider
+test: such a question wants every statement, so threads (:mod:`threads`) are not followed
+for it. Plain functions over the candidate dicts ``retrieval`` ranks (``turn_id``,
+``total``); ``retrieval.retrieve_turns`` calls them.
 """
 
 from __future__ import annotations
@@ -23,9 +26,20 @@ from typing import Any, Hashable, Mapping
 # bounded, so a search is linear in the cue: an unbounded `[...]*,` tried from every start
 # of a 100 KB message without a comma took seconds per message.
 _MANY = re.compile(
-    r"\b(?:both|all|every|each|everything|list|order|sequence|timeline|over time|how many times|how often"
+    # "each week" / "every morning" is a recurrence ("when is the book club each week?"), not many things
+    r"\b(?:both|all|(?:every|each)(?! (?:week|day|month|year|morning|evening|night|weekend)\b)|everything|list"
+    r"|order|sequence|timeline|over time|how many times|how often"
     r"|(?:what|which) (?:kinds?|types?|sorts?) of)\b"
     r"|\w[\w' -]{0,60},[\w' -]{1,60},?\s+(?:and|or)\s+\w", re.IGNORECASE)
+# Words that ask for an order or for every time something was said ("in what order did I
+# bring up...", "which did I mention first: a, b or c?", "how often do I...", "what have I said
+# about the gym over time?", "when did I talk about my brother?").
+_ORDER = re.compile(
+    r"\b(?:in (?:what|which) order|the order|order (?:in which|i|we|they)|(?:the|what) sequence|sequence in which"
+    r"|timeline|chronolog\w*|every time|each time|how many times|how often|over time"
+    r"|when did (?:i|we) (?:talk|mention|bring|say|tell|speak)"
+    r"|sort\w*\b.{0,80}?\bwhen|first:|(?:mention|bring|brought|talk|told|said|rais)\w*\b.{0,40}?\b(?:first|before)\b)",
+    re.IGNORECASE)
 CUE_CHARS = 2000  # a question's head: what is asked is said early, and a long paste is not a question
 # "what books ...", "which cities ...", "what board games ...": a plural noun right after the
 # question word, or one word later. Not a verb or a pronoun that ends in s; after a verb
@@ -55,6 +69,11 @@ def asks_for_many(cue: str) -> bool:
     if _plural(first):
         return True
     return first.lower() not in _VERBS and _plural(second)
+
+
+def asks_for_order(cue: str) -> bool:
+    """Whether the cue asks for an order or for every time (reads its head only)."""
+    return bool(_ORDER.search((cue or "")[:CUE_CHARS]))
 
 
 def spread_days(fused: list[dict], day_of: Mapping[int, Hashable], penalty: float, depth: int,

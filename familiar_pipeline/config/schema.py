@@ -211,19 +211,19 @@ class RetrievalConfig:
     turn_time_slack_days: float = knob(14.0, minimum=0.0, maximum=366.0)
     turn_when_share: float = knob(0.25, minimum=0.0, maximum=1.0)
     turn_reply_credit: float = knob(0.8, minimum=0.0, maximum=1.0)
-    # Spread over days (issue 33), only for cues that ask for many things (a list, an order,
-    # every time; prompt/spread.py): the best candidates are re-picked, each losing this much
+    # Spread over days (issue 33), only for cues that ask for an order or every time (not a
+    # plain list; prompt/spread.py): the best candidates are re-picked, each losing this much
     # per better one already taken from its channel and local day (0 = off); the first
     # `turn_day_spread_keep` stay where they are (docs/benchmarks.md, "Updates, wishes and order").
-    turn_day_spread: float = knob(0.0, minimum=0.0)
-    turn_day_spread_keep: int = knob(5, minimum=0)
-    # The newer word wins (issue 33; prompt/threads.py): each of the best `turn_thread_hits`
-    # hits is followed to its closest later candidate by the same person (blended cosine at
-    # least `turn_thread_similarity`, plus `turn_thread_update_bonus` when that turn uses a
-    # word of change: "moved", "instead", "now"), which then ranks just above it (0 hits = off).
-    turn_thread_hits: int = knob(0, minimum=0)
-    turn_thread_similarity: float = knob(0.85, minimum=-1.0, maximum=1.0)
-    turn_thread_update_bonus: float = knob(0.4, minimum=0.0, maximum=1.0)
+    turn_day_spread: float = knob(0.6, minimum=0.0)
+    turn_day_spread_keep: int = knob(4, minimum=0)
+    # The newer word wins (issue 33; prompt/threads.py), only for questions about how things
+    # stand now ("when is the demo?"): each of the best `turn_thread_hits` hits is followed to
+    # every later candidate by the same person that says a word of change ("moved", "instead",
+    # "now") with a blended cosine of at least `turn_thread_similarity` to it; those rank just
+    # above it, newest first (0 hits = off).
+    turn_thread_hits: int = knob(10, minimum=0)
+    turn_thread_similarity: float = knob(0.3, minimum=-1.0, maximum=1.0)
 
 
 # A scope string a reply or a row can carry (see familiar_pipeline.storage.scopes); "familiar"
