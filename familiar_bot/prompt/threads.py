@@ -53,13 +53,6 @@ def says_update(text: str) -> bool:
 LIFT = 1e-3
 
 
-def same_author(a, b) -> bool:
-    """Both turns said by one participant (the familiar's own turns never update a person's)."""
-    if a.author_key or b.author_key:
-        return bool(a.author_key) and a.author_key == b.author_key
-    return False
-
-
 def follow_threads(fused: list[dict], rows: Mapping[int, Any], vectors: Mapping[int, np.ndarray],
                    *, hits: int, threshold: float, passes: int = 3) -> list[dict]:
     """``fused`` (best first) with later updates lifted above the hits they update.
@@ -80,21 +73,25 @@ def follow_threads(fused: list[dict], rows: Mapping[int, Any], vectors: Mapping[
     usable = [f for f in out if f["turn_id"] in vectors and f["turn_id"] in rows]
     if len(usable) < 2:
         return out
-    index = {f["turn_id"]: n for n, f in enumerate(usable)}
-    sims = np.stack([vectors[f["turn_id"]] for f in usable])
-    sims = sims @ sims.T
     ids = np.array([f["turn_id"] for f in usable])
     changes = np.array([says_update(rows[int(t)].content) for t in ids], dtype=bool)
+    if not changes.any():  # no candidate says a word of change: nothing updates anything
+        return out
+    vecs = np.stack([vectors[f["turn_id"]] for f in usable])
+    # links[h, c]: candidate c is a later update of candidate h (computed once for every pass)
+    links = (ids[None, :] > ids[:, None]) & changes[None, :] & ((vecs @ vecs.T) >= threshold)
+    # said by one participant (a turn without an author key, the familiar's own, never updates a person's)
+    authors = np.array([rows[int(t)].author_key or "" for t in ids], dtype=object)
+    links &= (authors[:, None] == authors[None, :]) & (authors != "")[:, None]
+    followed = {int(ids[h]): np.flatnonzero(links[h]) for h in np.flatnonzero(links.any(axis=1))}
+    if not followed:
+        return out
     lateness = (ids.argsort().argsort() + 1) / len(ids)  # 1/n for the oldest candidate .. 1 for the newest
     for _ in range(passes):
         changed = False
-        for hit in [f for f in out[:hits] if f["turn_id"] in index]:
-            h = index[hit["turn_id"]]
-            hit_turn = rows[hit["turn_id"]]
-            for c in np.flatnonzero((ids > hit["turn_id"]) & changes & (sims[h] >= threshold)):
+        for hit in [f for f in out[:hits] if f["turn_id"] in followed]:
+            for c in followed[hit["turn_id"]]:
                 later = usable[int(c)]
-                if not same_author(rows[later["turn_id"]], hit_turn):
-                    continue
                 lifted = hit["total"] + LIFT * (1.0 + float(lateness[c]))
                 if lifted > later["total"]:
                     later["total"] = lifted
