@@ -51,6 +51,12 @@ WISHES = [
     ("I'd like replies in German from now on.", "language"),
     ("I respond better to gentle feedback.", "tone:honesty"),
     ("Diagrams help me more than text.", "format:visual"),
+    # stop 41's misses, caught since: a habit as the condition, "go easy on", spelling, numbered steps
+    ("before you advise me on anything, ask what I actually want first", "general:ask what actually first"),
+    ("Numbered steps are easiest for me.", "explain:steps"),
+    ("Use British spelling with me.", "spelling"),
+    ("Go easy on the jargon with me.", "explain:level"),
+    ("When you write emails for me, sign them Sam.", "general:sign them sam"),
 ]
 
 # Looks like a wish, is not one: each is its own reason (quoted, a question, someone else's words, the past).
@@ -89,6 +95,11 @@ NOT_WISHES = [
     "I'd like the details of the trip when you have them.",  # a request for once
     "I like long walks on the beach.",  # a taste, on no point
     "Running helps me a lot with stress.",  # on no point
+    # a condition that is for this once, not a habit
+    "When you get a chance, tell me about the tables at the venue.",
+    "After you finish, show me the tables.",
+    "If you have time, explain the code to me.",
+    "Before you leave, use the spare key.",
 ]
 
 

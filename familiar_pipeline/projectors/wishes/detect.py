@@ -83,8 +83,15 @@ _MARKERS = (r"(?:(?:ok(?:ay)?|so|also|and|but|oh|hey|hi|no|nah|wait|oops|sorry|b
             r"from now on|going forward|in (?:the )?future|for future reference|"
             r"from here on(?: out)?|moving forward|for now on|for the future|(?:from )?today on)"
             r"[\s,:;-]*)*")
-_CONDITION = (r"(?:(?:when(?:ever)? (?:you|we|i|there'?s|there (?:is|are)|it'?s)|if (?:you|i)) [^,]{1,40}"
-              r"[\s,:;-]*)")
+_CONDITION = (r"(?:(?:when(?:ever)? (?:you|we|i|there'?s|there (?:is|are)|it'?s)|if (?:you|i)|(?:before|after) you)"
+              r" [^,]{1,40}[\s,:;-]*)")
+# A habit the wish is tied to ("whenever you explain code, ...", "before you advise me on anything, ...";
+# "before/after you" only with any/every/each: "after you finish, ..." is for this once):
+# an imperative after it is standing without "always" (an "if you ..." condition is not: "if you have
+# time, check my essay" is for this once, and so is "when you get a chance / can / are free, ...").
+_HABIT = re.compile(r"^" + _MARKERS + r"(?:(?:whenever you|when you(?! (?:get|find|have|can|could|are|'re|'ve|'ll|"
+                    r"will)\b)) [^,]{1,40}|(?:before|after) you [^,]{0,40}\b(?:any|every|each)\w*[^,]{0,40}),",
+                    re.I)
 _LEAD = _MARKERS + r"(?:" + _CONDITION + _MARKERS + r")?"
 _NAME = r"[A-Za-z][\w'-]{0,30}(?: [A-Z][\w'-]{0,30})?"
 
@@ -109,6 +116,7 @@ _STRONG = re.compile(
 _WEAK = re.compile(
     r"^" + _LEAD + r"(?P<cue>"
     r"(?:please )?(?:keep|don'?t|do not|no more|less|more|avoid|use|be|skip|drop)\b"
+    r"|(?:please )?(?:go easy on|take it easy on|ease up on|cut (?:down|back) on|tone down)\b"
     r"|(?:you can|you may|you could|feel free to|it'?s (?:fine|ok(?:ay)?) to|no need to|you don'?t (?:have|need) to)\b"
     r"|i (?:like|love|hate|can'?t stand|don'?t like|dislike) (?:it )?when you\b"
     r"|i'?d (?:much |really )?rather (?:not|you)\b|i would rather (?:not|you)\b"
@@ -167,6 +175,7 @@ _POINTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((p, re.compile(r, re.I)
     ("address", r"\b(?:call(?:ing)? me|address(?:ing)? me|refer(?:ring)? to me|my name(?:'s| is)|i go by|"
                 r"nickname|use my (?:real |full |first )?name)\b"),
     ("pronouns", r"\b(?:pronouns?|(?:she|he|they)/(?:her|him|them))\b"),
+    ("spelling", r"\b(?:british|american|us|uk|canadian|australian) (?:spelling|english)\b|\bspell(?:ing|ings)?\b"),
     ("language", rf"\b(?:in|speak|speaking|use|reply in|answer in|write in)\s+(?:{_LANGUAGES})\b|\b(?:{_LANGUAGES})\b"),
     ("format:emoji", r"\bemoj(?:i|is)\b|\bemoticons?\b"),
     ("format:types", r"\btype (?:hints?|annotations?)\b"),
@@ -184,7 +193,7 @@ _POINTS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((p, re.compile(r, re.I)
                r"to the point|elaborate|thorough|essays?|walls? of text)\b"),
     # Ways of explaining and of speaking that can hold together ("step by step" and "with analogies";
     # "casual" and "no swearing"): each its own point, so one does not retire the other.
-    ("explain:steps", r"\b(?:step[- ]by[- ]step|(?:broken|break(?:ing)?) (?:\w+ )?into steps|one step at a time)\b"),
+    ("explain:steps", r"\b(?:numbered steps|step[- ]by[- ]step|(?:broken|break(?:ing)?) (?:\w+ )?into steps|one step at a time)\b"),
     ("explain:analogies", r"\b(?:analog(?:y|ies)|everyday (?:comparisons?|things|examples)|metaphors?)\b"),
     ("explain:level", r"\b(?:eli5|simple (?:terms|words|language)|jargon|technical|beginner|like i'?m five)\b"),
     ("explain:examples", r"\bexamples?\b"),
@@ -282,7 +291,7 @@ def _clause_wish(sentence: str, limit: int) -> Wish | None:
         rest = _key_words(s[strong.start("verb") if strong.group("verb") else strong.end("cue"):], 4)
         return Wish(point or "general:" + rest, trimmed(sentence, limit)) if point or rest else None
     ordered = _IMPERATIVE.match(s)
-    if ordered is not None and _STANDING.search(s):
+    if ordered is not None and (_STANDING.search(s) or (_HABIT.match(s) and not _ONE_OFF.search(s))):
         point = point_of(s)
         rest = _key_words(s[ordered.start("cue"):], 4)
         return Wish(point or "general:" + rest, trimmed(sentence, limit)) if point or rest else None
