@@ -72,7 +72,9 @@ OPENERS = ["honestly", "so", "ok but", "lol", "ugh", "wait", "yeah", "hmm", "oh"
 VERBS = ["can't stop thinking about", "finally sorted out", "am so done with", "just found out about",
          "really miss", "keep forgetting", "want to talk about", "had a weird dream about", "fixed", "broke"]
 TAILS = ["again", "this morning", "last night", "for the third time", "and it was great", "no idea why",
-         "any advice?", "send help", "it's fine", "which is wild", "", "", ""]
+         "any advice?", "send help", "it's fine", "which is wild", "", "", "",
+         # words of change, so threads (issue 33) find updates among the candidates as in a real log
+         "but now it's different", "so we moved it to Friday", "and switched to the other one instead"]
 FACT_VERBS = ["likes", "is allergic to", "is learning", "is worried about", "recently started", "dislikes",
               "talks a lot about", "plans to visit", "owns", "is proud of", "gave up on", "wants to try"]
 FACT_OBJECTS = ["cello", "peanuts", "climbing", "sourdough", "Lisbon", "Berlin", "jazz", "chess", "pottery",
@@ -91,9 +93,16 @@ def chat_line(rng: random.Random) -> str:
 
 
 def cue_line(rng: random.Random, now: datetime) -> str:
-    """A new message: a chat line ending in a question, and often a person and a time to resolve
-    (a third name someone, a quarter a date in the log's span, a quarter a relative time), so the
-    benchmark pays for retrieval's people and time signals as a real server would."""
+    """A new message: 15 % ask how something stands now (threads run), 10 % ask for an order
+    (spread runs); the rest are a chat line ending in a question, and often a person and a time
+    to resolve (a third name someone, a quarter a date in the log's span, a quarter a relative
+    time), so the benchmark pays for retrieval's people and time signals as a real server would."""
+    kind = rng.random()
+    if kind < 0.15:  # a question about how things stand now: threads follow the hits to later updates
+        return f"what's the latest with {rng.choice(TOPICS)}, is it still {rng.choice(FACT_OBJECTS)}?"
+    if kind < 0.25:  # an order question: candidates are spread over days
+        a, b, c = rng.sample(TOPICS, 3)
+        return f"in what order did I bring up {a}, {b} and {c}?"
     cue = chat_line(rng) + f" {rng.choice(FACT_OBJECTS)}?"
     if rng.random() < 1 / 3:
         cue = f"what did {rng.choice(PEOPLE)[1]} say, {cue}"
@@ -264,7 +273,7 @@ def run_mode(label: str, paths: FamiliarPaths, env: dict, embedder, iterations: 
     rng = random.Random(seed)
     timings: list[float] = []
     layer_ms: dict[str, list[float]] = {}
-    embedded = 0
+    embedded = threaded = 0
     at = memory.turn_log.turns_by_ids([memory.turn_log.latest_id()])[0].created_at
     for n in range(warmup + iterations):
         channel = CHANNELS[n % 2]
@@ -283,15 +292,18 @@ def run_mode(label: str, paths: FamiliarPaths, env: dict, embedder, iterations: 
         if n >= warmup:
             timings.append(elapsed)
             embedded += bool(prompt.debug.get("rag", {}).get("embedded_cue"))
+            threaded += bool(prompt.debug.get("rag", {}).get("threads"))
             for name_, ms in prompt.debug["timings_ms"].items():
                 layer_ms.setdefault(name_, []).append(ms)
     memory.close()
     result = {"label": label, "p50": percentile(timings, 50), "p95": percentile(timings, 95),
               "p99": percentile(timings, 99), "mean": statistics.fmean(timings), "embedded": embedded,
+              "threaded": threaded,
               "layers": {k: statistics.fmean(v) for k, v in layer_ms.items()},
               "tokens": sum(s.tokens for s in prompt.sections), "history": len(prompt.history)}
     print(f"\n{label}: p50 {result['p50']:.1f} ms  p95 {result['p95']:.1f} ms  p99 {result['p99']:.1f} ms  "
-          f"mean {result['mean']:.1f} ms  ({iterations} assemblies, cue embedded {embedded}x; "
+          f"mean {result['mean']:.1f} ms  ({iterations} assemblies, cue embedded {embedded}x, "
+          f"a followed thread shown {threaded}x; "
           f"last prompt {result['tokens']} tokens, {result['history']} history messages)")
     print("  mean per layer (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in result["layers"].items()))
     return result
@@ -314,7 +326,7 @@ def measure(root: Path, turns: int, facts: int, *, embedder: FastEmbedEmbedder, 
             iterations: int = 300, warmup: int = 30, seed: int = 7) -> dict:
     """Build (or reuse) a familiar of this size under `root` and time both modes."""
     root.mkdir(parents=True, exist_ok=True)
-    marker = root / f"built-v2-{turns}-{facts}-{seed}"  # v2: with window vectors
+    marker = root / f"built-v3-{turns}-{facts}-{seed}"  # v3: with window vectors and words of change
     if marker.exists():  # reuse an earlier build in --dir (it only grows by the benchmark's own turns)
         print(f"reusing the familiar built under {root}")
         paths = FamiliarPaths.for_id(FAMILIAR, root)
