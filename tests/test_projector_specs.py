@@ -24,7 +24,7 @@ SPECS = registry.specs()
 def test_the_builtins_are_the_registered_specs():
     assert [s.name for s in SPECS] == list(registry.BUILTIN_PROJECTORS)
     assert registry.BUILTIN_PROJECTORS == (
-        "turns_fts", "standing_wish", "rolling_summary", "rich_note", "fact_embedding", "fact_supersede", "people_dossier",
+        "turns_fts", "rolling_summary", "rich_note", "fact_embedding", "fact_supersede", "standing_wish", "people_dossier",
         "reflection", "turn_embedding", "turn_window_embedding")
 
 
@@ -40,7 +40,7 @@ def test_every_projector_has_an_asset_built_from_its_spec(spec):
     node = graph.get(dg.AssetKey(spec.asset))
     assert node.tags["projector"] == spec.name
     assert node.group_name == spec.group and set(node.kinds) == set(spec.kinds)
-    assert {k.path[-1] for k in node.parent_keys} == set(spec.inputs)
+    assert {k.path[-1] for k in node.parent_keys} == set(spec.reads)  # inputs and soft inputs
     assert (node.automation_condition is not None) == (spec.trigger == FACTS)
     assert node.description
 
@@ -71,7 +71,7 @@ def test_every_projector_has_a_drop_rule_that_clears_its_rows_and_watermark(tmp_
 
 def test_dropping_facts_takes_every_projection_that_reads_them():
     assert [d.name for d in registry.dependants("rich_note")] == [
-        "fact_embedding", "people_dossier", "reflection", "fact_supersede"]
+        "fact_embedding", "people_dossier", "reflection", "fact_supersede", "standing_wish"]
     assert registry.dependants("rolling_summary") == []
 
 

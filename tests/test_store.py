@@ -152,7 +152,7 @@ def test_dedup_probe_is_an_index_lookup(store):
     """Dedup must not scan every fact (every extracted fact probes it). DuckDB answers this probe from the ART index."""
     store.sql(
         "INSERT INTO facts SELECT nextval('facts_id_seq'), NULL, 'f'||i, 'f'||i, '', 'f'||i||chr(10), "
-        "[], NULL, now(), NULL, NULL, now(), NULL, 'familiar' FROM range(5000) t(i)"
+        "[], NULL, now(), NULL, NULL, now(), NULL, 'familiar', 'fact' FROM range(5000) t(i)"
     )
     plan = store.sql(
         "EXPLAIN ANALYZE SELECT id, superseded_at::TIMESTAMP, valid_to::TIMESTAMP FROM facts WHERE dedup_key = ?",
@@ -638,12 +638,12 @@ def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
     drop_projection(store, "rich_note")
     assert row_counts(store) == {
         "facts": 0, "fact_subjects": 0, "summaries": 1, "people_dossiers": 0, "reflections": 0,
-        "fact_embeddings": 0, "turn_embeddings": 1, "turn_window_embeddings": 1, "watermarks": 5, "supersede_decisions": 0,
-        "wishes": 1,
+        "fact_embeddings": 0, "turn_embeddings": 1, "turn_window_embeddings": 1, "watermarks": 4, "supersede_decisions": 0,
+        "wishes": 0,  # its wishes come from facts too (kind "wish"): rebuilt from turns and the new facts
     }
-    # Turn and window vectors and standing wishes are built from turns, not facts: they survive.
-    assert remaining_watermarks(store) == {"rolling_summary", "turns_fts", "turn_embedding", "turn_window_embedding",
-                                           "standing_wish"}
+    # Turn and window vectors are built from turns, not facts: they survive. Standing wishes read
+    # the facts of kind "wish" too (whose ids restart), so they rebuild with them.
+    assert remaining_watermarks(store) == {"rolling_summary", "turns_fts", "turn_embedding", "turn_window_embedding"}
     # nothing citing a fact id survives, so ids restart: a rebuild reproduces the incremental ids
     assert add(store, "Cass likes tea.", CASS).id == 1
 

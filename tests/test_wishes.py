@@ -285,3 +285,128 @@ def test_forgetting_a_person_removes_their_wishes_in_that_scope_only(world):
         (CASS[0], "channel:30"), (BO[0], "guild:1")]
     spec.forget_person(world.store, CASS[0], None)
     assert [x.person_key for x in wishes_db.all_wishes(world.store)] == [BO[0]]
+
+
+# --------------------------------------------------------------------------- wishes the extractor finds (facts of kind "wish")
+
+def wish_model(wishes: dict[str, tuple[str, str]]):
+    """The careful scripted model, except that the extraction prompt's answer holds, for every turn
+    containing a key of ``wishes``, a fact of kind "wish" (its paraphrase, about that person)."""
+    import json
+
+    from familiar_pipeline.projectors.facts.prompt import SYSTEM_MARK
+    from familiar_pipeline.projectors.prompting import messages_text, parse_prompt_turns
+    from familiar_pipeline.testing.scripted import careful_model
+
+    def answer(messages):
+        system, user = messages_text(messages)
+        if SYSTEM_MARK not in system:
+            return careful_model(messages)
+        return json.dumps({"facts": [
+            {"text": text, "source_turn_ids": [turn_id], "subject_keys": [key], "kind": "wish"}
+            for turn_id, _, content in parse_prompt_turns(user)
+            for needle, (text, key) in wishes.items() if needle in content]})
+    return answer
+
+
+@pytest.fixture
+def modelled(tmp_path, fake_llm):
+    """A familiar whose extractor runs (the fake model), with Cass and Bo."""
+    from .helpers import FAKE_MODEL_TOML
+
+    root = tmp_path / "data"
+    # a batch per turn: every turn is extracted in the run after it is said
+    paths = make_familiar(root, extra_toml=FAKE_MODEL_TOML + "[providers.memory.rich_note]\nbatch_size = 1\n")
+    with TurnLog(paths.turns_db) as log:
+        for key, name in (CASS, BO):
+            log.upsert_participant(key, username=name.lower(), global_name=name)
+    with dg.instance_for_test() as instance:
+        yield root, paths, instance, fake_llm
+
+
+def facts_by_kind(paths) -> list[tuple[str, tuple[str, ...], str]]:
+    from familiar_pipeline.projectors.facts import store as facts_db
+
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        return [(f.kind, f.subject_keys, f.text) for f in facts_db.facts_by_ids(store, facts_db.all_fact_ids(store))
+                if f.kind == "wish" or "short" in f.text]
+
+
+def test_the_extractors_wishes_are_pinned_as_the_persons_own_sentence(modelled):
+    """Where the extractor runs, a fact of kind "wish" pins what the heuristic missed, in the person's words;
+    someone else's claim, a wish only inside a quote, and a point the heuristic already took pin nothing more."""
+    root, paths, instance, fake = modelled
+    fake.script(wish_model({
+        "it's Sam for me": ("Cass wants to be called Sam", CASS[0]),  # no cue the heuristic reads
+        "always wants short": ("Cass wants short answers", CASS[0]),  # Bo's words about Cass
+        "keeps saying": ("Cass wants short answers", CASS[0]),  # the wish is only in a quote
+        "From now on keep answers short": ("Cass wants short answers", CASS[0]),  # the heuristic's too
+    }))
+    sam = say(paths, "honestly it's Sam for me from here on, not Cassandra.", minute=1)
+    say(paths, "lol Cass always wants short answers", BO, minute=2)
+    say(paths, 'my sister keeps saying "keep it short"', minute=3)
+    short = say(paths, "From now on keep answers short.", minute=4)
+    result = materialize(root, instance, ["facts", "wishes"])
+    facts_meta, meta = metadata(result, "facts"), metadata(result, "wishes")
+    assert facts_meta["dropped_reasons"] == {"wish_not_own_words": 1}, "Bo's claim about Cass is kept as a plain fact"
+    # the same words as a wish and as a plain fact are two facts; the last wish is the twin of the one before
+    assert facts_by_kind(paths) == [
+        ("wish", (CASS[0],), "Cass wants to be called Sam"), ("fact", (CASS[0],), "Cass wants short answers"),
+        ("wish", (CASS[0],), "Cass wants short answers")]
+    assert stored(paths) == [(CASS[0], "length", "From now on keep answers short.", True),
+                             (CASS[0], "address", "honestly it's Sam for me from here on, not Cassandra.", True)]
+    assert (meta["wish_facts"], meta["from_facts"], meta["rows_written"]) == (2, 1, 2)
+    with ProjectionStore(paths.memory_db, read_only=True) as store:
+        rows = {w.text: w for w in wishes_db.all_wishes(store)}
+        assert store.get_watermark("standing_wish").fact_id == facts_db_latest(store)
+    assert rows["honestly it's Sam for me from here on, not Cassandra."].source_turn_ids == (sam.id,)
+    assert rows["From now on keep answers short."].source_turn_ids == (short.id,)
+    # a newer heuristic wish on the point retires the extractor's, as any other
+    say(paths, "Actually call me Sammy.", minute=5)
+    materialize(root, instance, ["facts", "wishes"])
+    assert (CASS[0], "address", "honestly it's Sam for me from here on, not Cassandra.", False) in stored(paths)
+    # rebuilding the facts rebuilds the wishes with them (the facts' ids restart): the same rows, the
+    # same one current per point (ids may differ: a rebuild reads every turn before the facts)
+    before = stored(paths)
+    materialize(root, instance, ["facts", "wishes"], rebuild=True)
+    assert sorted(stored(paths)) == sorted(before)
+    # deleting the turn takes its wish, whichever path found it
+    with TurnLog(paths.turns_db) as log:
+        log.record_deletion(turn_id=sam.id)
+    materialize(root, instance, ["facts", "wishes"])
+    assert [r[2] for r in stored(paths)] == ["From now on keep answers short.", "Actually call me Sammy."]
+
+
+def facts_db_latest(store) -> int:
+    from familiar_pipeline.projectors.facts.store import latest_fact_id
+
+    return latest_fact_id(store)
+
+
+def test_a_failing_extractor_does_not_hold_the_heuristics_wishes_back(modelled):
+    """The facts are a soft input of the wishes: with the model down, the wishes the heuristic finds still land."""
+    from familiar_pipeline.testing.fake_llm import FakeLLM
+
+    root, paths, instance, fake = modelled
+    fake.script(lambda messages: FakeLLM.error("unavailable"))
+    say(paths, "Never bring up my ex again.", minute=1)
+    result = materialize(root, instance, ["facts", "wishes"], raise_on_error=False)
+    assert metadata(result, "wishes")["status"] == "ok"
+    assert stored(paths) == [(CASS[0], "topic:ex", "Never bring up my ex again.", True)]
+
+
+def test_a_wish_rests_on_its_one_subjects_own_turns_only():
+    """`facts.run.wish_source_ids`: the one subject's own user turns, no dream, else none (then a plain fact)."""
+    from types import SimpleNamespace
+
+    from familiar_pipeline.projectors.facts.run import wish_source_ids
+    from familiar_pipeline.projectors.facts.tables import Subject
+
+    turns = {1: SimpleNamespace(role="user", author_key=CASS[0]), 2: SimpleNamespace(role="user", author_key=BO[0]),
+             3: SimpleNamespace(role="assistant", author_key=None), 4: SimpleNamespace(role="user", author_key=CASS[0])}
+    cass, bo = Subject(*CASS), Subject(*BO)
+    assert wish_source_ids([1, 2, 3, 4], [cass], turns, set()) == [1, 4]
+    assert wish_source_ids([1, 2, 3, 4], [cass], turns, {4}) == [1], "a dream is narration"
+    assert wish_source_ids([2, 3], [cass], turns, set()) == [], "Bo's words about Cass"
+    assert wish_source_ids([1, 2], [cass, bo], turns, set()) == [], "a wish is one person's"
+    assert wish_source_ids([1], [], turns, set()) == []

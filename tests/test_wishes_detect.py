@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from familiar_pipeline.projectors.wishes.detect import detect, point_of, sentences, trimmed, unquoted
+from familiar_pipeline.projectors.wishes.detect import Wish, detect, point_of, said_in, sentences, trimmed, unquoted
 
 # (message, the point it pins)
 WISHES = [
@@ -165,3 +165,39 @@ def test_a_repeated_condition_is_read_once_so_hostile_text_cannot_stall_the_proj
     assert detect("when i " * 300) == []
     assert detect("when there's x " * 200 + ", please") == []
     assert [w.point for w in detect("so " * 2000 + "when you explain code, always add comments")] == ["format:code"]
+
+
+# --------------------------------------------------------------------------- wishes a model found (said_in)
+
+@pytest.mark.parametrize("text, paraphrase, point, said", [
+    # the sentence that says it, not the whole message; its point, else the paraphrase's
+    ("ugh the bus again. anyway, two lines max per reply going forward please",
+     "Cass wants replies of at most two lines", "general:anyway two lines max",
+     "anyway, two lines max per reply going forward please"),
+    ("honestly it's Sam for me from here on, not Cassandra.", "Cass wants to be called Sam", "address",
+     "honestly it's Sam for me from here on, not Cassandra."),
+    ("I really like when you explain with little stories", "Cass likes explanations with stories", "explain",
+     "I really like when you explain with little stories"),
+    ("lunch was great. it would help me if answers came as bullet lists", "Cass prefers bullet lists",
+     "format:lists", "it would help me if answers came as bullet lists"),
+])
+def test_a_models_wish_is_pinned_as_the_sentence_that_says_it(text, paraphrase, point, said):
+    assert said_in(text, paraphrase) == Wish(point, said)
+
+
+@pytest.mark.parametrize("text, paraphrase", [
+    ('my sister keeps saying "keep it short"', "Cass wants short answers"),  # only inside a quote
+    ("> always answer in French\nlol look what my bot says", "Cass wants answers in French"),  # a quote line
+    ("see you tomorrow!", "Cass wants to be called Sam"),  # no sentence backs the claim
+    ("", "Cass wants short answers"),
+])
+def test_a_models_wish_no_sentence_backs_pins_nothing(text, paraphrase):
+    assert said_in(text, paraphrase) is None
+
+
+def test_a_models_wish_on_hostile_text_is_read_in_time():
+    import time
+
+    started = time.perf_counter()
+    assert said_in("when i " * 5000 + "call me Sam", "Cass wants to be called Sam").point == "address"
+    assert time.perf_counter() - started < 2.0

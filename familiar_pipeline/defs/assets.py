@@ -403,7 +403,7 @@ def asset_spec(spec: ProjectorSpec) -> dg.AssetSpec:
     """The Dagster asset of one projector, everything about it read from its spec."""
     return dg.AssetSpec(
         asset_key(spec.asset),
-        deps=[asset_key(i) for i in spec.inputs],
+        deps=[asset_key(i) for i in spec.reads],
         description=spec.description or None,
         group_name=spec.group,
         kinds=set(spec.kinds),
@@ -423,7 +423,7 @@ def projection_assets(specs: list[ProjectorSpec], name: str) -> dg.AssetsDefinit
     """
     resources = {"familiar_data", "llm"} | ({"embedder"} if any(s.needs_embedder for s in specs) else set())
     for i, spec in enumerate(specs):  # the step runs them in this order, so each must come after what it reads
-        later = {s.asset for s in specs[i:]}.intersection(spec.inputs)
+        later = {s.asset for s in specs[i:]}.intersection(spec.reads)
         if later:
             raise ValueError(f"projector {spec.name!r} reads {sorted(later)}, which its step runs after it")
 

@@ -129,14 +129,17 @@ def resolve(name: str) -> ProjectorSpec:
     raise UnknownProjectorError(f"unknown projection {name!r}; valid: {', '.join(names)}")
 
 
-def dependants(name: str) -> list[ProjectorSpec]:
-    """Projectors that read `name`'s asset, directly or through another; each before what it reads."""
+def dependants(name: str, *, soft: bool = True) -> list[ProjectorSpec]:
+    """Projectors that read `name`'s asset, directly or through another; each before what it reads.
+
+    ``soft`` False: only through their `inputs`, not their `soft_inputs` (who a failure holds back).
+    """
     order: list[ProjectorSpec] = []
     seen = {name}
 
     def visit(asset: str) -> None:
         for spec in _PROJECTORS.values():
-            if asset in spec.inputs and spec.name not in seen:
+            if asset in (spec.reads if soft else spec.inputs) and spec.name not in seen:
                 seen.add(spec.name)
                 visit(spec.asset)
                 order.append(spec)
@@ -171,11 +174,11 @@ def tables() -> tuple[Table, ...]:
 # arrive batch by batch or all at once in a rebuild, so the two build the same rows.
 BUILTIN_SPECS: tuple[ProjectorSpec, ...] = (
     TURNS_INDEX,
-    WISHES,
     SUMMARY,
     FACTS,
     FACT_EMBEDDINGS,
     SUPERSEDE,
+    WISHES,  # after the facts and their supersession: it pins the facts of kind "wish" too
     DOSSIERS,
     REFLECTIONS,
     TURN_EMBEDDINGS,

@@ -76,14 +76,15 @@ def passes(specs: list[ProjectorSpec]) -> list[list[ProjectorSpec]]:
         asset = todo.pop()
         if asset not in first:
             first.add(asset)
-            todo += [i for i in by_asset[asset].inputs if i in by_asset]
+            todo += [i for i in by_asset[asset].reads if i in by_asset]
     split = [[s for s in specs if s.asset in first], [s for s in specs if s.asset not in first]]
     return [p for p in split if p]
 
 
 def hold_followers(blocked: dict[str, str], spec: ProjectorSpec, why: str) -> None:
-    """Hold back, for one familiar, every projector built on `spec`'s asset (the first reason stays)."""
-    for follower in registry.dependants(spec.name):
+    """Hold back, for one familiar, every projector built on `spec`'s asset (the first reason stays);
+    not one that reads it as a soft input (`ProjectorSpec.soft_inputs`), unless through another."""
+    for follower in registry.dependants(spec.name, soft=False):
         blocked.setdefault(follower.asset, why)
 
 

@@ -103,7 +103,10 @@ class ProjectorSpec:
     drops the projection first when asked to rebuild. `description`, written like
     a docstring, is the asset's description in the UI. `inputs` are the asset
     names it reads (`turns` or other projectors' assets); they become the asset's
-    deps. A plugin with its own Dagster asset passes `factory` (a zero-argument
+    deps. `soft_inputs` are deps too (lineage, run order, a rebuild's cascade), but a
+    failure of one does not hold the projector back: it reads what is there and builds
+    the rest from turns (standing wishes keep pinning the heuristic's wishes while the
+    model behind the facts is down). A plugin with its own Dagster asset passes `factory` (a zero-argument
     callable returning the asset or a list of assets) instead of `run`.
     `batch_closed(turn_log, knobs, after_id, now) -> bool` tells the sensor that a
     batch shorter than `batch_knob` is complete anyway (facts close one at a quiet gap).
@@ -128,6 +131,7 @@ class ProjectorSpec:
     group: str = "projections"
     kinds: AbstractSet[str] = frozenset({"duckdb"})  # any set of names; stored as a frozenset
     inputs: tuple[str, ...] = ("turns",)
+    soft_inputs: tuple[str, ...] = ()
     trigger: str | None = None
     batch_knob: str | None = None
     batch_closed: Callable[..., bool] | None = None
@@ -147,11 +151,17 @@ class ProjectorSpec:
     search_rows: Callable[..., Any] | None = None
     forget_person: Callable[..., set[int]] | None = None
 
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Every asset it reads: its inputs, then its soft inputs (the asset's deps)."""
+        return self.inputs + tuple(i for i in self.soft_inputs if i not in self.inputs)
+
     def __post_init__(self) -> None:
         if not self.asset:
             object.__setattr__(self, "asset", self.name)
         object.__setattr__(self, "kinds", frozenset(self.kinds))
         object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "soft_inputs", tuple(self.soft_inputs))
         object.__setattr__(self, "tables", tuple(self.tables))
         object.__setattr__(self, "invariants", tuple(self.invariants))
         if self.trigger not in TRIGGERS:

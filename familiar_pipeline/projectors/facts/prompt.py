@@ -6,6 +6,11 @@ roleplay is recorded as a bit and never as real events, identity is the
 participant's canonical key and never a name adopted in play, world trivia is
 not a fact about the speaker, `valid_to` is world time only, and statements
 about the familiar's own capabilities are not facts.
+
+A standing wish (a person asking the familiar to keep doing something from now on:
+"call me Sam", "keep answers short", "never bring up my ex") is a fact of kind
+``wish``; the `standing_wish` projector pins it for that person (issue 33), next to
+the wishes its no-model heuristic finds in the same turns.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any, Sequence
 from familiar_pipeline.models.jsonparse import as_int_list
 from familiar_pipeline.models.replies import IdList, ListReply, Loose, ReplyItem, field_validator, loose
 from familiar_pipeline.projectors.prompting import UNTRUSTED_NOTE, TurnLike, quote, render_turn_lines
+
+from .tables import FACT_KINDS
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,13 @@ class RawFact(ReplyItem):
     valid_from: Loose = None
     valid_to: Loose = None
     importance: loose({"type": "integer", "minimum": 1, "maximum": 10}) = None  # type: ignore[valid-type]
+    kind: loose({"type": "string", "enum": list(FACT_KINDS)}) = "fact"  # type: ignore[valid-type]
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> str:
+        """"wish" when the model says so (any case); anything else, absent or garbled, is a plain fact."""
+        return "wish" if isinstance(value, str) and value.strip().lower() == "wish" else "fact"
 
     @field_validator("text", mode="before")
     @classmethod
@@ -116,7 +130,17 @@ def build_system(self_name: str, self_key: str, dream_ids: Sequence[int] = ()) -
         'will stop applying in the world ("until 2019"). Never use it to mark a fact outdated, replaced '
         "or superseded: retirement is tracked separately. When in doubt, omit it;",
         '- "importance": optional integer from 1 (throwaway aside) through 5 (ordinary detail) to 10 '
-        "(safety-critical or identity-defining: allergies, names, long-held preferences, life events).",
+        "(safety-critical or identity-defining: allergies, names, long-held preferences, life events);",
+        '- "kind": "wish" for a standing wish (below); omit it for every other fact.',
+        "",
+        "A standing wish is a participant asking YOU to keep doing something from now on, not only in your "
+        "next reply: how to address them, how long or in what form to answer, what never to bring up, how "
+        "to explain things, which units or language to use (\"from now on call me Sam\", \"could you always "
+        "keep it short\", \"please never mention my ex again\", \"I learn best with analogies, use those\"). "
+        "Record it with \"kind\": \"wish\", subject_keys holding only that participant, source_turn_ids only "
+        "the turn where they said it, and text stating the wish (\"Ana wants to be called Sam\"). Not a wish: "
+        "a request for this one reply, a question, a quote, or what someone says another person always or "
+        "never does.",
         "",
         'Skip small talk and passing moods. If nothing is worth keeping, reply {"facts": []}. '
         "Do not emit self-capability statements such as \"I cannot see images\" or \"the assistant "

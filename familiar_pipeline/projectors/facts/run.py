@@ -160,6 +160,7 @@ def validate_facts(
     fact cites the whole batch minus dream turns, ascending. Subject keys must be in
     the manifest, and their display names come from it, never from the model.
     Facts from dream turns are tagged with the familiar only and framed as dreams.
+    A wish rests on its one subject's own turns (`wish_source_ids`), else it is kept as a plain fact.
     """
     outcome = BatchOutcome()
     by_id = {t.id: t for t in batch if t.mode != ACTIVITY_RETURN}
@@ -200,6 +201,15 @@ def validate_facts(
         if valid_to is not None and valid_to <= valid_from:
             outcome.drop("valid_to_not_after_valid_from")  # counted per fact; the fact is kept, open-ended
             valid_to = None
+        kind = raw.kind
+        if kind == "wish":
+            own = wish_source_ids(source_ids, subjects, by_id, dream_ids)
+            if own:
+                source_ids, first = own, by_id[own[0]]
+                scope = scope_of_turns(by_id[i] for i in own)
+            else:
+                outcome.drop("wish_not_own_words")  # counted per fact; the fact is kept, as a plain one
+                kind = "fact"
         outcome.drafts.append(
             FactDraft(
                 text=text,
@@ -210,9 +220,24 @@ def validate_facts(
                 valid_from=valid_from,
                 valid_to=valid_to,
                 scope=scope,
+                kind=kind,
             )
         )
     return outcome
+
+
+def wish_source_ids(source_ids: Sequence[int], subjects: Sequence[Subject], by_id: dict[int, Turn],
+                    dream_ids: set[int]) -> list[int]:
+    """The source turns a wish may rest on: its one subject's own turns (not dreams); empty when there are none.
+
+    A wish is what a person asked the familiar themselves: a "wish" about two people, about
+    someone who did not say it ("Ana says Bo always wants ..."), or from narration is not one.
+    """
+    if len(subjects) != 1:
+        return []
+    key = subjects[0].canonical_key
+    return [i for i in source_ids
+            if i not in dream_ids and by_id[i].role == "user" and by_id[i].author_key == key]
 
 
 def extraction_messages(batch: Sequence[Turn], manifest: Sequence[ManifestEntry], *, self_key: str, self_name: str) -> list[dict]:
@@ -248,7 +273,7 @@ def write_outcomes(rt: FamiliarRuntime, report: ProjectionReport, pending: list[
             report.drop("fts_commit_skipped")
     report.preview.extend(  # ids and counts, never the text (the UI and run storage have no login)
         {"id": f.id, "subjects": ", ".join(s.canonical_key for s in f.subjects), "importance": f.importance,
-         "scope": f.scope, "chars": len(f.text)}
+         "scope": f.scope, "kind": f.kind, "chars": len(f.text)}
         for f in inserted
     )
 

@@ -12,7 +12,7 @@ Rules that matter to callers:
   everything that cites a fact id with them and restarts the sequence, so no old
   citation can point at a new fact and a rebuild gives every fact the id the
   incremental build gave it.
-* Near-duplicates (same normalised text and subject set among current facts) are
+* Near-duplicates (same normalised text, subject set and kind among current facts) are
   suppressed at insert: the twin is returned untouched.
 """
 
@@ -32,7 +32,7 @@ from familiar_pipeline.storage.scopes import FAMILIAR_WIDE
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.times import as_utc, now_or
 
-from .tables import FACTS, Fact, FactView, Subject, stored_subject
+from .tables import FACT_KINDS, FACTS, Fact, FactView, Subject, stored_subject
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class FactDraft:
     valid_from: datetime | date | str | None = None
     valid_to: datetime | date | str | None = None
     scope: str = FAMILIAR_WIDE
+    kind: str = "fact"  # or "wish" (`tables.Fact.kind`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source_turn_ids", tuple(self.source_turn_ids))
@@ -114,8 +115,16 @@ def _subjects(items: Iterable[Any]) -> tuple[Subject, ...]:
 
 
 def dedup_key(fact: Fact) -> str:
-    """Normalised text and subject set: equal for near-duplicates (see module doc)."""
-    return f"{normalize_fact_text(fact.text)}\n{subject_set_key(fact.subject_keys)}"
+    """Normalised text and subject set (and the kind, for a wish): equal for near-duplicates (see module doc).
+
+    A wish is not the twin of the same words as a plain fact: "Cass wants short answers" said by
+    Cass is a wish to pin, the same sentence from Bo's claim about her is not (``run.wish_source_ids``).
+    """
+    return _dedup_key(normalize_fact_text(fact.text), subject_set_key(fact.subject_keys), fact.kind)
+
+
+def _dedup_key(norm_text: str, subject_set: str, kind: str) -> str:
+    return f"{norm_text}\n{subject_set}" + ("\nwish" if kind == "wish" else "")
 
 
 def prepare(draft: FactDraft, now: datetime) -> Fact:
@@ -146,7 +155,14 @@ def prepare(draft: FactDraft, now: datetime) -> Fact:
         valid_from=valid_from,
         valid_to=valid_to,
         scope=values.scope(draft.scope),
+        kind=_kind(draft.kind),
     )
+
+
+def _kind(kind: Any) -> str:
+    if kind not in FACT_KINDS:
+        raise ValueError(f"fact kind {kind!r} is not one of {', '.join(FACT_KINDS)}")
+    return kind
 
 
 # --------------------------------------------------------------------------- writes
@@ -229,15 +245,17 @@ def insert_facts(store: ProjectionStore, rows: list[Fact]) -> list[Fact]:
     subject_sets = [subject_set_key(p.subject_keys) for p in rows]
     store.sql(
         "INSERT INTO facts (id, channel_id, text, norm_text, subject_set, dedup_key, source_turn_ids, "
-        "importance, created_at, valid_from, valid_to, scope) "
+        "importance, created_at, valid_from, valid_to, scope, kind) "
         "SELECT unnest(?::BIGINT[]), unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
         "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BIGINT[][]), unnest(?::TINYINT[]), "
-        "unnest(?::TIMESTAMPTZ[]), unnest(?::TIMESTAMPTZ[]), unnest(?::TIMESTAMPTZ[]), unnest(?::VARCHAR[])",
+        "unnest(?::TIMESTAMPTZ[]), unnest(?::TIMESTAMPTZ[]), unnest(?::TIMESTAMPTZ[]), unnest(?::VARCHAR[]), "
+        "unnest(?::VARCHAR[])",
         [
             ids, [p.channel_id for p in rows], [p.text for p in rows], norm, subject_sets,
-            [f"{n}\n{s}" for n, s in zip(norm, subject_sets)], [list(p.source_turn_ids) for p in rows],
+            [_dedup_key(n, s, p.kind) for n, s, p in zip(norm, subject_sets, rows)],
+            [list(p.source_turn_ids) for p in rows],
             [p.importance for p in rows], [p.created_at for p in rows], [p.valid_from for p in rows],
-            [p.valid_to for p in rows], [p.scope for p in rows],
+            [p.valid_to for p in rows], [p.scope for p in rows], [p.kind for p in rows],
         ],
     )
     subject_rows = [(fid, s.canonical_key, s.display_at_write, i, p.scope)
@@ -404,6 +422,13 @@ def facts_for_subjects(store: ProjectionStore, keys: Iterable[str], *, after_id:
             if key in out:
                 out[key].append(fact)
     return out
+
+
+def wish_facts_after(store: ProjectionStore, after_id: int) -> list[Fact]:
+    """The not-retired facts of kind "wish" with an id above ``after_id``, ascending (the standing_wish
+    projector's read: it turns them into pinned wishes)."""
+    return select(store, "t.kind = 'wish' AND t.superseded_at IS NULL AND t.id > ?",
+                  [values.as_int(after_id, "after_id", minimum=0)])
 
 
 def facts_retired_between(store: ProjectionStore, after_id: int, upto_id: int) -> list[Fact]:

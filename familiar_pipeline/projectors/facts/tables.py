@@ -47,6 +47,9 @@ from familiar_pipeline.storage.times import as_utc, now_or
 _ARROW_TS = pa.timestamp("us", tz="UTC")
 _FILL_SCOPE = f"'{FAMILIAR_WIDE}'"  # rows written before scopes were read familiar-wide (see `scopes`)
 SUBJECTS_TYPE = "STRUCT(canonical_key VARCHAR, display_at_write VARCHAR)[]"
+# A plain fact; a standing wish its subject addressed to the familiar ("call me Sam"), which the
+# standing_wish projector pins in every reply to them (projectors/wishes/run.py).
+FACT_KINDS = ("fact", "wish")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class Fact:
     valid_from: datetime | None = col("TIMESTAMPTZ", nullable=True)  # world time, inclusive
     valid_to: datetime | None = col("TIMESTAMPTZ", nullable=True)  # world time, exclusive; None is open-ended
     scope: str = col("VARCHAR", fill=_FILL_SCOPE, default=FAMILIAR_WIDE)
+    # "fact", or "wish": its subject asked the familiar to keep doing something (FACT_KINDS).
+    kind: str = col("VARCHAR", fill="'fact'", default="fact")  # checked on write (store.prepare); DuckDB adds no CHECK column
 
     @property
     def current(self) -> bool:
@@ -140,7 +145,7 @@ NOTEBOOK_VIEWS: dict[str, str] = {
                {_SUBJECTS_OF_F} AS subjects,
                COALESCE((SELECT list(s.canonical_key ORDER BY s.position) FROM fact_subjects s
                          WHERE s.fact_id = f.id), []::VARCHAR[]) AS subject_keys,
-               f.importance, f.source_turn_ids, f.created_at, f.valid_from, f.valid_to, f.scope
+               f.importance, f.source_turn_ids, f.created_at, f.valid_from, f.valid_to, f.scope, f.kind
         FROM facts f
         WHERE {validity_sql("f", as_of=False, at="now()")}
     """,
@@ -152,7 +157,7 @@ NOTEBOOK_VIEWS: dict[str, str] = {
         SELECT f.id, f.channel_id, f.text,
                {_SUBJECTS_OF_F} AS subjects,
                f.importance, f.source_turn_ids, f.created_at, f.valid_from, f.valid_to,
-               f.superseded_at, f.superseded_by, f.scope
+               f.superseded_at, f.superseded_by, f.scope, f.kind
         FROM facts f
         WHERE {validity_sql("f", as_of=True, at="CAST(ts AS TIMESTAMPTZ)")}
     """,
@@ -193,7 +198,7 @@ NOTEBOOK_VIEWS: dict[str, str] = {
         CREATE OR REPLACE VIEW facts_by_subject AS
         SELECT s.canonical_key, s.display_at_write, f.id AS fact_id, f.text, f.importance,
                f.channel_id, f.source_turn_ids, f.created_at, f.valid_from, f.valid_to,
-               f.superseded_at, f.superseded_by, f.scope,
+               f.superseded_at, f.superseded_by, f.scope, f.kind,
                (f.superseded_at IS NULL AND (f.valid_to IS NULL OR f.valid_to > now())) AS is_current
         FROM fact_subjects s JOIN facts f ON f.id = s.fact_id
     """,

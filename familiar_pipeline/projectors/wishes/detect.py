@@ -319,3 +319,31 @@ def detect(text: str, *, limit: int = MAX_CHARS) -> list[Wish]:
             found.pop(wish.point, None)
             found[wish.point] = wish
     return list(found.values())
+
+
+# --------------------------------------------------------------------------- wishes a model found
+
+def said_in(text: str, paraphrase: str, *, limit: int = MAX_CHARS) -> Wish | None:
+    """The wish a model says ``text`` states (its ``paraphrase``: "Ana wants to be called Sam"), as the
+    sentence of ``text`` that says it, or None when no unquoted sentence shares a content word with it.
+
+    Where the extractor runs it finds wishes the heuristic's cues miss ("it's Sam for me from here"),
+    but the pinned line is still the person's own words, and a claim no sentence backs (a misread,
+    or a wish only inside a quote) pins nothing. The point is the sentence's, else the paraphrase's,
+    else its own leading words (as for a wish on no known point).
+    """
+    wanted = set(_key_words(paraphrase, 50).split())
+    best, best_shared = None, 0
+    for sentence in sentences(text):
+        shared = len(wanted & set(_key_words(sentence, 50).split()))
+        if shared > best_shared:
+            best, best_shared = sentence, shared
+    if best is None:
+        return None
+    point = (point_of(best) or point_of(paraphrase) or ("address" if _CALLED.search(paraphrase) else None)
+             or "general:" + _key_words(best, 4))
+    return Wish(point, trimmed(best, limit))
+
+
+# How a paraphrase says the address point ("Ana wants to be called Sam", "... addressed as Dr. Lee").
+_CALLED = re.compile(r"\b(?:be called|called by|addressed as|referred to as|go by|goes by|name (?:is|as))\b", re.I)

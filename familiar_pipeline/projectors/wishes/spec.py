@@ -41,10 +41,14 @@ SPEC = ProjectorSpec(
     "From now on keep answers short", "call me Sam", "never bring up my ex": found by a heuristic with no
     model (quoted text, questions and other people's words are not wishes), one row per wish with its turn
     as provenance; a newer wish by the same person in the same scope on the same point retires the older.
-    The bot pins the speaker's current wishes in every reply (`standing_wishes` layer). Needs no model.
+    The bot pins the speaker's current wishes in every reply (`standing_wishes` layer). Needs no model; where
+    the extractor runs, its facts of kind "wish" add the wishes the heuristic missed, as the person's own sentence.
     """,
     group="turns",
     kinds={"duckdb"},
+    # The facts of kind "wish", where the extractor runs; a facts failure (the model down) does not
+    # stop the heuristic's wishes, and a facts rebuild (new fact ids) rebuilds the wishes too.
+    soft_inputs=("facts",),
     trigger=TURN_INDEX,
     needs_llm=False,
     knobs=StandingWishConfig,

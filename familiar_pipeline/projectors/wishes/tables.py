@@ -134,6 +134,16 @@ def delete_resting_on(store: ProjectionStore, turn_ids: Iterable[int]) -> list[t
         [wanted]).fetchall()]
 
 
+def said_points(store: ProjectionStore, turn_ids: Iterable[int]) -> set[tuple[str, int, str]]:
+    """(person, turn id, point) of the wishes already stored from these turns."""
+    wanted = sorted(set(values.ids(turn_ids, "turn_ids")))
+    if not wanted:
+        return set()
+    return {(person, int(turn), point) for person, turn, point in store.sql(
+        "SELECT person_key, unnest(source_turn_ids), point FROM wishes "
+        "WHERE list_has_any(source_turn_ids, ?::BIGINT[])", [wanted]).fetchall()}
+
+
 def retire(store: ProjectionStore, groups: Iterable[tuple[str, str, str]] | None = None) -> int:
     """Set each wish's retirement from the rows of its (person, scope, point) group: retired by the
     next wish said after it, current when none is. ``groups`` None: every group. How many rows changed."""
