@@ -205,9 +205,9 @@ def build(root: Path, n_turns: int, n_facts: int, base_facts: int, embedder: Fas
         for name, table in (("b_facts", facts), ("b_subjects", subject_rows), ("b_vectors", vectors)):
             conn.register(name, table)
         conn.execute("""INSERT INTO facts (id, channel_id, text, norm_text, subject_set, dedup_key,
-                            source_turn_ids, importance, created_at, valid_from, scope)
+                            source_turn_ids, importance, created_at, valid_from, scope, kind)
                         SELECT id, channel_id, text, norm_text, subject_set, norm_text || chr(10) || subject_set,
-                               source_turn_ids, importance, created_at, created_at, scope FROM b_facts""")
+                               source_turn_ids, importance, created_at, created_at, scope, 'fact' FROM b_facts""")
         conn.execute("INSERT INTO fact_subjects BY NAME SELECT * FROM b_subjects")
         conn.execute("INSERT INTO fact_embeddings BY NAME SELECT * FROM b_vectors")
         # Every turn gets a vector too (a real MiniLM vector of a base statement: the dense turn

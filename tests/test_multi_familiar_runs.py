@@ -296,7 +296,7 @@ def test_a_run_over_many_familiars_publishes_every_familiars_facts_before_any_fo
 
 
 EVERYTHING = ["turns_fts", "wishes", "rolling_summary", "facts", "fact_supersessions", "people_dossiers", "reflections"]
-FOLLOWERS = ["turns_fts", "wishes", "rolling_summary", "fact_supersessions", "people_dossiers", "reflections"]
+FOLLOWERS = ["turns_fts", "rolling_summary", "fact_supersessions", "wishes", "people_dossiers", "reflections"]
 
 
 def pending(paths: FamiliarPaths) -> tuple[str, ...]:

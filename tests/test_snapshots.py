@@ -58,8 +58,8 @@ def add_fact(conn, fact_id, text, *, subjects=(), channel_id=100, importance=5, 
     subject_set = "\n".join(sorted(k for k, _ in subjects))
     conn.execute(
         "INSERT INTO facts (id, channel_id, text, norm_text, subject_set, dedup_key, source_turn_ids, importance, "
-        "created_at, superseded_at, superseded_by, valid_from, valid_to, scope) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'familiar')",
+        "created_at, superseded_at, superseded_by, valid_from, valid_to, scope, kind) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'familiar', 'fact')",
         [fact_id, channel_id, text, text.lower(), subject_set, f"{text.lower()}\n{subject_set}",
          list(turns), importance, created_at, superseded_at, superseded_by, valid_from, valid_to],
     )
