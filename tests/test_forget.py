@@ -11,6 +11,7 @@ no marker, the indexes hold no marker term, and everyone else's memory is what i
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -34,6 +35,10 @@ BASE = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
 GUILD, CHANNEL, DM = 1, 10, 77
 CASS, BO = PEOPLE[0], PEOPLE[1]
 MARK = "zqx"  # every marker starts with it: "zqxdm3", "zqxsrv12"
+# What `scan` counts: a planted marker whole ("zqx" and the kind of marker after it). The bare
+# 3-byte prefix turns up by chance in compressed bytes (Dagster's zlib job snapshots in runs.db):
+# one clean-clone CI run found a lone "zqx" there after a purge that had left no marker.
+PLANTED = re.compile(rb"zqx(?:srv|dm|new|wishname)")
 
 
 def line(i: int, who: tuple[str, str]) -> str:
@@ -43,12 +48,12 @@ def line(i: int, who: tuple[str, str]) -> str:
 
 
 def scan(*roots: Path) -> dict[str, int]:
-    """Marker counts per file, over every byte under `roots` (files of any kind)."""
+    """Planted-marker counts per file, over every byte under `roots` (files of any kind)."""
     found = {}
     for root in roots:
         for path in root.rglob("*"):
             if path.is_file():
-                n = path.read_bytes().count(MARK.encode())
+                n = len(PLANTED.findall(path.read_bytes()))
                 if n:
                     found[str(path)] = n
     return found
