@@ -76,6 +76,7 @@ from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
 from familiar_bot.prompt.spread import asks_for_many, asks_for_order, spread_days
+from familiar_bot.prompt.substance import rerank_by_substance
 from familiar_bot.prompt.threads import asks_for_now, follow_threads
 from familiar_bot.prompt.tokens import cap_blocks, estimate_tokens, truncate_to_tokens
 from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
@@ -555,6 +556,8 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fused = [f for f, k in zip(fused, keep) if k]
         if signals is not None and signals.active:
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
+        if retrieval.turn_substance_depth > 0:
+            fused = _with_substance(fused, rows_of, retrieval)
         # A question about how one thing stands now follows threads to the newest word; one asking
         # for an order or every time wants every statement, spread over days instead.
         if (retrieval.turn_thread_hits > 0 and dense_cache.get("sims") is not None and asks_for_now(cue)
@@ -611,7 +614,8 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted
                        and turn_visible(rows[tid], visible)] for hit, ids in zip(kept, shown)]
     chosen = fit_by_rank(groups, token_budget)
-    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "updates")
+    debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "substance",
+                                "updates")
               if k in f}
              for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
@@ -658,6 +662,13 @@ def _with_signals(fused: list[dict], signals: CueSignals, memory, rows_of: "_Tur
     fused = [f for f in fused if f["turn_id"] not in exclude]
     rows.update((t.id, t) for t in rows_of.get(f["turn_id"] for f in fused if f["turn_id"] not in rows))
     return add_signals(fused, rows, signals)
+
+
+def _with_substance(fused: list[dict], rows_of: "_TurnRows", knobs) -> list[dict]:
+    """``fused`` with its best candidates re-ordered by their substance (:mod:`substance`)."""
+    depth = knobs.turn_substance_depth
+    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in fused[:depth])}
+    return rerank_by_substance(fused, rows, depth, knobs.turn_substance_length, knobs.turn_substance_question)
 
 
 THREAD_DEPTH = 3  # candidates (x the section's hit limit) a thread is followed among

@@ -211,6 +211,14 @@ class RetrievalConfig:
     turn_time_slack_days: float = knob(14.0, minimum=0.0, maximum=366.0)
     turn_when_share: float = knob(0.25, minimum=0.0, maximum=1.0)
     turn_reply_credit: float = knob(0.8, minimum=0.0, maximum=1.0)
+    # Substance (prompt/substance.py): the best `turn_substance_depth` candidates are re-ordered
+    # by total / best total + length x ln(1 + content tokens) - question x [a question mark], so a
+    # named person's "Thanks, Mel!" no longer fills the top; 0 depth (or both weights 0) = off.
+    # A pairwise fit on LoCoMo chose the two terms; the values won the tune-on-two rotation
+    # (docs/benchmarks.md, "Substance").
+    turn_substance_length: float = knob(0.2, minimum=0.0)
+    turn_substance_question: float = knob(0.05, minimum=0.0)
+    turn_substance_depth: int = knob(64, minimum=0)
     # Spread over days (issue 33), only for cues that ask for an order or every time (not a
     # plain list; prompt/spread.py): the best candidates are re-picked, each losing this much
     # per better one already taken from its channel and local day (0 = off); the first
