@@ -380,7 +380,7 @@ def test_ablation_measures_each_change_against_the_ranking_before_it(tmp_path, c
     result = json.loads((out / "ablation.json").read_text())
     labels = [r["label"] for r in result["rows"]]
     assert labels == [label for label, _, _ in ablation.variants()]
-    assert labels[0] == "before (all four off)" and "shipped defaults" in labels
+    assert labels[0] == "before (all off)" and "shipped defaults" in labels
     before = result["rows"][0]
     assert before["retrieval"]["turn_speaker_weight"] == 0.0 and before["text_budget"] == {"max_rag_turns": 24}
     assert before["gain"]["any@10"] == {"gain": 0.0, "low": 0.0, "high": 0.0}

@@ -1,8 +1,9 @@
 """What each retrieval change is worth: the shipped defaults against the ranking before them, one change at a time.
 
 ``familiar eval locomo --ablation`` measures, on the same prepared familiars,
-the ranking as it was before the cue's people, time and reply signals ("before":
-those weights 0, every hit with its neighbours, 24 hits in the text tier), each
+the ranking as it was before the cue's people, time and reply signals and the
+substance re-order ("before": those weights 0, every hit with its neighbours, 24
+hits in the text tier), each
 change added alone to it, the shipped defaults, and the shipped defaults with
 each change taken out. Every row's gain over "before" is a **paired bootstrap**
 over the questions (the same questions resampled for both rankings, so a gain
@@ -27,6 +28,7 @@ CHANGES: Mapping[str, tuple[dict, dict]] = {
     "time": ({"turn_time_weight": 0.0}, {}),
     "replies": ({"turn_reply_credit": 0.0}, {}),
     "render": ({"turn_neighbour_hits": 0}, {"max_rag_turns": 24}),
+    "substance": ({"turn_substance_depth": 0}, {}),
 }
 
 
@@ -43,7 +45,7 @@ def before() -> tuple[dict, dict]:
 def variants() -> list[tuple[str, dict, dict]]:
     """``(label, retrieval overrides, text budget overrides)`` of every row measured."""
     off_retrieval, off_budget = before()
-    rows = [("before (all four off)", off_retrieval, off_budget)]
+    rows = [("before (all off)", off_retrieval, off_budget)]
     for name, (knobs, caps) in CHANGES.items():
         retrieval = {k: v for k, v in off_retrieval.items() if k not in knobs}
         budget = {k: v for k, v in off_budget.items() if k not in caps}
