@@ -31,7 +31,9 @@ fusion, which measured worse on LoCoMo: docs/benchmarks.md). What the words
 cannot say is added next (:mod:`familiar_bot.prompt.turn_signals`): who the cue
 names (their turns count, turns addressed to them do not), when (turns said in a
 window the cue names; those turns also join the candidates by cosine), and the
-reply after a matching question. The ranked turns
+reply after a matching question; the best candidates are then re-ordered by their
+substance (:mod:`familiar_bot.prompt.substance`: a short pleasantry or a question
+gives way to a turn with content). The ranked turns
 are then filtered: minus the turns ``recent_history`` already shows
 (the ids actually in that window, not id arithmetic: ids are global across
 channels) and minus deleted turns; only turns said in the reply's visible scopes
