@@ -37,7 +37,7 @@ ROWS = {1: T(1, "Thanks, Mel!"),
 def test_a_pleasantry_and_a_question_give_way_to_a_turn_with_content():
     fused = cands((1, 2.0), (2, 1.95), (3, 1.9), (4, 1.0))
     out = rerank_by_substance(fused, ROWS, depth=10, length_weight=0.2, question_weight=0.05)
-    assert ids(out) == [3, 1, 2, 4]  # the exhibit turn's 6 content words beat "Thanks, Mel!"'s one
+    assert ids(out) == [3, 1, 2, 4]  # the exhibit turn's seven content words beat the two of "Thanks, Mel!"
     assert out[0]["substance"] == pytest.approx(0.2 * math.log1p(content_tokens(ROWS[3].content)), abs=1e-4)
     # the substance term is written in the best total's units; the question pays its penalty
     assert out[2]["total"] == pytest.approx(1.95 + 2.0 * (0.2 * math.log1p(content_tokens(ROWS[2].content)) - 0.05))
