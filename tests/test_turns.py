@@ -718,7 +718,7 @@ def test_an_io_error_on_a_full_disk_is_named_for_what_it_is(db_path: Path, monke
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to mount a small tmpfs")
 def test_opening_on_a_real_full_disk(tmp_path: Path):
-    """The same on a real full disk: a 256 KiB tmpfs in a private mount namespace, filled up."""
+    """The same on a real full disk: a 512 KiB tmpfs in a private mount namespace, filled up."""
     script = textwrap.dedent(f"""
         import os, sys
         from familiar_pipeline.storage.turns import TurnLog, TurnLogUnavailable
@@ -737,7 +737,7 @@ def test_opening_on_a_real_full_disk(tmp_path: Path):
             print(exc)
     """)
     (tmp_path / "disk").mkdir()
-    mount = f"mount -t tmpfs -o size=256k tmpfs {tmp_path / 'disk'} && exec {sys.executable} -c \"$0\""
+    mount = f"mount -t tmpfs -o size=512k tmpfs {tmp_path / 'disk'} && exec {sys.executable} -c \"$0\""
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, script],
                           capture_output=True, text=True, timeout=60)
     if "mount:" in done.stderr:

@@ -420,6 +420,11 @@ class FtsIndex:
         """Documents visible to searches (committed and loaded)."""
         return self._live_index().searcher().num_docs
 
+    def doc_freq(self, term: str) -> int:
+        """Documents holding an analyzed term (``analyze``'s output), deleted ones not yet merged away
+        included: what an erasure's check asks of an index."""
+        return int(self._live_index().searcher().doc_freq(CONTENT, term))
+
     def _live_index(self) -> tantivy.Index:
         if self._index is None:
             raise FtsError("this FtsIndex is closed")

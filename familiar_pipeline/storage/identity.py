@@ -23,6 +23,14 @@ def canonical_key(platform: str, user_id: str | int) -> str:
     return f"{platform}:{user}"
 
 
+CONSOLE_PLATFORM = "console"
+
+
+def console_slug(name: str) -> str:
+    """The user id of a console speaker called `name` ("" when it has no letter or digit)."""
+    return re.sub(r"[^a-z0-9_.-]+", "-", " ".join(name.split()).lower()).strip("-")
+
+
 def ego_key(familiar_id: str) -> str:
     return f"{EGO_PREFIX}{familiar_id}"
 

@@ -16,6 +16,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_DEFAULT_DIR = REPO_ROOT / "data" / "familiars" / "_default"
 DEFAULT_FAMILIAR_DIRNAME = "_default"
+CONSOLE_SPEAKER_FILE = "console_speaker"  # the name the console asked for once, in a familiar's folder
 
 _FAMILIAR_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -110,6 +111,11 @@ class FamiliarPaths:
     @property
     def lorebook_toml(self) -> Path:
         return self.dir / "lorebook.toml"
+
+    @property
+    def console_speaker(self) -> Path:
+        """The name the console asked for once (`familiar chat`); erased with that person."""
+        return self.dir / CONSOLE_SPEAKER_FILE
 
     @property
     def cache_dir(self) -> Path:

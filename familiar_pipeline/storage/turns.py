@@ -24,6 +24,7 @@ spreading them would let a write skip the checks the others rely on.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import secrets
@@ -41,8 +42,9 @@ from familiar_pipeline.storage.private import private_dir, private_file
 from familiar_pipeline.storage.scopes import check_turn_scope, turn_scope_sql
 from familiar_pipeline.storage.times import utc_text
 from familiar_pipeline.storage.wipe import vacuum
+from familiar_pipeline.storage.words import distinctive_words, holds_any, redact
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 ROLES = ("user", "assistant", "system", "tool")
 MAX_CONTENT_BYTES = 1024 * 1024
 BUSY_TIMEOUT_MS = 5000
@@ -117,6 +119,7 @@ class Turn:
     revision: int
     edited_at: datetime | None
     deleted_at: datetime | None
+    reply_to_turn_id: int | None = None  # an assistant turn: the turn it answers (an erasure of that turn erases it)
 
     @property
     def deleted(self) -> bool:
@@ -184,6 +187,46 @@ class Erasure:
     turn_ids: tuple[int, ...]
     status: str  # "pending" | "done"
     done_at: datetime | None
+    replies_erased: tuple[int, ...] = ()  # the familiar's replies to its turns, erased with them
+    replies_redacted: tuple[int, ...] = ()  # the familiar's other replies that repeated its words, redacted
+    check: "ErasureCheck | None" = None  # what the scan after the purge found (None: not scanned yet)
+
+
+@dataclass(frozen=True)
+class ErasureCheck:
+    """The scan after a purge (`familiar_pipeline.erasure.verify`): how many distinctive words it looked
+    for, in how many files, and the files still holding any (paths, never the words)."""
+
+    words: int
+    files: int
+    left: tuple[str, ...]
+    at: datetime
+
+
+# Where the turn log keeps what people said (the check after an erasure's purge reads these):
+# table -> its free-text columns. Keys, ids, scopes and times are not words anyone said.
+PROSE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "turns": ("content", "author_display"),
+    "turn_changes": ("prior_content",),
+    "participants": ("username", "global_name", "pronouns", "bio"),
+    "guild_nicks": ("nick",),
+}
+
+
+
+
+def kept_prose(turn_ids: Iterable[int] = (), edits: Iterable[int] = (), people: Iterable[str] = ()
+               ) -> dict[str, tuple[str, list[str]]]:
+    """Per table of `PROSE_COLUMNS`, the SQL condition (and its parameters) of the rows whose text a
+    purge of these turns, edits (`turn_changes` seqs) and people's profiles keeps (`TurnLog.purge_text`,
+    `purge_prior_texts`): what an erasure's distinctive words are measured against, and where the
+    check after it looks."""
+    turns, seqs, keys = json.dumps(sorted(turn_ids)), json.dumps(sorted(edits)), json.dumps(sorted(people))
+    outside = "NOT IN (SELECT value FROM json_each(?))"
+    return {"turns": (f"id {outside}", [turns]),
+            "turn_changes": (f"turn_id {outside} AND seq {outside}", [turns, seqs]),
+            "participants": (f"canonical_key {outside}", [keys]),
+            "guild_nicks": (f"canonical_key {outside}", [keys])}
 
 
 # --------------------------------------------------------------------------- schema
@@ -322,11 +365,50 @@ def _migrate_to_v4(conn: sqlite3.Connection) -> None:
                  "WHERE deleted_at IS NOT NULL AND purged_at IS NULL")
 
 
+_V5_TABLES = """
+CREATE TABLE IF NOT EXISTS erasure_replies (
+    erasure_id INTEGER NOT NULL REFERENCES erasures (id),
+    turn_id INTEGER NOT NULL REFERENCES turns (id),
+    action TEXT NOT NULL CHECK (action IN ('erased', 'redacted')),
+    PRIMARY KEY (erasure_id, turn_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS erasure_replies_by_turn ON erasure_replies (turn_id);
+CREATE INDEX IF NOT EXISTS turns_reply_to_turn ON turns (reply_to_turn_id) WHERE reply_to_turn_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS turn_changes_prior ON turn_changes (at) WHERE prior_content IS NOT NULL
+"""
+
+
+def _migrate_to_v5(conn: sqlite3.Connection) -> None:
+    """The familiar's replies follow an erasure: the turn a reply answers, the replies an erasure
+    erased or redacted, and what the scan after its purge found (counts and paths, never words).
+
+    Replies written before this have no answered turn: a Discord reply's is the user turn of its
+    `reply_to_message_id`; a reply without one (the console's) is taken to answer the newest user
+    turn of its channel before it, as the console answers each line.
+    """
+    if "reply_to_turn_id" not in _columns(conn, "turns"):
+        conn.execute("ALTER TABLE turns ADD COLUMN reply_to_turn_id INTEGER")
+        conn.execute(
+            "UPDATE turns SET reply_to_turn_id = coalesce("
+            "(SELECT max(u.id) FROM turns u WHERE u.platform_message_id = turns.reply_to_message_id "
+            "AND u.role = 'user' AND u.id < turns.id), "
+            "CASE WHEN turns.reply_to_message_id IS NULL THEN (SELECT max(u.id) FROM turns u "
+            "WHERE u.channel_id = turns.channel_id AND u.id < turns.id AND u.role = 'user') END) "
+            "WHERE role = 'assistant'")
+    existing = _columns(conn, "erasures")
+    for column, kind in (("check_words", "INTEGER"), ("check_files", "INTEGER"), ("check_left", "TEXT"),
+                         ("checked_at", "TEXT")):
+        if column not in existing:
+            conn.execute(f"ALTER TABLE erasures ADD COLUMN {column} {kind}")
+    _run_script(conn, _V5_TABLES)
+
+
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _migrate_to_v1,
     2: _migrate_to_v2,
     3: _migrate_to_v3,
     4: _migrate_to_v4,
+    5: _migrate_to_v5,
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION + 1))
 
@@ -416,7 +498,7 @@ def _parse_time(text: str | None) -> datetime | None:
 
 _TURN_COLUMNS = (
     "id, channel_id, guild_id, role, author_key, author_display, content, mode, "
-    "platform_message_id, reply_to_message_id, created_at, revision, edited_at, deleted_at"
+    "platform_message_id, reply_to_message_id, created_at, revision, edited_at, deleted_at, reply_to_turn_id"
 )
 _PARTICIPANT_COLUMNS = (
     "canonical_key, platform, user_id, username, global_name, pronouns, bio, "
@@ -425,33 +507,38 @@ _PARTICIPANT_COLUMNS = (
 _APPEND_FIELDS = frozenset(
     {
         "channel_id", "role", "content", "author_key", "author_display", "guild_id", "mode",
-        "platform_message_id", "reply_to_message_id", "created_at", "mentions",
+        "platform_message_id", "reply_to_message_id", "reply_to_turn_id", "created_at", "mentions",
     }
 )
 _INSERT_TURN = (
     "INSERT INTO turns (channel_id, guild_id, role, author_key, author_display, content, mode, "
-    "platform_message_id, reply_to_message_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "platform_message_id, reply_to_message_id, created_at, reply_to_turn_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
-# A turn said by a forgotten person after they were forgotten, in the scope they were forgotten in.
+# A turn `{t}` said by a forgotten person after they were forgotten, in the scope they were forgotten in.
+_FORGOTTEN_AUTHOR = (
+    "EXISTS (SELECT 1 FROM forgotten_people f WHERE f.canonical_key = {t}.author_key "
+    "AND {t}.id > f.upto_turn_id AND (f.scope = '*' OR f.scope = CASE WHEN {t}.guild_id IS NOT NULL "
+    "THEN 'guild:' || {t}.guild_id ELSE 'channel:' || {t}.channel_id END))"
+)
+# ... or the familiar's reply to such a turn: memory never reads it either, and it is purged with it.
 _SAID_AFTER_FORGOTTEN = (
-    "EXISTS (SELECT 1 FROM forgotten_people f WHERE f.canonical_key = turns.author_key "
-    "AND turns.id > f.upto_turn_id AND (f.scope = '*' OR f.scope = CASE WHEN turns.guild_id IS NOT NULL "
-    "THEN 'guild:' || turns.guild_id ELSE 'channel:' || turns.channel_id END))"
+    f"({_FORGOTTEN_AUTHOR.format(t='turns')} OR (turns.reply_to_turn_id IS NOT NULL AND EXISTS "
+    f"(SELECT 1 FROM turns a WHERE a.id = turns.reply_to_turn_id AND {_FORGOTTEN_AUTHOR.format(t='a')})))"
 )
 
 
 # A row of _TURN_COLUMNS / _PARTICIPANT_COLUMNS as SQLite returns it (times as ISO text).
 _TurnRow = tuple[int, int, int | None, str, str | None, str | None, str, str | None, str | None, str | None,
-                 str, int, str | None, str | None]
+                 str, int, str | None, str | None, int | None]
 _ParticipantRow = tuple[str, str, str, str | None, str | None, str | None, str | None, str, str]
 
 
 def _turn_from_row(row: _TurnRow) -> Turn:
     # Columns in _TURN_COLUMNS order, which is Turn's field order.
     return Turn(*row[:10], created_at=datetime.fromisoformat(row[10]), revision=row[11],
-                edited_at=_parse_time(row[12]), deleted_at=_parse_time(row[13]))
+                edited_at=_parse_time(row[12]), deleted_at=_parse_time(row[13]), reply_to_turn_id=row[14])
 
 
 def _participant_from_row(row: _ParticipantRow) -> Participant:
@@ -478,6 +565,7 @@ def _validate_append(
     mode: Any = None,
     platform_message_id: Any = None,
     reply_to_message_id: Any = None,
+    reply_to_turn_id: Any = None,
     created_at: Any = None,
     mentions: Iterable[str] = (),
 ) -> _PendingTurn:
@@ -499,6 +587,7 @@ def _validate_append(
             _check_message_id(platform_message_id, "platform_message_id"),
             _check_message_id(reply_to_message_id, "reply_to_message_id"),
             _utc_text(created_at, "created_at"),
+            _check_int(reply_to_turn_id, "reply_to_turn_id", optional=True),
         ),
         mentions=_mentionable(mentions),
     )
@@ -738,18 +827,22 @@ class TurnLog:
         mode: str | None = None,
         platform_message_id: str | int | None = None,
         reply_to_message_id: str | int | None = None,
+        reply_to_turn_id: int | None = None,
         created_at: datetime | None = None,
         mentions: Iterable[str] = (),
     ) -> Turn:
+        """Append one turn. An assistant turn names the turn it answers (``reply_to_turn_id``): a reply
+        to a turn already erased (an erasure recorded while the reply was composed) is stored erased
+        with it, blank, so it never holds the words the erasure took out."""
         pending = _validate_append(
             channel_id=channel_id, role=role, content=content, author_key=author_key,
             author_display=author_display, guild_id=guild_id, mode=mode,
             platform_message_id=platform_message_id, reply_to_message_id=reply_to_message_id,
-            created_at=created_at, mentions=mentions,
+            reply_to_turn_id=reply_to_turn_id, created_at=created_at, mentions=mentions,
         )
         with self._write() as conn:
             turn_id = self._insert(conn, pending)
-        return self._pending_to_turn(turn_id, pending)
+        return self._appended(turn_id, pending)
 
     def append_turns(self, rows: Iterable[dict]) -> list[Turn]:
         """Bulk import: every row is validated first, then all are written in one transaction."""
@@ -770,12 +863,31 @@ class TurnLog:
             return []
         with self._write() as conn:
             ids = [self._insert(conn, p) for p in pending]
-        return [self._pending_to_turn(i, p) for i, p in zip(ids, pending)]
+        return [self._appended(i, p) for i, p in zip(ids, pending)]
+
+    def _appended(self, turn_id: int, pending: _PendingTurn) -> Turn:
+        """The turn as written: built from the values (no read-back), but for a reply stored erased."""
+        if pending.params[2] == "assistant" and pending.params[10] is not None:
+            return _turn_from_row(self._query(f"SELECT {_TURN_COLUMNS} FROM turns WHERE id = ?", (turn_id,))[0])
+        return self._pending_to_turn(turn_id, pending)
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, pending: _PendingTurn) -> int:
+        answers = pending.params[10]
+        erasure = None
+        if answers is not None and pending.params[2] == "assistant":
+            erasure = conn.execute(
+                "SELECT erasure_id FROM erasure_turns WHERE turn_id = ? UNION ALL SELECT erasure_id FROM "
+                "erasure_replies WHERE turn_id = ? AND action = 'erased' LIMIT 1", (answers, answers)).fetchone()
+        if erasure is not None:  # answers an erased turn: erased with it, never holding its words
+            params = list(pending.params)
+            params[5] = ""
+            pending = _PendingTurn(tuple(params), pending.mentions)
         turn_id = conn.execute(_INSERT_TURN, pending.params).lastrowid
         assert turn_id is not None  # set by the INSERT
+        if erasure is not None:
+            conn.execute("UPDATE turns SET deleted_at = created_at, purged_at = created_at WHERE id = ?", (turn_id,))
+            conn.execute("INSERT OR IGNORE INTO erasure_replies VALUES (?, ?, 'erased')", (erasure[0], turn_id))
         if pending.mentions:
             conn.executemany(
                 "INSERT OR IGNORE INTO turn_mentions (turn_id, canonical_key) VALUES (?, ?)",
@@ -791,7 +903,7 @@ class TurnLog:
             id=turn_id, channel_id=p[0], guild_id=p[1], role=p[2], author_key=p[3],
             author_display=p[4], content=p[5], mode=p[6], platform_message_id=p[7],
             reply_to_message_id=p[8], created_at=datetime.fromisoformat(p[9]),
-            revision=0, edited_at=None, deleted_at=None,
+            revision=0, edited_at=None, deleted_at=None, reply_to_turn_id=p[10],
         )
 
     # -- edits and deletions
@@ -930,12 +1042,70 @@ class TurnLog:
                 if deleted_at is None:
                     conn.execute("UPDATE turns SET deleted_at = ? WHERE id = ?", (stamp, turn_id))
                     self._log_change(conn, turn_id, "delete", revision, None, stamp)
+            erased, redacted = self._follow_replies(conn, erasure_id, [r[0] for r in rows], stamp)
             if kind == "person":
                 upto = conn.execute("SELECT coalesce(max(id), 0) FROM turns").fetchone()[0]
                 conn.execute("INSERT OR REPLACE INTO forgotten_people VALUES (?, ?, ?, ?)",
                              (key, scope or "*", erasure_id, upto))
         return Erasure(erasure_id, datetime.fromisoformat(stamp), who, kind, key, scope,
-                       tuple(r[0] for r in rows), "pending", None)
+                       tuple(r[0] for r in rows), "pending", None, erased, redacted)
+
+    def _follow_replies(self, conn: sqlite3.Connection, erasure_id: int, erased: list[int],
+                        stamp: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The familiar's half of what is erased (docs/privacy.md): its replies to the erased turns
+        are erased with them (tombstoned, purged with them); its later replies that repeat one of the
+        erased turns' distinctive words are redacted, each word replaced by ``[erased]``, as an edit,
+        so memory follows them as it follows any edit and the purge removes the earlier text.
+
+        Distinctive: no text the log keeps uses the word (`kept_prose`: other people's turns, profiles,
+        kept earlier revisions), nor a reply the familiar wrote before the first erased turn (its own
+        words: its name, its turns of phrase). (erased, redacted) reply ids.
+        """
+        if not erased:
+            return (), ()
+        ids = json.dumps(erased)
+        listed = "(SELECT value FROM json_each(?))"  # any number of ids, one parameter
+        answering = [r for r in conn.execute(
+            f"SELECT id, revision FROM turns r WHERE role = 'assistant' AND deleted_at IS NULL AND "
+            f"(reply_to_turn_id IN {listed} OR (reply_to_turn_id IS NULL AND reply_to_message_id IN "
+            f"(SELECT platform_message_id FROM turns WHERE id IN {listed})))", [ids, ids])]
+        for turn_id, revision in answering:
+            conn.execute("UPDATE turns SET deleted_at = ? WHERE id = ?", (stamp, turn_id))
+            self._log_change(conn, turn_id, "delete", revision, None, stamp)
+        conn.executemany("INSERT OR IGNORE INTO erasure_replies VALUES (?, ?, 'erased')",
+                         [(erasure_id, r[0]) for r in answering])
+        gone_ids = set(erased) | {r[0] for r in answering}
+        texts: list[str] = []
+        for content, name in conn.execute(f"SELECT content, author_display FROM turns WHERE id IN {listed}", [ids]):
+            texts += [content, name or ""]
+        texts += [r[0] for r in conn.execute(
+            f"SELECT prior_content FROM turn_changes WHERE turn_id IN {listed} AND prior_content IS NOT NULL", [ids])]
+        first = min(erased)
+        if conn.execute("SELECT 1 FROM turns WHERE role = 'assistant' AND deleted_at IS NULL AND id > ? LIMIT 1",
+                        (first,)).fetchone() is None:
+            return tuple(r[0] for r in answering), ()  # no later reply could repeat them: no scan of the log
+        # What the log keeps (as the purge measures it), but for the familiar's replies after the first
+        # erased turn: those are what may repeat the words. Its name on them is its own.
+        keep = kept_prose(gone_ids)
+        where, params = keep["turns"]
+        keep["turns"] = (f"{where} AND (role != 'assistant' OR id < ?)", [*params, str(first)])
+        names = [r[0] for r in conn.execute("SELECT DISTINCT author_display FROM turns WHERE role = 'assistant' "
+                                            "AND author_display IS NOT NULL")]
+        words = frozenset(distinctive_words(texts, itertools.chain(names, self.texts_kept(keep))))
+        redacted = []
+        if words:
+            for turn_id, content, revision in conn.execute(
+                    "SELECT id, content, revision FROM turns WHERE role = 'assistant' AND deleted_at IS NULL "
+                    "AND id > ?", (first,)).fetchall():
+                if turn_id in gone_ids or not holds_any(content, words):
+                    continue
+                conn.execute("UPDATE turns SET content = ?, revision = ?, edited_at = ? WHERE id = ?",
+                             (redact(content, words), revision + 1, stamp, turn_id))
+                self._log_change(conn, turn_id, "edit", revision + 1, content, stamp)
+                redacted.append(turn_id)
+        conn.executemany("INSERT OR IGNORE INTO erasure_replies VALUES (?, ?, 'redacted')",
+                         [(erasure_id, t) for t in redacted])
+        return tuple(r[0] for r in answering), tuple(redacted)
 
     def _near_matches(self, conn: sqlite3.Connection, kind: str, target: str, scope: str | None) -> str:
         """The one-line error for an erasure that matched nothing, naming what it may have meant."""
@@ -955,18 +1125,38 @@ class TurnLog:
         return f"no message {target!r}{where} in this familiar" + (f"; did you mean {', '.join(near)}?" if near else "")
 
     def erasures(self, *, pending_only: bool = False) -> list["Erasure"]:
-        """The erasure log, oldest first (ids and counts; no text is ever kept in it)."""
+        """The erasure log, oldest first (ids, counts and paths; no text is ever kept in it)."""
         rows = self._query(
-            "SELECT id, requested_at, requested_by, kind, target, scope, status, done_at FROM erasures"
-            + (" WHERE status = 'pending'" if pending_only else "") + " ORDER BY id")
+            "SELECT id, requested_at, requested_by, kind, target, scope, status, done_at, check_words, check_files, "
+            "check_left, checked_at FROM erasures" + (" WHERE status = 'pending'" if pending_only else "") + " ORDER BY id")
         turns: dict[int, list[int]] = {}
+        replies: dict[tuple[int, str], list[int]] = {}
         if rows:
+            ids = json.dumps([r[0] for r in rows])
             for erasure_id, turn_id in self._query(
                     "SELECT erasure_id, turn_id FROM erasure_turns WHERE erasure_id IN (SELECT value FROM json_each(?)) "
-                    "ORDER BY turn_id", (json.dumps([r[0] for r in rows]),)):
+                    "ORDER BY turn_id", (ids,)):
                 turns.setdefault(erasure_id, []).append(turn_id)
+            for erasure_id, turn_id, action in self._query(
+                    "SELECT erasure_id, turn_id, action FROM erasure_replies WHERE erasure_id IN "
+                    "(SELECT value FROM json_each(?)) ORDER BY turn_id", (ids,)):
+                replies.setdefault((erasure_id, action), []).append(turn_id)
         return [Erasure(r[0], datetime.fromisoformat(r[1]), r[2], r[3], r[4], r[5], tuple(turns.get(r[0], ())),
-                        r[6], _parse_time(r[7])) for r in rows]
+                        r[6], _parse_time(r[7]), tuple(replies.get((r[0], "erased"), ())),
+                        tuple(replies.get((r[0], "redacted"), ())),
+                        None if r[11] is None else ErasureCheck(r[8], r[9], tuple(json.loads(r[10] or "[]")),
+                                                                datetime.fromisoformat(r[11])))
+                for r in rows]
+
+    def record_check(self, erasure_ids: Iterable[int], *, words: int, files: int, left: Iterable[str],
+                     at: datetime | None = None) -> None:
+        """Record what the scan after a purge found for these erasures (`Erasure.check`)."""
+        ids = _check_ids(erasure_ids, "erasure id")
+        stamp = _utc_text(at, "at")
+        where = json.dumps(sorted(str(p) for p in left))
+        with self._write() as conn:
+            conn.executemany("UPDATE erasures SET check_words = ?, check_files = ?, check_left = ?, checked_at = ? "
+                             "WHERE id = ?", [(words, files, where, stamp, i) for i in ids])
 
     def forgotten_people(self) -> list[tuple[str, str, int]]:
         """(canonical key, scope or "*" for everywhere, the last turn id when they were forgotten)."""
@@ -979,7 +1169,10 @@ class TurnLog:
         so both halves are index lookups (the partial index of unpurged tombstones; the pending
         erasures' turns), never a scan of the log."""
         pending = ("SELECT t.turn_id FROM erasure_turns t JOIN erasures e ON e.id = t.erasure_id "
-                   "JOIN turns ON turns.id = t.turn_id WHERE e.status = 'pending' AND turns.purged_at IS NULL")
+                   "JOIN turns ON turns.id = t.turn_id WHERE e.status = 'pending' AND turns.purged_at IS NULL "
+                   "UNION SELECT r.turn_id FROM erasure_replies r JOIN erasures e ON e.id = r.erasure_id "
+                   "JOIN turns ON turns.id = r.turn_id WHERE e.status = 'pending' AND r.action = 'erased' "
+                   "AND turns.purged_at IS NULL")
         deleted = "SELECT id FROM turns WHERE deleted_at IS NOT NULL AND purged_at IS NULL"
         params: list[str] = []
         if deleted_before is not None:
@@ -988,15 +1181,51 @@ class TurnLog:
         return [r[0] for r in self._query(f"{pending} UNION {deleted} ORDER BY 1", params)]
 
     def said_after_forgotten(self, *, created_before: datetime | None = None) -> list[int]:
-        """Ids of the turns forgotten people said after they were forgotten (text not purged yet),
-        created before ``created_before`` (None: all)."""
-        sql = ("SELECT id FROM turns WHERE author_key IN (SELECT canonical_key FROM forgotten_people) "
-               f"AND purged_at IS NULL AND {_SAID_AFTER_FORGOTTEN}")
+        """Ids of the turns forgotten people said after they were forgotten, and of the familiar's
+        replies to them (text not purged yet), created before ``created_before`` (None: all). Index
+        lookups only: the turn sensor asks every tick."""
+        said = ("SELECT id FROM turns WHERE author_key IN (SELECT canonical_key FROM forgotten_people) "
+                f"AND {_FORGOTTEN_AUTHOR.format(t='turns')}")
+        sql = (f"SELECT id FROM turns WHERE purged_at IS NULL AND (id IN ({said}) OR reply_to_turn_id IN ({said}))")
         params: list[str] = []
         if created_before is not None:
             sql += " AND created_at <= ?"
             params.append(_utc_text(created_before, "created_before"))
         return [r[0] for r in self._query(sql + " ORDER BY id", params)]
+
+    def answers_forgotten(self, turn_id: int) -> bool:
+        """Whether a reply to ``turn_id`` answers a forgotten person's later message (what "opt_out" keeps
+        out of memory: the reply is stored without their words, `familiar_bot.responder`)."""
+        _check_int(turn_id, "turn_id")
+        return bool(self._query(f"SELECT 1 FROM turns WHERE id = ? AND {_FORGOTTEN_AUTHOR.format(t='turns')}",
+                                (turn_id,)))
+
+    # -- earlier texts of edited turns (docs/privacy.md: an edit forgets the old words)
+
+    def prior_texts_due(self, *, edited_before: datetime | None = None, limit: int | None = None) -> list[TurnChange]:
+        """The edits whose earlier text is still kept and is due to go: edited before ``edited_before``
+        (None: every one), and every redaction of a pending erasure (its earlier text holds the erased
+        words). Index lookups (the partial index of kept earlier texts; the pending erasures' replies):
+        the turn sensor asks every tick."""
+        before = "9999-12-31" if edited_before is None else _utc_text(edited_before, "edited_before")
+        due = ("SELECT seq FROM turn_changes INDEXED BY turn_changes_prior WHERE prior_content IS NOT NULL AND at <= ? "
+               "UNION SELECT c.seq FROM erasure_replies r JOIN erasures e ON e.id = r.erasure_id JOIN turn_changes c "
+               "ON c.turn_id = r.turn_id WHERE e.status = 'pending' AND r.action = 'redacted' "
+               "AND c.prior_content IS NOT NULL")
+        rows = self._query(f"SELECT seq, turn_id, kind, revision, at, prior_content FROM turn_changes "
+                           f"WHERE seq IN ({due}) ORDER BY seq LIMIT ?", [before, _sql_limit(limit)])
+        return [TurnChange(seq=r[0], turn_id=r[1], kind=r[2], revision=r[3], at=datetime.fromisoformat(r[4]),
+                           prior_content=r[5]) for r in rows]
+
+    def purge_prior_texts(self, seqs: Iterable[int]) -> int:
+        """Drop the earlier text these edits kept; how many. The bytes leave the file at the next `compact`."""
+        ids = _check_ids(seqs, "change seq")
+        dropped = 0
+        with self._write() as conn:
+            for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+                dropped += conn.execute(f"UPDATE turn_changes SET prior_content = NULL WHERE seq IN "
+                                        f"({', '.join('?' * len(chunk))}) AND prior_content IS NOT NULL", chunk).rowcount
+        return dropped
 
     def purge_text(self, turn_ids: Iterable[int], *, people: Iterable[str] = (), at: datetime | None = None) -> int:
         """Blank the text of these (tombstoned) turns: their content, the name they were said
@@ -1045,6 +1274,21 @@ class TurnLog:
                 raise kind(f"compacting {self.path} failed: {storage_problem(self.path, exc)}") from exc
             if not emptied:
                 raise TurnLogUnavailable(f"{self.path}: a reader kept the WAL busy; its old pages were not truncated")
+
+    def texts_kept(self, keep: Mapping[str, tuple[str, list[str]]]) -> Iterator[str]:
+        """Every text the log keeps (`PROSE_COLUMNS`) in the rows `keep` selects (`kept_prose`), a chunk at
+        a time: what an erasure's words must be missing from to be its own."""
+        for table, columns in PROSE_COLUMNS.items():
+            where, params = keep.get(table, ("1", []))
+            for column in columns:
+                after = None
+                while True:
+                    rows = self._query(f"SELECT rowid, {column} FROM {table} WHERE {column} IS NOT NULL AND ({where}) "
+                                       f"AND rowid > ? ORDER BY rowid LIMIT 5000", [*params, after or -2**63])
+                    if not rows:
+                        break
+                    yield from (r[1] for r in rows)
+                    after = rows[-1][0]
 
     def changes_after(self, seq: int, limit: int | None = None) -> list[TurnChange]:
         _check_int(seq, "seq")
