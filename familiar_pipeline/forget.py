@@ -24,6 +24,7 @@ from familiar_pipeline.backfill import BackfillError, ensure_dagster_home, verif
 from familiar_pipeline.config import load_config
 from familiar_pipeline.defs.jobs import materialize_in_process
 from familiar_pipeline.defs.sensors import in_flight_runs
+from familiar_pipeline.erasure.verify import summary
 from familiar_pipeline.projectors.schedule import due_assets, read_state
 from familiar_pipeline.storage.paths import FamiliarPaths, validate_familiar_id
 from familiar_pipeline.storage.turns import Erasure, TurnLog, TurnLogError
@@ -83,10 +84,24 @@ def finish(familiar_id: str, erasure: Erasure, *, wait_s: float = 600.0, force_l
     run_id = _run_in_process(familiar_id, started + wait_s, clock)
     done = status(familiar_id, erasure.id)
     if done.status != "done":
+        _raise_if_left(done)
         raise ForgetError(f"erasure #{erasure.id} is still pending after run {run_id}: a projection it waits for "
                           "failed or is behind; see the run in the Dagster UI (`familiar forget --status` "
                           "shows it; the next run finishes it)")
     return ForgetOutcome(done, "in-process", run_id, clock() - started)
+
+
+def check_line(erasure: Erasure) -> str:
+    """What the scan after the erasure's purge found, in one line ("" before it was scanned)."""
+    check = erasure.check
+    return "" if check is None else summary(check.words, check.files, check.left)
+
+
+def _raise_if_left(erasure: Erasure) -> None:
+    """ForgetError naming the files the scan after a purge still found an erased word in."""
+    if erasure.status != "done" and erasure.check is not None and erasure.check.left:
+        raise ForgetError(f"erasure #{erasure.id} is not done: {check_line(erasure)}; its messages stay hidden and "
+                          "the next run purges again (`familiar forget --status` shows it)")
 
 
 def _wait_done(familiar_id: str, erasure_id: int, deadline: float, clock: Callable[[], float]) -> Erasure:
@@ -94,6 +109,7 @@ def _wait_done(familiar_id: str, erasure_id: int, deadline: float, clock: Callab
         erasure = status(familiar_id, erasure_id)
         if erasure.status == "done":
             return erasure
+        _raise_if_left(erasure)
         if clock() >= deadline:
             raise ForgetError(f"erasure #{erasure_id} is recorded and its turns are hidden, but the run that purges "
                               "them has not finished yet; `familiar forget --status` shows when it has")

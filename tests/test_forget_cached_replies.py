@@ -78,3 +78,24 @@ def test_forgetting_a_persons_turns_erases_the_cached_replies_resting_on_them_an
         asked_again = {(call.system, call.user) for call in fake_llm.calls[before:]}
         assert asked_again == {(system, user) for system, user in first if "Mia" in user}
         assert asked_again and len(asked_again) < len(first)
+
+
+def test_an_edited_turns_replies_made_from_its_earlier_text_go_and_later_ones_stay(tmp_path):
+    """`edited`: a reply resting on an edited turn and cached before the edit was made from the earlier
+    text (whatever words it kept); one cached after it, and replies resting on other turns, stay."""
+    import time as clock
+
+    from familiar_pipeline.models.llm import CachedReply, LlmSources
+
+    cache = ResponseCache(tmp_path / "llm_cache.sqlite")
+    try:
+        reply = CachedReply("a paraphrase with none of the words", "fake/careful", 1, 1, 0.0)
+        cache.put("before", reply, LlmSources(turns=frozenset({5})))
+        cache.put("other", reply, LlmSources(turns=frozenset({6})))
+        edited_at = clock.time()
+        clock.sleep(0.01)
+        cache.put("after", reply, LlmSources(turns=frozenset({5})))
+        assert cache.forget_resting_on([], edited={5: edited_at}) == 1
+        assert cache.get("before") is None and cache.get("after") and cache.get("other")
+    finally:
+        cache.close()

@@ -267,13 +267,17 @@ AFTER_FORGET = ("opt_out", "new")
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    """``[memory.privacy]``: how long deleted messages keep their text, and what a forgotten
+    """``[memory.privacy]``: how long deleted messages and edits' earlier texts are kept, and what a forgotten
     person's later messages do (docs/privacy.md)."""
 
     # A message deleted on Discord (or in an import) has its text purged once memory has followed
     # the deletion and it was deleted this many hours ago: 0 purges it at the next run. An audit
     # window is the operator's choice, never the default.
     deleted_retention_hours: float = knob(0.0, minimum=0.0)
+    # An edited message's earlier text (what it read before the edit) is purged from the turn log's
+    # change history, and from every file that was derived from it, once memory has followed the
+    # edit and it was edited this many hours ago: 0 purges it at the next run.
+    edited_retention_hours: float = knob(0.0, minimum=0.0)
     # A person forgotten with `familiar forget --person` or `/forget everything`, who writes again:
     # "opt_out" answers them but never projects their messages (and purges their text like a
     # deleted message's); "new" remembers them again from that message on, as someone new.

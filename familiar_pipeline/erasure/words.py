@@ -19,18 +19,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from familiar_pipeline.storage.wipe import vacuum
+from familiar_pipeline.storage.words import ERASED, distinctive_words, holds_any, redact, words_of
+
+__all__ = ["ERASED", "FREE_TEXT_KEYS", "ScrubReport", "Scrubber", "distinctive_words", "scrub_tree", "words_of"]
 
 log = logging.getLogger(__name__)
 
-ERASED = "[erased]"
-_WORD = re.compile(r"[^\W_]{4,}")  # letters and digits, four or more: shorter ones say nothing of a person
 # Keys of Dagster's serialized records whose values are free text, searched recursively: log lines
 # (`user_message`, `message`), errors (`message`, `stack`, `cause`), metadata values (`text`, `md_str`,
 # `data`: a JSON metadata value), descriptions.
@@ -39,28 +39,10 @@ FREE_TEXT_KEYS = frozenset({"user_message", "message", "stack", "text", "md_str"
 TEXT_SUFFIXES = (".log", ".out", ".err", ".txt", ".complete")
 
 
-def words_of(text: str) -> set[str]:
-    return {w.lower() for w in _WORD.findall(text or "")}
-
-
-def distinctive_words(erased: Iterable[str], surviving: Iterable[str]) -> set[str]:
-    """Words of the erased texts that no surviving text uses (case-insensitively)."""
-    gone: set[str] = set()
-    for text in erased:
-        gone |= words_of(text)
-    if not gone:
-        return gone
-    for text in surviving:
-        gone -= words_of(text)
-        if not gone:
-            break
-    return gone
-
-
 class Scrubber:
     """Replaces a set of words (whole words, any case) with ``[erased]``.
 
-    A text is cut into its words (`_WORD`: maximal runs of letters and digits) and each is
+    A text is cut into its words (`storage.words.WORD`: maximal runs of letters and digits) and each is
     looked up in the set: linear in the text, whatever the number of words (an alternation
     regex of 10,000 erased words took ~0.5 ms per record).
     """
@@ -73,12 +55,10 @@ class Scrubber:
         return bool(self._set)
 
     def hits(self, text: str | None) -> bool:
-        return bool(self._set and text) and any(w.lower() in self._set for w in _WORD.findall(text or ""))
+        return holds_any(text, self._set)
 
     def text(self, text: str) -> str:
-        if not self._set:
-            return text
-        return _WORD.sub(lambda m: ERASED if m.group().lower() in self._set else m.group(), text)
+        return redact(text, self._set)
 
     def hits_record(self, value: str | None) -> bool:
         """`hits`, also through the ``\\uXXXX`` escapes of a JSON record (Dagster writes ASCII JSON)."""
@@ -90,6 +70,10 @@ class Scrubber:
             return self.hits(json.dumps(json.loads(value), ensure_ascii=False))
         except ValueError:
             return False
+
+    def holds_free_text(self, value: str | None) -> bool:
+        """Whether a stored record's free text (as `record` rewrites it) still holds a word."""
+        return bool(value) and self.hits_record(value) and _scrub_value(value or "", self) != value
 
     def record(self, value: Any, *, free: bool = False) -> Any:
         """A JSON value with the words replaced in its free text (under `FREE_TEXT_KEYS`) only."""
@@ -107,6 +91,9 @@ class ScrubReport:
     files: int = 0  # files looked at
     rewritten: dict[str, int] = field(default_factory=dict)  # file -> values or lines rewritten
     failed: dict[str, str] = field(default_factory=dict)  # file -> why it could not be scrubbed
+    # file -> values or lines still holding a word when read again after the rewrite (what the
+    # scrub saw: records and lines written meanwhile by the run itself are not its to judge)
+    left: dict[str, int] = field(default_factory=dict)
 
     @property
     def values(self) -> int:
@@ -122,10 +109,10 @@ def scrub_tree(root: Path, scrubber: Scrubber, report: ScrubReport | None = None
         try:
             if _is_sqlite(path):
                 report.files += 1
-                n = scrub_sqlite(path, scrubber)
+                n, left = scrub_sqlite(path, scrubber)
             elif path.suffix in TEXT_SUFFIXES:
                 report.files += 1
-                n = scrub_text_file(path, scrubber)
+                n, left = scrub_text_file(path, scrubber)
             else:
                 continue
         except (OSError, sqlite3.Error) as exc:
@@ -134,6 +121,8 @@ def scrub_tree(root: Path, scrubber: Scrubber, report: ScrubReport | None = None
             continue
         if n:
             report.rewritten[str(path)] = n
+        if left:
+            report.left[str(path)] = left
     return report
 
 
@@ -147,11 +136,14 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
-def scrub_sqlite(path: Path, scrubber: Scrubber) -> int:
+def scrub_sqlite(path: Path, scrubber: Scrubber) -> tuple[int, int]:
     """Rewrite the JSON records of every text column of `path` that hold a word; VACUUM if any did.
+    (values rewritten, values whose free text still holds a word when read again afterwards).
 
     A column value that is not a JSON object is left alone: in Dagster's tables those are
-    ids, keys and names, never free text.
+    ids, keys and names, never free text. The second reading covers the values the first found
+    holding a word (by rowid): a value that held none cannot hold one after the rewrite, and the
+    run doing the purge keeps writing events of its own, which are not the scrub's to judge.
     """
     conn = sqlite3.connect(path, timeout=30, isolation_level=None)
     try:
@@ -161,12 +153,12 @@ def scrub_sqlite(path: Path, scrubber: Scrubber) -> int:
         changed = 0
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
                                              "AND name NOT LIKE 'sqlite_%'")]
+        hit: dict[tuple[str, str], list[int]] = {}
         for table in tables:
-            columns = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')
-                       if (r[2] or "").upper() in ("TEXT", "VARCHAR", "") or "CHAR" in (r[2] or "").upper()]
-            for column in columns:
+            for column in text_columns(conn, table):
                 rows = conn.execute(f'SELECT rowid, "{column}" FROM "{table}" WHERE typeof("{column}") = \'text\' '
                                     f'AND erased_hit("{column}")').fetchall()
+                hit[(table, column)] = [rowid for rowid, _ in rows]
                 updates = []
                 for rowid, value in rows:
                     new = _scrub_value(value, scrubber)
@@ -179,9 +171,21 @@ def scrub_sqlite(path: Path, scrubber: Scrubber) -> int:
                     changed += len(updates)
         if changed and not vacuum(conn):
             raise sqlite3.OperationalError("a reader kept its WAL busy; the rewritten records' old pages are still in it")
-        return changed
+        left = 0
+        for (table, column), rowids in hit.items():
+            for chunk in (rowids[i:i + 500] for i in range(0, len(rowids), 500)):
+                values = conn.execute(f'SELECT "{column}" FROM "{table}" WHERE rowid IN ({", ".join("?" * len(chunk))})',
+                                      chunk).fetchall()
+                left += sum(1 for (value,) in values if isinstance(value, str) and scrubber.holds_free_text(value))
+        return changed, left
     finally:
         conn.close()
+
+
+def text_columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    """The columns of a SQLite table that may hold text."""
+    return [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')
+            if (r[2] or "").upper() in ("TEXT", "VARCHAR", "") or "CHAR" in (r[2] or "").upper()]
 
 
 def _scrub_value(value: str, scrubber: Scrubber) -> str:
@@ -196,8 +200,9 @@ def _scrub_value(value: str, scrubber: Scrubber) -> str:
     return value if scrubbed == record else json.dumps(scrubbed)
 
 
-def scrub_text_file(path: Path, scrubber: Scrubber) -> int:
-    """Replace the words in a text file's lines, in place; how many lines changed.
+def scrub_text_file(path: Path, scrubber: Scrubber) -> tuple[int, int]:
+    """Replace the words in a text file's lines, in place; (lines changed, lines still holding a word
+    when what was written is read again).
 
     Rewritten through the same inode, not a new file renamed over it: a process appending to
     it (`familiar up` writes its log with O_APPEND) keeps writing to the file the path names.
@@ -211,6 +216,7 @@ def scrub_text_file(path: Path, scrubber: Scrubber) -> int:
         new = scrubber.text(line) if scrubber.hits(line) else line
         changed += new != line
         out.append(new)
+    size = len(raw)
     if changed:
         data = "".join(out).encode("utf-8", errors="surrogateescape")
         with path.open("r+b") as f:
@@ -218,4 +224,7 @@ def scrub_text_file(path: Path, scrubber: Scrubber) -> int:
             f.truncate(len(data))
             f.flush()
             os.fsync(f.fileno())
-    return changed
+        size = len(data)
+    with path.open("rb") as f:  # what was written, not lines appended since
+        again = f.read(size).decode("utf-8", errors="surrogateescape")
+    return changed, sum(scrubber.hits(line) for line in again.splitlines())

@@ -51,7 +51,7 @@ import weakref
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import tenacity
 
@@ -209,6 +209,9 @@ _CACHE_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS llm_cache_turns_by_turn ON llm_cache_turns (turn_id)",
     "CREATE TABLE IF NOT EXISTS llm_cache_upto (key TEXT PRIMARY KEY, upto INTEGER NOT NULL) WITHOUT ROWID",
 )
+
+# Where the cache keeps text a model wrote from what people said (the check after an erasure reads it).
+CACHE_PROSE_COLUMNS: dict[str, tuple[str, ...]] = {"llm_response_cache": ("text",)}
 
 # Bound parameters per statement, well under SQLite's limit.
 _SQL_CHUNK = 500
@@ -379,12 +382,16 @@ class ResponseCache:
         except sqlite3.Error as exc:
             log.warning("LLM response cache %s: write failed (%s); reply not cached", self.path, exc)
 
-    def forget_resting_on(self, turn_ids: Iterable[int], *, holding: Callable[[str], bool] | None = None) -> int:
+    def forget_resting_on(self, turn_ids: Iterable[int], *, holding: Callable[[str], bool] | None = None,
+                          edited: Mapping[int, float] | None = None) -> int:
         """Delete every reply that rests on any of ``turn_ids``, and every reply of unknown
         provenance (written before sources were recorded, or by a call that declared none);
         how many replies were deleted. Replies resting only on other turns stay, so rebuilds
         that do not touch the forgotten turns stay free. ``holding(text)``: also delete the
         replies whose text it is true for (an erasure's words, wherever they came from).
+
+        ``edited`` (turn id -> when it was edited, epoch seconds): also delete the replies resting
+        directly on an edited turn that were cached before its edit (made from its earlier text).
 
         Then the file is scrubbed (checkpoint, VACUUM, checkpoint) so no deleted text is left
         in the database, its free pages or its WAL. Unlike reads and writes, a failure here is
@@ -392,12 +399,13 @@ class ResponseCache:
         turn log first, or a run still reading them may cache a reply resting on them again.
         """
         wanted = frozenset(int(t) for t in turn_ids)
-        if not wanted:
+        edited = dict(edited or {})
+        if not wanted and not edited:
             return 0
         if self.path is None:
             with self._lock:
                 gone = [key for key in self._memory
-                        if key not in self._memory_sources or self._memory_sources[key].rests_on(wanted)
+                        if key not in self._memory_sources or self._memory_sources[key].rests_on(wanted | set(edited))
                         or (holding is not None and holding(self._memory[key].text))]
                 for key in gone:
                     del self._memory[key]
@@ -410,8 +418,13 @@ class ResponseCache:
                 for chunk in _chunks(sorted(wanted)):
                     keys.update(row[0] for row in conn.execute(
                         f"SELECT key FROM llm_cache_turns WHERE turn_id IN ({_marks(chunk)})", chunk))
-                keys.update(row[0] for row in conn.execute(
-                    "SELECT key FROM llm_cache_upto WHERE upto >= ?", (min(wanted),)))
+                if wanted:
+                    keys.update(row[0] for row in conn.execute(
+                        "SELECT key FROM llm_cache_upto WHERE upto >= ?", (min(wanted),)))
+                for turn_id, at in edited.items():
+                    keys.update(row[0] for row in conn.execute(
+                        "SELECT t.key FROM llm_cache_turns t JOIN llm_response_cache c ON c.key = t.key "
+                        "WHERE t.turn_id = ? AND c.created_at < ?", (int(turn_id), float(at))))
                 keys.update(row[0] for row in conn.execute(
                     "SELECT key FROM llm_response_cache AS c"
                     " WHERE NOT EXISTS (SELECT 1 FROM llm_cache_turns AS t WHERE t.key = c.key)"
