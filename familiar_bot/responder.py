@@ -46,6 +46,7 @@ from familiar_pipeline.projectors.facts.reads import facts_by_ids
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.turns import Erasure, TurnLog, TurnLogError, TurnLogUnavailable
+from familiar_pipeline.storage.words import redact, words_of
 
 from familiar_bot import self_service
 from familiar_bot.prompt.assembly import AssemblyContext, build_assembler, render_sections
@@ -393,7 +394,7 @@ class Responder:
                 return await self._tell_not_configured(message.channel_id, str(exc), send)
             except _ReplyFailed:
                 return await self._deliver_notice(APOLOGY, send)
-            return await self._deliver_reply(message, text, send)
+            return await self._deliver_reply(message, text, send, turn_id)
 
     async def _enter_quietly(self, stack: contextlib.AsyncExitStack, composing: Composing) -> None:
         """Show the typing indicator if the transport can; a reply never waits on it."""
@@ -592,30 +593,32 @@ class Responder:
 
     async def forget_message(self, typed: str, requester: self_service.Requester) -> Erasure:
         """Erase one message ``requester`` may erase (an id, a link; on the console a turn id too)."""
-        return self._erase(lambda turn_log: self_service.forget_message(turn_log, typed, requester))
+        return await self._erase(lambda turn_log: self_service.forget_message(turn_log, typed, requester))
 
     async def forget_person(self, person: str, *, scope: str | None, requested_by: str,
                             who: str = "you") -> Erasure:
         """Erase everything ``person`` said, in ``scope`` (a turn scope) or everywhere (None)."""
-        return self._erase(lambda turn_log: self_service.forget_person(
+        return await self._erase(lambda turn_log: self_service.forget_person(
             turn_log, person, scope=scope, requested_by=requested_by, who=who))
 
-    def _erase(self, erase: Callable[[TurnLog], Erasure]) -> Erasure:
+    async def _erase(self, erase: Callable[[TurnLog], Erasure]) -> Erasure:
         """Run an erasure now, or refuse it (`ForgetRefused`, one line): never spooled.
 
         Writes still waiting in the spool go first: an erasure applied before them would miss the
         person's messages among them. While they cannot be stored, nothing is erased and the person
-        is told to try again, rather than told it was done.
+        is told to try again, rather than told it was done. The erasure itself runs off the event
+        loop: the familiar's replies that repeat the erased words are looked for in the whole log.
         """
         if len(self.spool) and not self.flush_spool():
             raise self_service.ForgetRefused(self_service.UNAVAILABLE)
         try:
-            erasure = erase(self.turn_log)
+            erasure = await asyncio.to_thread(erase, self.turn_log)
         except self_service.ForgetRefused as exc:
             raise self_service.ForgetRefused(public_text(str(exc), self.paths)) from None
-        log.info("familiar %s: erasure #%d (%s, scope %s) requested by %s: %d turn(s) tombstoned",
-                 self.familiar_id, erasure.id, erasure.kind, erasure.scope or "everywhere", erasure.requested_by,
-                 len(erasure.turn_ids))
+        log.info("familiar %s: erasure #%d (%s, scope %s) requested by %s: %d turn(s) tombstoned, %d repl(ies) of "
+                 "the familiar erased, %d redacted", self.familiar_id, erasure.id, erasure.kind,
+                 erasure.scope or "everywhere", erasure.requested_by, len(erasure.turn_ids),
+                 len(erasure.replies_erased), len(erasure.replies_redacted))
         return erasure
 
     # -- composing
@@ -667,8 +670,9 @@ class Responder:
         except TurnLogError:
             return None
 
-    async def _deliver_reply(self, message: IncomingMessage, text: str, send: Send | None) -> list[str]:
+    async def _deliver_reply(self, message: IncomingMessage, text: str, send: Send | None, answers: int) -> list[str]:
         delivered: list[str] = []
+        unkept = self._unkept_words(message, answers)
         for piece in split_message(text):
             platform_id = None
             if send is not None:
@@ -680,11 +684,24 @@ class Responder:
                                   self.familiar_id, message.channel_id)
                     break
             delivered.append(piece)
-            self._record_reply(message, piece, platform_id)
+            self._record_reply(message, redact(piece, unkept), platform_id, answers)
         self.stats.replies += bool(delivered)
         return delivered
 
-    def _record_reply(self, message: IncomingMessage, piece: str, platform_id: str | int | None) -> None:
+    def _unkept_words(self, message: IncomingMessage, answers: int) -> frozenset[str]:
+        """The words a reply to this message must not be stored with: with `after_forget = "opt_out"`, a
+        forgotten person's later message is answered but never remembered, so the stored reply keeps
+        none of its words (every word of four letters or more: which of them others use too cannot be
+        told cheaply while replying); the purge then blanks the reply with the message (docs/privacy.md)."""
+        if self.config.memory.privacy.after_forget != "opt_out":
+            return frozenset()
+        try:
+            forgotten = self.turn_log.answers_forgotten(answers)
+        except TurnLogError:  # cannot tell: keep none of their words, as for a forgotten person
+            forgotten = True
+        return frozenset(words_of(message.content)) if forgotten else frozenset()
+
+    def _record_reply(self, message: IncomingMessage, piece: str, platform_id: str | int | None, answers: int) -> None:
         sent_at = datetime.now(timezone.utc)
         try:
             self._write(f"reply in channel {message.channel_id}", lambda: self.turn_log.append_turn(
@@ -696,6 +713,7 @@ class Responder:
                 content=piece,
                 platform_message_id=platform_id,
                 reply_to_message_id=message.platform_message_id,
+                reply_to_turn_id=answers,
                 created_at=sent_at,
             ), size=len(piece))
         except _Deferred:

@@ -29,8 +29,9 @@ operator joined them. Memory is read from the published snapshot the bot already
 every fact about them held there (retired ones too: they are still held), their dossiers, and
 every wish of theirs held there (retired ones too).
 
-**Forgetting** goes through ``TurnLog.request_erasure``: the turns are tombstoned at once and
-the pipeline follows the deletions through every projection, then purges the text. A person may
+**Forgetting** goes through ``TurnLog.request_erasure``: the turns are tombstoned at once, the
+familiar's replies to them with them and its other replies that repeat their words redacted, and
+the pipeline follows the changes through every projection, then purges the text. A person may
 erase their own messages; a server manager any message of their server, and the familiar's own
 replies in a DM may be erased by the person of that DM (they can quote the person). What the
 person is told never names another person's keys or message ids (``NothingToErase`` names near
@@ -172,11 +173,16 @@ def scopes_here(memory: MemoryView, channel_id: int, guild_id: int | None) -> tu
     return visible_scopes(ctx, memory)
 
 
-def own_turns(turn_log: TurnLog, person: str, visible: tuple[str, ...]) -> list[Turn]:
-    """The person's own live turns a reply reading ``visible`` may quote, oldest first; nobody else's."""
+def own_turns(turn_log: TurnLog, person: str, visible: tuple[str, ...], *, opt_out: bool = True) -> list[Turn]:
+    """The person's own live turns a reply reading ``visible`` may quote, oldest first; nobody else's.
+
+    ``opt_out`` (`[memory.privacy] after_forget = "opt_out"`): what a forgotten person said since is
+    answered, never remembered, and purged at the next run: it is not counted as kept."""
     said = turn_log.ids_in_scopes([PERSON + person], after_id=0, upto_id=turn_log.latest_id())
+    unkept = set(turn_log.said_after_forgotten()) if opt_out else set()
     return [t for t in turn_log.turns_by_ids(said)
-            if not t.deleted and t.author_key == person and t.role == "user" and turn_visible(t, visible)]
+            if not t.deleted and t.author_key == person and t.role == "user" and turn_visible(t, visible)
+            and t.id not in unkept]
 
 
 def _fact_ids_about(snapshot: Any, person: str) -> list[int]:
@@ -245,6 +251,10 @@ def _dossiers(memory: MemoryView, person: str, visible: tuple[str, ...]) -> str:
     return texts.get(person, "")
 
 
+def _opt_out(memory: MemoryView) -> bool:
+    return memory.config.memory.privacy.after_forget == "opt_out"
+
+
 def _pinned(memory: MemoryView) -> MemoryView:
     """The newest published memory, one snapshot for every read of one answer."""
     memory.refresh()
@@ -257,7 +267,7 @@ def held_about(memory: MemoryView, person: str, channel_id: int, guild_id: int |
     visible = scopes_here(view, channel_id, guild_id)
     return Held(person=person, scopes=visible, facts=tuple(facts_about(view, person, visible)),
                 dossier=_dossiers(view, person, visible),
-                own_messages=len(own_turns(view.turn_log, person, visible)),
+                own_messages=len(own_turns(view.turn_log, person, visible, opt_out=_opt_out(view))),
                 wishes=tuple(wishes_here(view, person, visible)))
 
 
@@ -269,7 +279,7 @@ def export_about(memory: MemoryView, person: str, channel_id: int, guild_id: int
     now = now or datetime.now(timezone.utc)
     turns = [{"id": t.id, "platform_message_id": t.platform_message_id, "channel_id": t.channel_id,
               "guild_id": t.guild_id, "created_at": _iso(t.created_at), "edited_at": _iso(t.edited_at),
-              "content": t.content} for t in own_turns(view.turn_log, person, visible)]
+              "content": t.content} for t in own_turns(view.turn_log, person, visible, opt_out=_opt_out(view))]
     facts = [f.as_json() for f in facts_about(view, person, visible, current_only=False, now=now)]
     return {"familiar": view.config.familiar_id, "person": person, "scopes": list(visible),
             "exported_at": _iso(now), "turns": turns, "facts": facts,

@@ -256,3 +256,65 @@ def test_demo_sets_the_scripted_models_for_the_demo_familiar_only(tmp_path, monk
     if store_file.exists():
         with ProjectionStore(store_file, read_only=True) as store:
             assert store.latest_fact_id() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_forgetting_through_familiar_up_leaves_no_copy_of_the_familiars_echoes(tmp_path):
+    """Issue 47 as a new user found it: the demo's scripted replies quote each message; the person is
+    forgotten with `familiar forget` while `familiar up` runs; no file under the data root or
+    DAGSTER_HOME holds the marker afterwards (it was in five before: the turn log in the person's
+    turns and the familiar's echoes, the store, two summary snapshots, the model cache)."""
+    import re
+
+    root, home = tmp_path / "familiars", tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DISCORD_TOKEN", "FAMILIAR_ID", "FAMILIAR_FAKE_LLM")
+           and not k.startswith("FAMILIAR__")}
+    env.update(FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home), FAMILIAR__PIPELINE__SENSOR_INTERVAL_S="5",
+               PYTHONUNBUFFERED="1")
+    marker = re.compile(rb"(?i)zqxechoconsole")
+
+    def holding() -> list[str]:
+        return sorted(str(p.relative_to(tmp_path)).removesuffix("-wal") for base in (root, home)
+                      for p in base.rglob("*") if p.is_file() and marker.search(p.read_bytes()))
+
+    out_log, err_log = tmp_path / "up.out", tmp_path / "up.err"
+    with out_log.open("wb") as out, err_log.open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "familiar_bot.cli.main", "up", "--demo", "--port", str(port), "--as", "Sam"],
+            cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err)
+    try:
+        wait_for(lambda: "ready in" in err_log.read_text(), 180, "the UI to be ready", process, err_log)
+        for line in ("my secret codeword is ZQXECHOCONSOLE", "I named my boat ZQXECHOCONSOLE",
+                     "the tram was late again this morning", "I had soup for lunch today"):
+            process.stdin.write((line + "\n").encode())
+            process.stdin.flush()
+        wait_for(lambda: out_log.read_text().count('Noted: "') >= 4, 60, "the demo's replies", process, err_log)
+        assert "zqxechoconsole" in out_log.read_text().lower(), "the scripted replies quote the message"
+        summaries = wait_for(lambda: [p for p in holding() if "summaries" in p], 150, "a summary holding the marker",
+                             process, err_log)
+        assert summaries and any(p.endswith("turns.db") for p in holding())
+
+        demo = next(p.name for p in root.iterdir() if (p / "turns.db").exists())
+        forget = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "forget", "--familiar", demo,
+                                 "--person", "console:sam", "--wait", "180"],
+                                cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        assert forget.returncode == 0, forget.stdout + forget.stderr
+        assert "my replies to them erased" in forget.stdout
+        assert re.search(r"checked: 0 files hold any of the \d+ distinctive words", forget.stdout), forget.stdout
+        assert holding() == []
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for session in child_sessions(process.pid):
+            try:
+                os.killpg(session, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -40,23 +39,23 @@ from typing import TextIO
 
 from familiar_bot.responder import IncomingMessage, Person, Responder
 from familiar_bot.self_service import ForgetRefused, Requester, erased_line, export_json
-from familiar_pipeline.storage.identity import canonical_key
+from familiar_pipeline.storage.identity import CONSOLE_PLATFORM, canonical_key, console_slug
+from familiar_pipeline.storage.paths import CONSOLE_SPEAKER_FILE
 from familiar_pipeline.storage.private import private_file
 
-CONSOLE_PLATFORM = "console"
 DEFAULT_CONSOLE_CHANNEL = 1
 
 
 def console_person(name: str) -> Person:
     """The local speaker: `console:<slug>`, shown under the name exactly as typed."""
     shown = " ".join(name.split())
-    slug = re.sub(r"[^a-z0-9_.-]+", "-", shown.lower()).strip("-")
+    slug = console_slug(shown)
     if not slug:
         raise ValueError(f"cannot make a console speaker name out of {name!r}; use letters or digits")
     return Person(key=canonical_key(CONSOLE_PLATFORM, slug), username=slug, global_name=shown)
 
 
-SPEAKER_FILE = "console_speaker"  # in the familiar's folder: the name chosen on first start
+SPEAKER_FILE = CONSOLE_SPEAKER_FILE  # in the familiar's folder: the name chosen on first start
 
 
 def resolve_speaker(familiar_dir: Path, given: str | None, *, fallback: str, stdin: TextIO | None = None,

@@ -27,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from familiar_pipeline.forget import ForgetError, finish, record
+    from familiar_pipeline.forget import ForgetError, check_line, finish, record
 
     paths = require_familiar(args.familiar)
     if args.status:
@@ -40,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
     except ForgetError as exc:
         raise CliError(str(exc)) from None
     where = f" in {erasure.scope}" if erasure.scope else ""
+    replies = (f"; {len(erasure.replies_erased)} of my replies to them erased, {len(erasure.replies_redacted)} "
+               "that repeated their words redacted") if erasure.replies_erased or erasure.replies_redacted else ""
     print(f"erasure #{erasure.id} recorded: {len(erasure.turn_ids)} message(s) of {erasure.target}{where} "
-          "hidden from replies now")
+          f"hidden from replies now{replies}")
     if args.no_wait:
         print("the next projection run purges them; `familiar forget --status` shows when it is done")
         return 0
@@ -50,12 +52,14 @@ def run(args: argparse.Namespace) -> int:
     except ForgetError as exc:
         raise CliError(str(exc)) from None
     how = f"run {outcome.run_id}" if outcome.run_id else "the turn sensor's run"
-    print(f"erasure #{erasure.id} done in {outcome.seconds:.1f} s ({how}): no copy of those messages is left in "
-          "the turn log, memory, indexes, snapshots, the model cache, the run history or the logs")
+    print(f"erasure #{erasure.id} done in {outcome.seconds:.1f} s ({how}): purged from the turn log, memory, "
+          "indexes, snapshots, the model cache, the run history and the logs; checked: "
+          f"{check_line(outcome.erasure)}")
     return 0
 
 
 def _status(paths) -> int:
+    from familiar_pipeline.forget import check_line
     from familiar_pipeline.storage.turns import TurnLog
 
     with TurnLog(paths.turns_db, readonly=True) as turn_log:
@@ -64,8 +68,9 @@ def _status(paths) -> int:
         print("no erasures")
     for e in erasures:
         done = f"done {e.done_at:%Y-%m-%d %H:%M:%S}" if e.done_at else "pending"
+        checked = f"; {check_line(e)}" if e.check is not None else ""
         print(f"#{e.id} {e.requested_at:%Y-%m-%d %H:%M:%S} by {e.requested_by}: {e.kind} {e.target}"
-              f"{' in ' + e.scope if e.scope else ''}, {len(e.turn_ids)} message(s), {done}")
+              f"{' in ' + e.scope if e.scope else ''}, {len(e.turn_ids)} message(s), {done}{checked}")
     return 0
 
 
