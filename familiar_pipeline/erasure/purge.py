@@ -61,7 +61,7 @@ from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.tables import Table
 from familiar_pipeline.storage.turns import Erasure, TurnLog, kept_prose
-from familiar_pipeline.storage.words import SQL_WORDS
+from familiar_pipeline.storage.words import SQL_WORD_TABLE, sql_rows_holding
 
 if TYPE_CHECKING:
     from familiar_pipeline.projectors.runtime import FamiliarRuntime
@@ -252,10 +252,10 @@ def delete_holding(store: ProjectionStore, table: Table, scrubber: Scrubber) -> 
     how many. Only prose is searched: ids, keys and scopes are not words anyone said."""
     if not scrubber or not table.prose_columns:
         return 0
-    # The prose cut into words as `words.Scrubber` cuts it (runs of 4+ letters or digits), looked up in the set.
-    hit = " OR ".join(f"list_has_any({SQL_WORDS.format(column=c)}, ?::VARCHAR[])" for c in table.prose_columns)
-    return len(store.sql(f"DELETE FROM {table.name} WHERE {hit} RETURNING 1",
-                         [scrubber.words] * len(table.prose_columns)).fetchall())
+    # The prose cut into words as `words.Scrubber` cuts it (runs of 4+ letters or digits), joined with the words.
+    store.sql(SQL_WORD_TABLE, [scrubber.words])
+    return len(store.sql(f"DELETE FROM {table.name} WHERE rowid IN ({sql_rows_holding(table.name, table.prose_columns)}) "
+                         "RETURNING 1").fetchall())
 
 
 def _rebuild_search_indexes(rt: FamiliarRuntime, tokens: set[str]) -> dict[str, set[str]]:

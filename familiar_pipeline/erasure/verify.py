@@ -41,7 +41,7 @@ from familiar_pipeline.storage.fts import FtsIndex, analyze
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.tables import Table
 from familiar_pipeline.storage.turns import PROSE_COLUMNS
-from familiar_pipeline.storage.words import SQL_WORDS, WORD
+from familiar_pipeline.storage.words import SQL_WORD_TABLE, WORD, sql_rows_holding
 
 AUTHORED = frozenset({"character.toml", "character.md", "lorebook.toml"})
 NO_TEXT_SUFFIXES = (".npy", ".lock")  # vectors; lock files
@@ -89,8 +89,8 @@ def check_familiar(paths: FamiliarPaths, words: Iterable[str], *, tables: Mappin
     if not wanted or not paths.dir.is_dir():
         return found
     tokens = {t for w in wanted for t in analyze(w)}
-    sql = duckdb.connect(":memory:")  # reads the store and the snapshots, the words bound once
-    sql.execute("SET VARIABLE erased = ?", [sorted(wanted)])
+    sql = duckdb.connect(":memory:")  # reads the store and the snapshots, the words in a table once
+    sql.execute(SQL_WORD_TABLE, [sorted(wanted)])
     try:
         _check_files(paths, wanted, tables, turn_log_keeps, sql, found)
     finally:
@@ -187,7 +187,7 @@ def duckdb_prose(sql: duckdb.DuckDBPyConnection, path: Path, tables: Mapping[str
     try:
         present = {r[0] for r in sql.execute("SELECT table_name FROM information_schema.tables "
                                              "WHERE table_catalog = 'checked_store'").fetchall()}
-        return sum(_holding(sql, f"checked_store.{name}", table.prose_columns)
+        return sum(_holding(sql, f"checked_store.{name}", table.prose_columns, "rowid")
                    for name, table in tables.items() if name in present and table.prose_columns)
     finally:
         sql.execute("DETACH checked_store")
@@ -198,12 +198,12 @@ def parquet_prose(sql: duckdb.DuckDBPyConnection, path: Path, table: Table | Non
     projector declares is the kernel's own, watermarks: no prose)."""
     if table is None or not table.prose_columns:
         return 0
-    return _holding(sql, f"read_parquet({_literal(path)})", table.prose_columns)
+    return _holding(sql, f"read_parquet({_literal(path)}, file_row_number = true)", table.prose_columns,
+                    "file_row_number")
 
 
-def _holding(sql: duckdb.DuckDBPyConnection, source: str, columns: Iterable[str]) -> int:
-    hit = " OR ".join(f"list_has_any({SQL_WORDS.format(column=c)}, getvariable('erased'))" for c in columns)
-    row = sql.execute(f"SELECT count(*) FROM {source} WHERE {hit}").fetchone() if hit else None
+def _holding(sql: duckdb.DuckDBPyConnection, source: str, columns: tuple[str, ...], key: str) -> int:
+    row = sql.execute(f"SELECT count(*) FROM ({sql_rows_holding(source, columns, key)})").fetchone()
     return int(row[0]) if row else 0
 
 

@@ -20,6 +20,9 @@ ERASED = "[erased]"
 WORD = re.compile(r"[^\W_]{4,}")
 # The same cut in DuckDB's SQL: the words of a text column, as a list (format `column`).
 SQL_WORDS = "regexp_extract_all(lower(coalesce({column}, '')), '[\\pL\\pN]{{4,}}')"
+# The words looked for, as a DuckDB temporary table: rows holding one are found by a hash join, not a
+# list search per row (thousands of words against every row of a table).
+SQL_WORD_TABLE = "CREATE OR REPLACE TEMP TABLE erased_words AS SELECT DISTINCT unnest(?::VARCHAR[]) AS w"
 
 
 def words_of(text: str | None) -> set[str]:
@@ -51,3 +54,11 @@ def redact(text: str, words: frozenset[str] | set[str]) -> str:
     if not words:
         return text
     return WORD.sub(lambda m: ERASED if m.group().lower() in words else m.group(), text)
+
+
+def sql_rows_holding(source: str, columns: tuple[str, ...] | list[str], key: str = "rowid") -> str:
+    """DuckDB SQL selecting `key` of the rows of `source` whose `columns` hold a word of the temporary
+    table `SQL_WORD_TABLE` made."""
+    words = " || ".join(SQL_WORDS.format(column=c) for c in columns)
+    return (f"SELECT DISTINCT u.k FROM (SELECT {key} AS k, unnest({words}) AS w FROM {source}) u "
+            "SEMI JOIN erased_words e ON e.w = u.w")
