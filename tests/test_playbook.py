@@ -1,6 +1,6 @@
 """Every recipe of docs/playbook.md, run against a small familiar built here (fake model, no network).
 
-The familiar is called `offline-demo`, as the one `familiar up --demo` runs, which the
+The familiar is called `familiar`, as the one `familiar up --demo` runs, which the
 playbook's examples use; the Python snippets are run as written and must print what they read.
 """
 
@@ -46,7 +46,7 @@ def cli_args(line: str) -> list[str]:
     return words
 
 
-DEMO = "offline-demo"
+DEMO = "familiar"
 ENV = {"FAMILIAR_FAKE_LLM": "familiar_pipeline.testing.scripted:careful_model", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 

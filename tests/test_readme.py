@@ -30,13 +30,13 @@ def test_notebook_recipes_run_against_a_real_familiar(tmp_path, monkeypatch):
     from familiar_pipeline.testing.scripted import careful_model
 
     install_fake_llm().script(careful_model)
-    paths = make_familiar(tmp_path, "demo")
+    paths = make_familiar(tmp_path, "familiar")
     append_chat(paths, 20)
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("familiars", ["demo"])
-        materialize_in_process(["facts"], instance=instance, data_root=tmp_path, partition_key="demo")
+        instance.add_dynamic_partitions("familiars", ["familiar"])
+        materialize_in_process(["facts"], instance=instance, data_root=tmp_path, partition_key="familiar")
     monkeypatch.chdir(tmp_path.parent)
-    blocks = [b.replace("data/familiars/demo", str(paths.dir)) for b in python_blocks()]
+    blocks = [b.replace("data/familiars/familiar", str(paths.dir)) for b in python_blocks()]
     store_block = next(b for b in blocks if "read_only=True" in b)
     namespace: dict = {}
     exec(store_block.replace("supersession_chain(42)", "supersession_chain(1)"), namespace)  # noqa: S102

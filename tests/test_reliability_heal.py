@@ -35,6 +35,7 @@ import pytest
 
 from familiar_bot import supervisor
 from familiar_bot.supervisor import Backoff, Restarter, free_port
+from familiar_pipeline.config.demo import DEMO_FAMILIAR
 from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML
 from familiar_pipeline.projectors.facts import reads as fact_reads
 from tests.test_up import wait_for
@@ -449,7 +450,7 @@ def test_a_dead_daemon_is_restarted_while_the_chat_keeps_answering(tmp_path):
         process.stdin.flush()
 
     def replies() -> int:
-        return sum(line.startswith("Offline Demo: (scripted demo reply)") for line in out_log.read_text().splitlines())
+        return sum(line.startswith("Familiar: (scripted demo reply)") for line in out_log.read_text().splitlines())
 
     try:
         wait_for(lambda: "ready in" in err_log.read_text(), 180, "the UI", process, err_log)
@@ -468,7 +469,7 @@ def test_a_dead_daemon_is_restarted_while_the_chat_keeps_answering(tmp_path):
         assert "dagster dev exited with status 0" in log or "dagster dev was killed" in log, log[-2000:]
         wait_for(lambda: "dagster dev is back" in err_log.read_text(), 180, "Dagster back", process, err_log)
 
-        reader = SnapshotReader(FamiliarPaths.for_id("offline-demo", root).serving_dir)
+        reader = SnapshotReader(FamiliarPaths.for_id(DEMO_FAMILIAR, root).serving_dir)
 
         def facts_about_miso():
             reader.refresh()

@@ -318,3 +318,24 @@ def test_forgetting_through_familiar_up_leaves_no_copy_of_the_familiars_echoes(t
                 os.killpg(session, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_one_default_familiar_name_in_every_command_the_notebook_env_example_and_docs():
+    """Issue 50 item 2: `familiar up`, `--demo`, `chat`, the notebook, .env.example and every documented
+    command name the same familiar, so what the demo built is what the next command opens."""
+    import json
+    import re
+
+    from familiar_pipeline.config.demo import DEMO_FAMILIAR
+    from familiar_pipeline.config.schema import DEFAULT_FAMILIAR_ID
+
+    assert DEMO_FAMILIAR == DEFAULT_FAMILIAR_ID == "familiar"
+    assert re.search(r"^FAMILIAR_ID=(\S+)$", (REPO / ".env.example").read_text(), re.M).group(1) == DEFAULT_FAMILIAR_ID
+    notebook = "".join("".join(c["source"]) for c in json.loads((REPO / "notebooks" / "facts.ipynb").read_text())["cells"])
+    assert f'"data/familiars/{DEFAULT_FAMILIAR_ID}"' in notebook
+    # docs/scaling.md's shards hold several familiars on purpose (a01, b03, ...): not a default.
+    docs = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "scaling.md")]
+    named = {(p.name, m) for p in docs for m in re.findall(r"--familiar[ =]([a-z0-9][a-z0-9_-]*)", p.read_text())}
+    assert {m for _, m in named} <= {DEFAULT_FAMILIAR_ID}, sorted(named)
+    paths = {(p.name, m) for p in docs for m in re.findall(r"data/familiars/([a-z0-9][a-z0-9_-]*)", p.read_text())}
+    assert {m for _, m in paths} <= {DEFAULT_FAMILIAR_ID}, sorted(paths)

@@ -1,7 +1,7 @@
 """The offline demo's settings, which apply to the demo familiar alone.
 
-`familiar up --demo` runs one familiar (``offline-demo`` unless ``--familiar`` names
-another) on the scripted offline model, with small batches so memory shows within a
+`familiar up --demo` runs one familiar (``familiar``, the default familiar of every
+command, unless ``--familiar`` names another) on the scripted offline model, with small batches so memory shows within a
 minute. Those settings used to be process-wide ``FAMILIAR__...`` variables, so every
 familiar the Dagster processes saw got the scripted model and the demo's batch sizes:
 a rebuild of another familiar wrote scripted facts into it. Now the demo names its
@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-DEMO_FAMILIAR = "offline-demo"
+from familiar_pipeline.config.schema import DEFAULT_FAMILIAR_ID
+
+# One name everywhere (README, `familiar up`, `chat`, the notebook, .env.example): a newcomer's
+# demo familiar is the one every later command opens by default.
+DEMO_FAMILIAR = DEFAULT_FAMILIAR_ID
 DEMO_FAMILIAR_ENV = "FAMILIAR_DEMO"
 
 # Both model slots on the scripted model (no retries: a scripted fault shows at once), and

@@ -76,7 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--demo", action="store_true",
                         help="offline demo: replies and memory come from a scripted model (no LLM, no "
                              "network), with small batches so facts show within a minute, for the demo "
-                             "familiar only ('offline-demo' unless --familiar is given); other familiars are untouched")
+                             "familiar only ('familiar' unless --familiar is given); other familiars are untouched")
 
 
 @dataclass
