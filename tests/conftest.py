@@ -7,7 +7,21 @@ from pathlib import Path
 
 import pytest
 
+from familiar_bot.cli.main import ENV_FILE_VAR
 from familiar_pipeline.models.minilm import ensure_local_minilm
+
+
+def pytest_configure(config) -> None:
+    """No test reads the developer's own .env (`familiar` reads the repository's): every process the
+    suite starts inherits an empty ENV_FILE_VAR, and the tests of .env point it at a file of their own.
+    Tests that build a clean environment keep this variable (`host_free_env`)."""
+    os.environ[ENV_FILE_VAR] = ""
+
+
+def host_free(name: str) -> bool:
+    """Whether a test's clean environment drops `name`: the host's familiar settings and token go, the
+    suite's own ENV_FILE_VAR stays (else a subprocess would read the developer's .env)."""
+    return (name.startswith("FAMILIAR") and name != ENV_FILE_VAR) or name == "DISCORD_TOKEN"
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +38,7 @@ def minilm_dir() -> Path:
 def clean_env(tmp_path, monkeypatch) -> Path:
     """An empty data root, and an environment free of the host's familiar settings and token."""
     for name in list(os.environ):
-        if name.startswith("FAMILIAR") or name == "DISCORD_TOKEN":
+        if host_free(name):
             monkeypatch.delenv(name)
     monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
     return tmp_path

@@ -13,6 +13,7 @@ import pytest
 
 from familiar_bot.cli import main as cli
 from familiar_pipeline.storage import paths
+from tests.conftest import host_free
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -174,7 +175,7 @@ def _familiar_command() -> list[str]:
 
 
 def test_real_process_config_show(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAMILIAR") and k != "DISCORD_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if not host_free(k)}
     env.update(FAMILIAR_DATA_ROOT=str(tmp_path), DISCORD_TOKEN="planted-subprocess-token")
     good = subprocess.run(_familiar_command() + ["config", "show", "--familiar", "owl"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
@@ -212,3 +213,42 @@ def test_the_first_familiar_on_an_empty_data_root_is_created_by_chat(root, capsy
     code, _, err = run(capsys, "chat", "--familiar", "first", "--as", "Sam")
     assert code == 0 and "created familiar 'first' from the defaults" in err
     assert (root / "first" / "turns.db").exists()
+
+
+# --------------------------------------------------------------------------- .env (issue 50 item 3)
+
+
+def test_familiar_reads_dotenv_and_the_environment_both_the_environment_winning(tmp_path):
+    """A real `familiar` process: one variable from the environment, others from a .env file (python-dotenv's
+    quoting), and a variable set in both keeps the environment's value."""
+    dotenv = tmp_path / "my.env"
+    dotenv.write_text("# a comment\nFAMILIAR_ID=owl\nexport FAMILIAR__PIPELINE__SENSOR_INTERVAL_S=17\n"
+                      "FAMILIAR__PIPELINE__MAX_FAMILIARS_PER_TICK=99\n"
+                      "FAMILIAR__LLM__BACKGROUND__MODEL='openrouter/some model'\n")
+    env = {k: v for k, v in os.environ.items() if not host_free(k)}
+    env.update(FAMILIAR_DATA_ROOT=str(tmp_path / "familiars"), FAMILIAR_ENV_FILE=str(dotenv),
+               FAMILIAR__PIPELINE__MAX_FAMILIARS_PER_TICK="7")
+    shown = subprocess.run(_familiar_command() + ["config", "show"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    config = tomllib.loads(shown.stdout)
+    assert config["pipeline"]["sensor_interval_s"] == 17, "from .env"
+    assert config["pipeline"]["max_familiars_per_tick"] == 7, "the environment wins over .env"
+    assert config["llm"]["background"]["model"] == "openrouter/some model"
+    assert f"{tmp_path / 'familiars' / 'owl' / 'character.toml'} does not exist" in shown.stderr, \
+        "FAMILIAR_ID from .env, FAMILIAR_DATA_ROOT from the environment"
+
+
+def test_the_repository_dotenv_is_the_default_and_an_empty_setting_reads_none(tmp_path, monkeypatch):
+    from familiar_bot.cli.main import CliError, ENV_FILE_VAR, load_env_file
+
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    (tmp_path / ".env").write_text("DISCORD_TOKEN=from-dotenv\nFAMILIAR_ID=kept\n")
+    environ = {"FAMILIAR_ID": "set"}
+    assert load_env_file(environ) == tmp_path / ".env"
+    assert environ == {"FAMILIAR_ID": "set", "DISCORD_TOKEN": "from-dotenv"}
+    assert load_env_file(environ := {ENV_FILE_VAR: ""}) is None and environ == {ENV_FILE_VAR: ""}
+    (tmp_path / ".env").unlink()
+    assert load_env_file(environ := {}) is None and environ == {}, "no .env: nothing to read, no error"
+    with pytest.raises(CliError, match="names no file"):
+        load_env_file({ENV_FILE_VAR: str(tmp_path / "missing.env")})

@@ -13,6 +13,7 @@ import pytest
 from familiar_bot.transports.console import console_person
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.turns import TurnLog
+from tests.conftest import host_free
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_RESPONDER = "tests.test_console:answer_from_history"
@@ -31,7 +32,7 @@ def familiar_command() -> list[str]:
 
 
 def chat(tmp_path: Path, stdin: str, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAMILIAR") and k != "DISCORD_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if not host_free(k)}
     env.update(FAMILIAR_DATA_ROOT=str(tmp_path), FAMILIAR_FAKE_LLM=FAKE_RESPONDER,
                LITELLM_LOCAL_MODEL_COST_MAP="True",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
@@ -175,7 +176,7 @@ class Terminal:
         import pty
         import threading
 
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FAMILIAR") and k != "DISCORD_TOKEN"}
+        env = {k: v for k, v in os.environ.items() if not host_free(k)}
         env.update(FAMILIAR_DATA_ROOT=str(tmp_path), FAMILIAR_FAKE_LLM="tests.test_console:slow_first_reply",
                    LITELLM_LOCAL_MODEL_COST_MAP="True", TERM="xterm", INPUTRC="/dev/null",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])), **(env_extra or {}))

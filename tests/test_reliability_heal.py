@@ -39,6 +39,7 @@ from familiar_pipeline.config.demo import DEMO_FAMILIAR
 from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML
 from familiar_pipeline.projectors.facts import reads as fact_reads
 from tests.test_up import wait_for
+from tests.conftest import host_free
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -394,8 +395,7 @@ def up_env(root: Path, home: Path) -> dict[str, str]:
     """A `familiar up` environment of its own: data root, DAGSTER_HOME, no host settings or token."""
     home.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DISCORD_TOKEN", "FAMILIAR_ID") and not k.startswith("FAMILIAR")}
+    env = {k: v for k, v in os.environ.items() if not host_free(k)}
     env.update(FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1",
                FAMILIAR__PIPELINE__SENSOR_INTERVAL_S="5")
     return env

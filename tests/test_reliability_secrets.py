@@ -28,6 +28,7 @@ from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import FakeLLM, fake_llm
 from familiar_pipeline.models.llm import LlmError, client_for
 from familiar_pipeline.testing.scripted import careful_model
+from tests.conftest import host_free
 
 from .helpers import append_chat, make_familiar
 from .test_pipeline import run_assets
@@ -69,7 +70,7 @@ def file_leaks(root: Path) -> list[str]:
 @pytest.fixture
 def planted(monkeypatch, tmp_path):
     for name in list(os.environ):
-        if name.startswith("FAMILIAR") or name == "DISCORD_TOKEN":
+        if host_free(name):
             monkeypatch.delenv(name)
     monkeypatch.setenv("DISCORD_TOKEN", DISCORD_TOKEN)
     monkeypatch.setenv("FAMILIAR_TEST_API_KEY", API_KEY)

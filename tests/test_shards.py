@@ -22,6 +22,7 @@ import pytest
 from familiar_bot.supervisor import free_port
 from familiar_pipeline.storage.paths import FamiliarPaths
 from tests.helpers import append_chat, make_familiar
+from tests.conftest import host_free
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILIARS = {"a": [f"a{i:02d}" for i in range(10)], "b": [f"b{i:02d}" for i in range(10)]}
@@ -29,7 +30,7 @@ CLI = [sys.executable, "-m", "familiar_bot.cli.main"]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAMILIAR") and k not in ("DISCORD_TOKEN", "DAGSTER_HOME")}
+    env = {k: v for k, v in os.environ.items() if not host_free(k) and k != "DAGSTER_HOME"}
     env.update(FAMILIAR_FAKE_LLM="familiar_pipeline.testing.scripted:careful_model", LITELLM_LOCAL_MODEL_COST_MAP="True",
                PYTHONUNBUFFERED="1", **extra)
     return env

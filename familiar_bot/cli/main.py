@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, MutableMapping, Sequence
 
 from familiar_pipeline.storage import paths
 from familiar_pipeline.storage.private import private_dir, use_private_umask
@@ -26,6 +27,9 @@ from familiar_pipeline.config import ConfigError, load_config, render_config
 
 EXIT_REFUSED = 1
 EXIT_CONFIG = 2
+# The .env file `familiar` reads: the repository root's unless this names another ("" reads none;
+# the test suite sets it so a developer's own .env never leaks into a test).
+ENV_FILE_VAR = "FAMILIAR_ENV_FILE"
 
 
 class CliError(Exception):
@@ -209,6 +213,34 @@ def _run_config(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- .env
+
+
+def load_env_file(environ: MutableMapping[str, str] = os.environ) -> Path | None:
+    """Read the repository's `.env` (or ``$FAMILIAR_ENV_FILE``) into `environ`; the file read, if any.
+
+    Secrets and per-host settings (`DISCORD_TOKEN`, provider keys, `FAMILIAR_DATA_ROOT`, ...) live
+    there rather than in character.toml (.env.example lists them). A variable already set in the
+    environment wins over the file, so a one-off `FAMILIAR_ID=x familiar ...` still does what it says.
+    Read with python-dotenv (quoting, `export` prefixes, comments) rather than a hand parser; every
+    process `familiar` starts (Dagster, runs, the bot) inherits what it read.
+    """
+    configured = environ.get(ENV_FILE_VAR)
+    if configured == "":
+        return None
+    path = Path(configured).expanduser() if configured else paths.REPO_ROOT / ".env"
+    if not path.is_file():
+        if configured:
+            raise CliError(f"{ENV_FILE_VAR}={configured} names no file", EXIT_CONFIG)
+        return None
+    from dotenv import dotenv_values
+
+    for name, value in dotenv_values(path).items():
+        if value is not None and name not in environ:
+            environ[name] = value
+    return path
+
+
 # --------------------------------------------------------------------------- table and main
 
 
@@ -262,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, or a usage error argparse already printed
         return exit_.code if isinstance(exit_.code, int) else EXIT_CONFIG
     try:
+        load_env_file()
         return args.run(args)
     except (ConfigError, paths.InvalidFamiliarId) as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)

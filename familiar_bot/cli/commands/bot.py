@@ -13,7 +13,8 @@ from familiar_pipeline.config import load_config
 INTERRUPTED = 130
 NO_TOKEN = (
     "DISCORD_TOKEN is not set: export the bot token from the Discord developer portal "
-    "(or put it in .env) before `familiar bot`; without one, talk locally with `familiar chat`"
+    "(or put it in the .env file at the repository root: see .env.example) before `familiar bot`; "
+    "without one, talk locally with `familiar chat`"
 )
 
 
