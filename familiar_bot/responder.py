@@ -623,9 +623,10 @@ class Responder:
 
     # -- composing
 
-    async def _assemble(self, channel_id: int, guild_id: int | None, cue: str) -> Any:
+    async def _assemble(self, channel_id: int, guild_id: int | None, cue: str, answering: int | None = None) -> Any:
         ctx = AssemblyContext(
-            familiar_id=self.familiar_id, channel_id=channel_id, guild_id=guild_id, tier=TIER, cue=cue
+            familiar_id=self.familiar_id, channel_id=channel_id, guild_id=guild_id, tier=TIER, cue=cue,
+            answering=answering,
         )
         if self._assembly_lock is None:
             self._assembly_lock = asyncio.Lock()
@@ -636,7 +637,7 @@ class Responder:
     async def _compose(self, message: IncomingMessage, turn_id: int) -> str:
         where = f"familiar {self.familiar_id} channel {message.channel_id} turn {turn_id}"
         try:
-            prompt = await self._assemble(message.channel_id, message.guild_id, message.content)
+            prompt = await self._assemble(message.channel_id, message.guild_id, message.content, answering=turn_id)
             messages = build_messages(prompt, message, self.config.display_name)
             with llm_sources(upto=self._newest_quotable()):
                 reply = await self.llm.acomplete(messages)

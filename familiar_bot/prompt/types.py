@@ -27,6 +27,10 @@ class AssemblyContext:
     cue: str = ""
     # When the cue was said (aware); None: now. "Yesterday" in the cue is the day before it.
     now: datetime | None = None
+    # The turn a reply answers: the history ends with it. Lines typed while an earlier reply was
+    # composed are recorded at once, so without this a reply would see (and answer) them instead of
+    # its own message. None (`/context`, `familiar prompt`): the channel as it stands.
+    answering: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("channel_id", "guild_id"):
@@ -37,6 +41,8 @@ class AssemblyContext:
             raise ValueError(
                 f"unknown prompt tier {self.tier!r}; valid tiers: {', '.join(BUDGET_TIERS)}"
             )
+        if self.answering is not None and (isinstance(self.answering, bool) or not isinstance(self.answering, int)):
+            raise TypeError(f"AssemblyContext.answering must be a turn id or None, got {self.answering!r}")
         if not isinstance(self.cue, str):
             raise TypeError(f"AssemblyContext.cue must be a str, got {type(self.cue).__name__}")
         if self.now is not None and (not isinstance(self.now, datetime) or self.now.utcoffset() is None):

@@ -14,7 +14,8 @@ turns sit where they happened, not after the live ones. Fragments from one speak
 without platform message ids (voice, console lines) a few seconds apart are merged,
 never across a sentence end; the text tier can fold away
 everything before the last long silence. When over ``recent_history_tokens``
-the oldest messages go first and the newest is always kept. Tool results are
+the oldest messages go first and the newest is always kept. A reply's history ends
+with the turn it answers (``AssemblyContext.answering``). Tool results are
 replayed as user narration, never as ``tool``/``assistant`` messages (that would
 orphan a tool call and invite the model to mimic it).
 
@@ -57,7 +58,7 @@ class _Run:
 @dataclass(frozen=True)
 class HistoryView:
     messages: tuple[Message, ...]
-    shown_ids: frozenset[int]  # turn ids behind the kept messages
+    shown_ids: frozenset[int]  # turn ids behind the kept messages (and those after the turn answered: never retrieved)
     window_ids: frozenset[int]  # every turn id the window read, before folding and trimming
 
 
@@ -143,6 +144,10 @@ def _compute(ctx: AssemblyContext, memory: MemoryView) -> HistoryView:
     turns = sorted(memory.channel_window(ctx.channel_id, window_size(ctx, memory)),
                    key=lambda t: (t.created_at, t.id))
     window_ids = frozenset(t.id for t in turns)
+    # A reply ends its history at the turn it answers; what was said after it is neither shown
+    # nor retrieved for it (the next reply shows it).
+    later = frozenset(t.id for t in turns if ctx.answering is not None and t.id > ctx.answering)
+    turns = [t for t in turns if t.id not in later]
     runs = _coalesce(turns, cfg.history.coalesce_max_gap_seconds)
     if ctx.tier == "text":
         runs = _fold_silence(runs, cfg.history.text_silence_gap_fold_seconds)
@@ -175,7 +180,7 @@ def _compute(ctx: AssemblyContext, memory: MemoryView) -> HistoryView:
     kept_runs = runs[start:]
     return HistoryView(
         messages=tuple(messages[start:]),
-        shown_ids=frozenset(i for r in kept_runs for i in r.ids),
+        shown_ids=frozenset(i for r in kept_runs for i in r.ids) | later,
         window_ids=window_ids,
     )
 
@@ -185,7 +190,7 @@ def history_view(ctx: AssemblyContext, memory: MemoryView) -> HistoryView:
     if ctx.channel_id is None:
         return HistoryView((), frozenset(), frozenset())
     token = memory.window_token(ctx.channel_id)
-    return memory.memo(("history", ctx.channel_id, ctx.guild_id, ctx.tier, token),
+    return memory.memo(("history", ctx.channel_id, ctx.guild_id, ctx.tier, ctx.answering, token),
                        lambda: _compute(ctx, memory))
 
 

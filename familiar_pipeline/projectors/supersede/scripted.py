@@ -1,7 +1,11 @@
-"""The scripted offline model's supersession judgement: a newer value for the same slot retires the older.
+"""The scripted offline model's supersession judgement: a newer value for the same subject's slot retires the older.
 
 Exclusive slots (home, job, relationship, diet) hold one value at a time; preferences
-carry their object and a polarity. Deterministic, from the prompt's own fact lines.
+carry their object (its head: "hiking", not "hiking in the mountains on weekends") and a
+polarity. A claim is about the clause's own subject, not whoever said it: in "Sam said: my
+friend Bob lives in Berlin" the home is Bob's, so it never retires Sam's "I moved to Porto"
+(the extractor files both under the speaker, so the prompt shows them side by side).
+Deterministic, from the prompt's own fact lines.
 """
 
 from __future__ import annotations
@@ -34,14 +38,55 @@ _PREFERENCE = re.compile(
 )
 _NEGATIVE_VERBS = {"hate", "dislike", "detest", "can't stand"}
 _FILLER = re.compile(r"\b(?:now|really|still|actually|a lot|very much|so much)\b", re.IGNORECASE)
+# Where a preference's object ends: "hiking in the mountains on weekends" and "hiking since my knee
+# injury" are both about hiking.
+_OBJECT_END = re.compile(r"\s\b(?:in|on|at|since|because|when|with|every|during|for|after|before|while|but|and|so|"
+                         r"anymore|any more|these days|lately|nowadays)\b.*$", re.IGNORECASE)
+# "Sam said: ..." (the scripted extractor's facts): the speaker, for what they say about themselves.
+_SAID = re.compile(r"^\s*(?P<speaker>[^:]{1,60}?) said:\s*")
+_CLAUSE_END = re.compile(r"[,;.!?]|\b(?:but|so|because|since|then)\b", re.IGNORECASE)
+_AND = re.compile(r"\band\b", re.IGNORECASE)
+_SELF = {"i", "i'm", "im", "i've", "i'd", "me", "myself"}
+_NOT_NAMES = {"I", "I'm", "My", "The", "A", "An", "Our", "Her", "His", "Their", "She", "He", "They", "We", "It",
+              "Hi", "Hey", "Hello", "Oh", "Well", "Now", "Also", "Only", "Still", "Just"}
+_ARTICLES = {"my", "the", "a", "an", "our", "your", "his", "her", "their"}
+_ADVERBS = {"only", "also", "just", "still", "now", "really", "actually", "recently", "finally", "never", "always",
+            "even", "already", "currently", "usually", "often", "sometimes", "no", "longer"}
 
 
 def _norm(value: str) -> str:
     return " ".join(_FILLER.sub(" ", value).lower().replace("'s", "").split()).strip(" .,;-")
 
 
-def fact_claim(text: str) -> tuple[str, str, bool] | None:
-    """(slot, value, positive) for the facts the careful model can judge, else None.
+def _one_subject(words: list[str], speaker: str) -> str:
+    names = [w for w in words if w[:1].isupper() and w not in _NOT_NAMES]
+    if names:
+        return names[-1].lower()
+    lowered = [w.lower() for w in words if w.lower() not in _ADVERBS]
+    if not lowered or lowered[-1] in _SELF:
+        return speaker or "i"
+    nouns = [w for w in lowered if w not in _ARTICLES]
+    return " ".join(nouns) if nouns else speaker
+
+
+def claim_subjects(text: str, verb_at: int) -> frozenset[str]:
+    """Who the clause ending at `verb_at` is about: a name it gives ("my friend Bob" -> bob), the
+    speaker for a first-person clause ("Sam said: I ..." -> sam), else its noun ("my sister" -> sister);
+    a compound subject names each ("Cass and Bo live ...", "Ana and I cook ...")."""
+    said = _SAID.match(text)
+    speaker = said.group("speaker").strip().lower() if said else ""
+    clause = _CLAUSE_END.split(text[said.end() if said else 0:verb_at])[-1]
+    parts = [[w.strip("'\"()") for w in part.split()] for part in _AND.split(clause)]
+    subjects = {_one_subject(parts[-1], speaker)}
+    for part in reversed(parts[:-1]):  # "Cass and Bo": bare names (or "I") before the last are subjects too
+        if len(part) != 1 or not (part[0] in ("I", "i") or (part[0][:1].isupper() and part[0] not in _NOT_NAMES)):
+            break
+        subjects.add(_one_subject(part, speaker))
+    return frozenset(subjects)
+
+
+def fact_claim(text: str) -> tuple[frozenset[str], str, str, bool] | None:
+    """(subjects, slot, value, positive) for the facts the careful model can judge, else None.
 
     Exclusive slots (home, job, relationship, diet) carry a value; preferences
     carry their object as the slot and a polarity ("loves X" vs "hates X",
@@ -51,31 +96,33 @@ def fact_claim(text: str) -> tuple[str, str, bool] | None:
     for slot, pattern in _SLOTS:
         match = pattern.search(text)
         if match:
-            return slot, _norm(match.group("v")), not negated
+            return claim_subjects(text, match.start()), slot, _norm(match.group("v")), not negated
     match = _PREFERENCE.search(text)
     if match:
         verb = match.group("verb").lower()
         verb = verb[:-1] if verb.endswith("s") else verb
-        obj = _norm(re.sub(r"\b(?:anymore|any more)\b", "", match.group("obj")))
+        obj = _norm(_OBJECT_END.sub("", " " + match.group("obj").strip()))
         positive = (verb not in _NEGATIVE_VERBS) != negated
         group = verb if verb in ("eat", "drink", "play", "own") else "pref"
-        return f"{group}:{obj}", "", positive
+        return claim_subjects(text, match.start()), f"{group}:{obj}", "", positive
     return None
 
 
 def retires(new_text: str, prior_text: str) -> bool:
-    """What a careful model answers: does the new fact contradict or replace the prior?"""
+    """What a careful model answers: does the new fact contradict or replace the prior, about the same
+    subject and the same slot?"""
     new, prior = fact_claim(new_text), fact_claim(prior_text)
-    if new is None or prior is None or new[0] != prior[0]:
+    if new is None or prior is None or not new[0] & prior[0] or new[1] != prior[1]:
         return False
-    slot, value, positive = new
+    _, slot, value, positive = new
+    _, _, prior_value, prior_positive = prior
     if slot.startswith(("pref:", "eat:", "drink:", "play:", "own:")):
-        return positive != prior[2]  # a flipped preference or a negation
+        return positive != prior_positive  # a flipped preference or a negation
     if not positive:  # "no longer works at the bakery" ends that job only
-        return value == prior[1] or not value
+        return value == prior_value or not value
     if _ADDITIVE.search(new_text):
         return False  # a second job, another home base: adds, never replaces
-    return value != prior[1] or not prior[2]
+    return value != prior_value or not prior_positive
 
 
 def decide_supersession(user_text: str) -> dict:
