@@ -134,7 +134,7 @@ def retry_delays(first: float = RETRY_FIRST_S, cap: float = RETRY_MAX_S):
 
 
 def import_line(*, speaker: str, text: str, at: datetime, channel: int, user_id: str | None) -> dict:
-    """A turn as one `familiar import` line (README: Import a transcript)."""
+    """A turn as one `familiar import` line (docs/running.md, "Import a transcript")."""
     line = {"speaker": speaker, "text": text, "timestamp": at.astimezone(timezone.utc).isoformat(), "channel": channel}
     if user_id:
         line["user_id"] = user_id

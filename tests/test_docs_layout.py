@@ -1,4 +1,4 @@
-"""The layout the README and docs/architecture.md describe is the tree as it is.
+"""The layout docs/layout.md and docs/architecture.md describe is the tree as it is.
 
 Every path named in a layout table exists (a folder row's `name.py` / `name/` cells are
 looked up inside that folder), and every module and package of the pipeline appears in
@@ -57,17 +57,17 @@ def named_paths(row: str) -> list[Path]:
 
 def test_every_path_in_the_layout_tables_exists():
     missing = []
-    for doc, heading in (("README.md", "## Layout"), ("docs/architecture.md", "## 2. Code layout")):
+    for doc, heading in (("docs/layout.md", "## Layout"), ("docs/architecture.md", "## 2. Code layout")):
         for row in layout_rows(doc, heading):
             missing += [f"{doc}: {p.relative_to(REPO)}" for p in named_paths(row) if not p.exists()]
     assert missing == []
 
 
 def test_every_pipeline_module_and_package_is_in_both_tables():
-    for doc, heading in (("README.md", "## Layout"), ("docs/architecture.md", "## 2. Code layout")):
+    for doc, heading in (("docs/layout.md", "## Layout"), ("docs/architecture.md", "## 2. Code layout")):
         named = {p.resolve() for row in layout_rows(doc, heading) for p in named_paths(row)}
         top = [p for p in (REPO / "familiar_pipeline").iterdir()
                if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists())]
         unnamed = sorted(str(p.relative_to(REPO)) for p in top
-                         if p.resolve() not in named and not (p.name == "definitions.py" and doc != "README.md"))
+                         if p.resolve() not in named and not (p.name == "definitions.py" and doc != "docs/layout.md"))
         assert unnamed == [], doc

@@ -1,4 +1,5 @@
-"""The README's recipes work: its commands exist and its notebook queries run."""
+"""The README and the docs it points to: every command the README shows is run by a test, its links land,
+it stays short, and the docs' commands and notebook queries work."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ from familiar_pipeline.defs.jobs import materialize_in_process
 
 from .helpers import append_chat, make_familiar
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+# The DuckDB and snapshot recipes, moved out of the README with the rest of its reference text.
+MEMORY_DOC = (REPO / "docs" / "memory.md").read_text()
 
 
 def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README, re.S)
+    return re.findall(r"```python\n(.*?)```", MEMORY_DOC, re.S)
 
 
-def test_every_familiar_subcommand_in_the_readme_exists():
-    used = set(re.findall(r"uv run familiar ([a-z]+)", README))
+def test_every_familiar_subcommand_in_the_readme_and_docs_exists():
+    docs = "\n".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))
+    used = set(re.findall(r"uv run familiar ([a-z]+)", README + docs))
     known = set(build_parser()._subparsers._group_actions[0].choices)
     assert used and used <= known, used - known
 
@@ -91,3 +96,82 @@ def test_documented_eval_without_locomo_says_where_to_get_it(tmp_path, monkeypat
     for argv in evals:
         assert main(argv) == 2
         assert "github.com/snap-research/locomo" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the README itself (issue 50 item 7)
+
+
+def test_the_readme_starts_small():
+    assert len(README.splitlines()) <= 200
+
+
+def readme_commands() -> list[str]:
+    """Every command the README shows: each line of its shell blocks (comments and blank lines dropped,
+    `&&` chains kept whole), and every inline `uv run ...` span."""
+    found = []
+    for block in re.findall(r"```(?:bash|sh|shell|console)\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            command = re.sub(r"\s+#.*$", "", line).strip()
+            if command and not command.startswith("#"):
+                found.append(command)
+    found += re.findall(r"`(uv run [^`]+)`", README)
+    return found
+
+
+# Commands that run here, in process, as the README shows them (after `uv run `).
+RUN_HERE = {"uv run familiar --help": ["--help"]}
+# Commands too heavy to run here, each with the places that run it exactly so: (file, text it holds).
+# The suite cannot run itself, `pip install` changes the machine, `familiar up --demo` is a real
+# process group: each is run where named.
+RUN_ELSEWHERE = {
+    "python3 -m pip install uv && uv run familiar up --demo": [
+        (".ci/run", "python3 -m pip install --quiet uv"),  # CI installs uv the same way on a bare Python
+        ("tests/test_up.py", '"up", "--demo"'),  # a real `familiar up --demo`: UI ready, chat, replies
+        ("tests/test_reliability_heal.py", '"up", "--demo"'),  # ... and its daemon killed and restarted
+    ],
+    "uv run pytest": [(".ci/run", "uv run --frozen pytest")],  # CI runs the README's test command
+    "uv run familiar backfill --familiar familiar --projection facts --rebuild": [
+        ("docs/playbook.md", "uv run familiar backfill --familiar familiar --projection facts --rebuild"),
+        ("tests/test_playbook.py", '"--projection facts" in ln'),  # runs that playbook line through main()
+    ],
+    "uv run mkdocs build --strict": [
+        (".ci/run", "uv run --frozen mkdocs build --strict"),
+        ("tests/test_docs_site.py", '"mkdocs", "build", "--strict"'),  # the same build, into a temporary folder
+    ],
+}
+
+
+def test_every_command_the_readme_shows_is_run_by_a_test(capsys):
+    from familiar_bot.cli.main import main
+
+    commands = readme_commands()
+    assert "uv run pytest" in commands and "python3 -m pip install uv && uv run familiar up --demo" in commands
+    unaccounted = [c for c in commands if c not in RUN_HERE and c not in RUN_ELSEWHERE]
+    assert unaccounted == [], "a README command no test runs: add it to RUN_HERE or RUN_ELSEWHERE"
+    for command in commands:
+        if command in RUN_HERE:
+            assert main(RUN_HERE[command]) == 0, command
+            assert "usage: familiar" in capsys.readouterr().out
+        for path, needle in RUN_ELSEWHERE.get(command, []):
+            assert needle in (REPO / path).read_text(), (command, path, needle)
+
+
+def _anchor(heading: str) -> str:
+    """A heading's anchor as GitHub and MkDocs make it: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_link_of_the_readme_lands_on_a_file_and_heading():
+    broken = []
+    for target in re.findall(r"\]\(([^)]+)\)", README):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        if not (REPO / path).exists():
+            broken.append(target)
+        elif anchor:
+            headings = re.findall(r"^#+ (.+)$", (REPO / path).read_text(), re.M)
+            if anchor not in {_anchor(h) for h in headings}:
+                broken.append(target)
+    assert broken == []

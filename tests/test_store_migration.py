@@ -140,7 +140,7 @@ def test_reopening_a_migrated_store_changes_nothing(tmp_path):
 
 
 def test_an_existing_familiar_gets_its_scopes_by_the_documented_rebuild(tmp_path, fake_llm):
-    """Issue 26 item 4, as the README says: a familiar whose rows were written before scopes
+    """Issue 26 item 4, as docs/memory.md says: a familiar whose rows were written before scopes
     (they carry `familiar`) is re-scoped by `familiar backfill --projection <asset> --rebuild`;
     every turn stays, and every rebuilt row carries the scope of the turns it came from."""
     import dagster as dg
