@@ -106,8 +106,8 @@ def demo_model(messages: list[dict]) -> str:
     """The scripted model of `familiar up --demo`: projector prompts as `careful_model`, replies canned."""
     system = messages[0]["content"] if messages else ""
     if "## Replying" in system:  # the reply prompt (familiar_bot's reply instructions)
-        # The last line from a person: the message this reply answers, with which the responder
-        # ends a reply's history (AssemblyContext.answering), however many lines came after it.
+        # The last line from a person: the message this reply answers, as the responder shows no
+        # one's later line in a reply's history (AssemblyContext.answering), however many came after it.
         said = [m["content"] for m in messages[1:] if m.get("role") == "user"]
         return canned_reply(said[-1] if said else "")
     return careful_model(messages)

@@ -15,7 +15,7 @@ without platform message ids (voice, console lines) a few seconds apart are merg
 never across a sentence end; the text tier can fold away
 everything before the last long silence. When over ``recent_history_tokens``
 the oldest messages go first and the newest is always kept. A reply's history ends
-with the turn it answers (``AssemblyContext.answering``). Tool results are
+with the turn it answers (``AssemblyContext.answering``), and the familiar's replies since. Tool results are
 replayed as user narration, never as ``tool``/``assistant`` messages (that would
 orphan a tool call and invite the model to mimic it).
 
@@ -144,9 +144,11 @@ def _compute(ctx: AssemblyContext, memory: MemoryView) -> HistoryView:
     turns = sorted(memory.channel_window(ctx.channel_id, window_size(ctx, memory)),
                    key=lambda t: (t.created_at, t.id))
     window_ids = frozenset(t.id for t in turns)
-    # A reply ends its history at the turn it answers; what was said after it is neither shown
-    # nor retrieved for it (the next reply shows it).
-    later = frozenset(t.id for t in turns if ctx.answering is not None and t.id > ctx.answering)
+    # A reply's history ends at the turn it answers: what people said after it is neither shown nor
+    # retrieved for it (the next reply shows it). The familiar's own replies sent meanwhile stay, so
+    # it does not repeat itself.
+    later = frozenset(t.id for t in turns
+                      if ctx.answering is not None and t.id > ctx.answering and t.role != "assistant")
     turns = [t for t in turns if t.id not in later]
     runs = _coalesce(turns, cfg.history.coalesce_max_gap_seconds)
     if ctx.tier == "text":
