@@ -56,8 +56,8 @@ def test_chat_creates_the_familiar_replies_and_exits_zero_at_eof(tmp_path):
     replies = [line for line in result.stdout.splitlines() if line.startswith("Owl: ")]
     assert len(replies) == 2 and all(line.startswith("Owl: you said: ") for line in replies)
     # Both lines are recorded as soon as they are read (a reply never holds the next line back),
-    # so the replies, composed one after the other, see the latest line.
-    assert "how are you?" in replies[1]
+    # and each reply, composed one after the other, ends its history with the line it answers.
+    assert "hello there" in replies[0] and "how are you?" in replies[1]
     # /context printed the report; /quit ended the session before "never read".
     report = result.stdout.split(replies[1], 1)[1]
     assert "=== character_card:" in report and "=== recent_history:" in report and "=== total:" in report
