@@ -27,10 +27,11 @@ class AssemblyContext:
     cue: str = ""
     # When the cue was said (aware); None: now. "Yesterday" in the cue is the day before it.
     now: datetime | None = None
-    # The turn a reply answers: the history shows no one's later turn (the familiar's own replies
-    # excepted). Lines typed while an earlier reply was composed are recorded at once, so without
-    # this a reply would see (and answer) them instead of its own message. None (`/context`,
-    # `familiar prompt`): the channel as it stands.
+    # The turn a reply answers: the history ends with it and shows no one's later turn (the
+    # familiar's own replies to earlier turns are shown after the turn each answers). Lines typed
+    # while an earlier reply was composed are recorded at once, so without this a reply would see
+    # (and answer) them instead of its own message. None (`/context`, `familiar prompt`): the
+    # channel as it stands.
     answering: int | None = None
 
     def __post_init__(self) -> None:

@@ -15,7 +15,8 @@ without platform message ids (voice, console lines) a few seconds apart are merg
 never across a sentence end; the text tier can fold away
 everything before the last long silence. When over ``recent_history_tokens``
 the oldest messages go first and the newest is always kept. A reply's history ends
-with the turn it answers (``AssemblyContext.answering``), and the familiar's replies since. Tool results are
+with the turn it answers (``AssemblyContext.answering``); the familiar's replies to earlier
+turns sent since are shown after the turn each answers. Tool results are
 replayed as user narration, never as ``tool``/``assistant`` messages (that would
 orphan a tool call and invite the model to mimic it).
 
@@ -94,6 +95,26 @@ def _coalesce(turns: Iterable[Turn], max_gap: float) -> list[_Run]:
     return runs
 
 
+def _up_to(turns: list[Turn], answering: int) -> tuple[list[Turn], frozenset[int]]:
+    """A reply's history: it ends with the turn it answers, and what people said after it is neither
+    shown nor retrieved for it (the next reply shows it). The familiar's own replies sent meanwhile to
+    earlier turns stay, each right after the turn it answers, so it does not repeat itself and the
+    prompt still ends with the message being answered (the reply instructions say so). The ids left
+    out are returned too."""
+    kept = [t for t in turns if t.id <= answering]
+    replies = [t for t in turns if t.id > answering and t.role == "assistant"
+               and t.reply_to_turn_id is not None and t.reply_to_turn_id < answering]
+    for reply in replies:
+        at = next((i for i, t in enumerate(kept) if t.id == reply.reply_to_turn_id), None)
+        if at is None:
+            continue
+        while at + 1 < len(kept) and kept[at + 1].role == "assistant":
+            at += 1  # after the replies already there
+        kept.insert(at + 1, reply)
+    shown = {t.id for t in kept}
+    return kept, frozenset(t.id for t in turns if t.id not in shown)
+
+
 def _fold_silence(runs: list[_Run], threshold: float) -> list[_Run]:
     """Keep only what follows the last silence of at least ``threshold`` seconds."""
     if threshold <= 0 or len(runs) < 2:
@@ -144,12 +165,9 @@ def _compute(ctx: AssemblyContext, memory: MemoryView) -> HistoryView:
     turns = sorted(memory.channel_window(ctx.channel_id, window_size(ctx, memory)),
                    key=lambda t: (t.created_at, t.id))
     window_ids = frozenset(t.id for t in turns)
-    # A reply's history ends at the turn it answers: what people said after it is neither shown nor
-    # retrieved for it (the next reply shows it). The familiar's own replies sent meanwhile stay, so
-    # it does not repeat itself.
-    later = frozenset(t.id for t in turns
-                      if ctx.answering is not None and t.id > ctx.answering and t.role != "assistant")
-    turns = [t for t in turns if t.id not in later]
+    later: frozenset[int] = frozenset()
+    if ctx.answering is not None:
+        turns, later = _up_to(turns, ctx.answering)
     runs = _coalesce(turns, cfg.history.coalesce_max_gap_seconds)
     if ctx.tier == "text":
         runs = _fold_silence(runs, cfg.history.text_silence_gap_fold_seconds)
