@@ -184,8 +184,9 @@ def test_the_next_prompt_in_a_channel_sees_the_previous_reply(tmp_path, fake):
     assert "first question" in first_prompt.history[-1].content or any(
         "first question" in m.content for m in first_prompt.history)
     contents = [m.content for m in second_prompt.history]
-    assert any("second question" in c for c in contents)
-    assert "reply number 1" in contents
+    # It ends with the message it answers; the first reply, sent after that message arrived, is shown
+    # right after the question it answered.
+    assert contents[-1].endswith("second question") and contents[-2] == "reply number 1", contents
     assert [t.role for t in log.recent(CHANNEL, 10)] == ["user", "user", "assistant", "assistant"]
 
 
