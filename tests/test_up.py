@@ -288,11 +288,17 @@ def test_forgetting_through_familiar_up_leaves_no_copy_of_the_familiars_echoes(t
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err)
     try:
         wait_for(lambda: "ready in" in err_log.read_text(), 180, "the UI to be ready", process, err_log)
-        for line in ("my secret codeword is ZQXECHOCONSOLE", "I named my boat ZQXECHOCONSOLE",
-                     "the tram was late again this morning", "I had soup for lunch today"):
+        # One line at a time, each after the previous reply, as a person types: the log then alternates
+        # line and reply, so the first summary window (4 turns) ends with the reply quoting the marker.
+        # (All four at once, on a loaded machine, recorded the lines before any reply: the windows then
+        # ended with the soup line and its reply, and no summary held the marker.)
+        lines = ("my secret codeword is ZQXECHOCONSOLE", "I named my boat ZQXECHOCONSOLE",
+                 "the tram was late again this morning", "I had soup for lunch today")
+        for n, line in enumerate(lines, 1):
             process.stdin.write((line + "\n").encode())
             process.stdin.flush()
-        wait_for(lambda: out_log.read_text().count('Noted: "') >= 4, 60, "the demo's replies", process, err_log)
+            wait_for(lambda n=n: out_log.read_text().count('Noted: "') >= n, 90, f"the demo's reply {n}", process,
+                     err_log)
         assert "zqxechoconsole" in out_log.read_text().lower(), "the scripted replies quote the message"
         summaries = wait_for(lambda: [p for p in holding() if "summaries" in p], 150, "a summary holding the marker",
                              process, err_log)
