@@ -318,3 +318,99 @@ def test_forgetting_through_familiar_up_leaves_no_copy_of_the_familiars_echoes(t
                 os.killpg(session, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _up(argv: list[str], env: dict, log_dir: Path, name: str, stdin=subprocess.DEVNULL) -> tuple[subprocess.Popen, Path, Path]:
+    out_log, err_log = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    with out_log.open("wb") as out, err_log.open("wb") as err:
+        process = subprocess.Popen([sys.executable, "-m", "familiar_bot.cli.main", "up", *argv],
+                                   cwd=REPO, env=env, stdin=stdin, stdout=out, stderr=err)
+    return process, out_log, err_log
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    for session in child_sessions(process.pid):
+        try:
+            os.killpg(session, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_second_familiar_up_is_refused_attaches_or_takes_over_from_a_killed_one(tmp_path):
+    """Issue 50: a second `familiar up` on another port started a second daemon on the same
+    DAGSTER_HOME and, on exit, deleted the first one's familiar-up.json. Now it is refused in one
+    line naming the first (pid, address) and leaves the marker alone; `--attach` runs only a chat
+    whose turns the first one's sensor projects; a first one killed with SIGKILL (whose dagster dev
+    lives on) is taken over: its leftovers stopped, its lock and marker the new one's."""
+    from familiar_pipeline.storage.turns import TurnLog
+
+    root, home = tmp_path / "familiars", tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    familiar = make_familiar(root, "e2e")
+    env = {k: v for k, v in os.environ.items() if k not in ("DISCORD_TOKEN", "FAMILIAR_ID")
+           and not k.startswith("FAMILIAR__")}
+    env.update(FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1",
+               FAMILIAR_FAKE_LLM="familiar_pipeline.testing.scripted:careful_model")
+    first_port, second_port, third_port = free_port(), free_port(), free_port()
+    first, _, first_err = _up(["--familiar", "e2e", "--no-bot", "--port", str(first_port)], env, tmp_path, "first")
+    started = [first]
+    try:
+        wait_for(lambda: "ready in" in first_err.read_text(), 180, "the first UI", first, first_err)
+        marker = webserver.read_marker(home)
+        assert marker is not None and marker.pid == first.pid
+
+        # 1. A second one on another port: refused at once, in one line naming the first; nothing started.
+        second, _, second_err = _up(["--familiar", "e2e", "--no-bot", "--port", str(second_port)], env, tmp_path,
+                                    "second")
+        started.append(second)
+        assert second.wait(timeout=60) == 1
+        refused = second_err.read_text()
+        assert refused.count("\n") == 1 and refused.startswith("error: familiar up (pid "), refused
+        assert f"pid {first.pid}, http://127.0.0.1:{first_port}, familiar 'e2e'" in refused
+        assert "already running" in refused and "--attach" in refused
+        assert not webserver.answers(f"http://127.0.0.1:{second_port}")
+        assert webserver.read_marker(home) == marker, "the refused one left the marker alone"
+
+        # 2. --attach: only a chat; the first one's sensor indexes what is said there.
+        attached = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "up", "--attach", "--as", "Ana"],
+                                  cwd=REPO, env=env, input="hello from the attached chat\n", capture_output=True,
+                                  text=True, timeout=120)
+        assert attached.returncode == 0, attached.stderr
+        assert f"attached to familiar up (pid {first.pid}, http://127.0.0.1:{first_port}, familiar 'e2e')" in attached.stderr
+        assert "Dagster UI" not in attached.stderr
+        with TurnLog(familiar.turns_db, readonly=True) as log:
+            assert any(t.content == "hello from the attached chat" for t in log.turns_after(0))
+        assert webserver.read_marker(home) == marker
+
+        # 3. The first one killed outright: its dagster dev lives on, the lock does not.
+        sessions = child_sessions(first.pid)
+        assert sessions
+        first.kill()
+        first.wait()
+        assert any(group_alive(s) for s in sessions), "SIGKILL leaves the children running"
+        third, _, third_err = _up(["--familiar", "e2e", "--no-bot", "--port", str(third_port)], env, tmp_path, "third")
+        started.append(third)
+        wait_for(lambda: "ready in" in third_err.read_text(), 180, "the third UI", third, third_err)
+        said = third_err.read_text()
+        assert f"took over from familiar up pid {first.pid}, which is gone; stopped" in said, said
+        assert not [s for s in sessions if group_alive(s)], "the killed one's dagster dev was stopped"
+        assert not webserver.answers(f"http://127.0.0.1:{first_port}")
+        marker = webserver.read_marker(home)
+        assert marker is not None and marker.pid == third.pid and marker.url == f"http://127.0.0.1:{third_port}"
+        assert webserver.running_instance(home, root)["pid"] == third.pid
+        _stop(third)
+        assert third.returncode == 128 + signal.SIGTERM
+        assert webserver.read_marker(home) is None and webserver.running_instance(home, root) is None
+    finally:
+        for process in started:
+            _stop(process)

@@ -68,6 +68,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(postgresql://user:password@host:port/db; default: $FAMILIAR_INSTANCE_URL, else SQLite "
                              "files in DAGSTER_HOME); its dagster.yaml is written to $DAGSTER_HOME, else dagster_home/postgres")
     parser.add_argument("--no-bot", action="store_true", help="run only Dagster (UI, sensors, runs)")
+    parser.add_argument("--attach", action="store_true",
+                        help="a `familiar up` already runs on this DAGSTER_HOME and data root: run only a console "
+                             "chat with it (its familiar unless --familiar is given); without this flag a second "
+                             "`familiar up` is refused, naming the running one")
     parser.add_argument("--as", dest="speaker", metavar="NAME",
                         help="console chat only: who you are (default: the name you gave on first "
                              "start, asked once per familiar)")
@@ -106,15 +110,83 @@ def say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Serve this DAGSTER_HOME and data root, unless a live `familiar up` already does (then refuse, or --attach)."""
+    from familiar_pipeline.storage.paths import data_root
+
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port must be 1-65535, got {args.port}", EXIT_CONFIG)
+    home, root = supervisor.dagster_home(), data_root()
+    if args.attach:
+        holder = webserver.running_instance(home, root)
+        if holder is None:
+            raise CliError(f"--attach: no familiar up runs on DAGSTER_HOME {home} or data root {root}; "
+                           "start one with `familiar up` (without --attach)")
+        return attach(args, holder)
+    lock = take_instance(home, root, args)
+    try:
+        return serve(args, lock)
+    finally:
+        lock.release()
+
+
+def take_instance(home: Path, root: Path, args: argparse.Namespace) -> webserver.InstanceLock:
+    """This process's hold on the DAGSTER_HOME and the data root; one line naming the live holder if taken.
+
+    A holder that is gone (killed: its `flock` went with it) is taken over, and whatever
+    of its `dagster dev` still runs on this DAGSTER_HOME is stopped first, so two daemons
+    never share one instance.
+    """
+    info = {"address": supervisor.local_address(args.host, args.port), "dagster_home": str(home),
+            "data_root": str(root), "familiar": args.familiar or os.environ.get("FAMILIAR_ID") or None}
+    private_dir(home)
+    private_dir(root)
+    try:
+        lock = webserver.InstanceLock.acquire(home, root, info)
+    except webserver.InstanceRunning as exc:
+        raise CliError(f"{exc} is already running; chat with it: `familiar up --attach`, or stop it first") from None
+    before = lock.previous
+    if before.get("pid") and before["pid"] != os.getpid():
+        left = supervisor.leftovers(before.get("children") or [], home)
+        if left:
+            supervisor.stop_pids(left)
+        say(f"took over from familiar up pid {before['pid']}, which is gone"
+            + (f"; stopped {len(left)} process(es) it left running on this DAGSTER_HOME" if left else ""))
+        webserver.remove_marker(home, pid=int(before["pid"]))  # its marker names a dead launcher
+    return lock
+
+
+def attach(args: argparse.Namespace, holder: dict) -> int:
+    """Only a console chat, with the familiar the running `familiar up` serves (or --familiar).
+
+    The running instance's sensor projects what is said here, as it would its own chat. A
+    demo instance's familiar gets the demo's scripted reply model here too.
+    """
+    from familiar_bot.cli.commands import chat
+
+    args.familiar = args.familiar or holder.get("familiar")
+    demo = holder.get("demo")
+    if args.demo and not demo:
+        raise CliError(f"--demo --attach: the running {webserver.describe_holder(holder, supervisor.dagster_home())} "
+                       "is not a demo; attach without --demo, or stop it and start `familiar up --demo`")
+    if demo and (args.familiar or demo) == demo:
+        args.familiar = demo
+        enter_demo(args)
+    say(f"attached to {webserver.describe_holder(holder, supervisor.dagster_home())}: a chat only; its daemon "
+        "projects what is said here")
+    return chat.run(argparse.Namespace(familiar=args.familiar, speaker=args.speaker, channel=args.channel))
+
+
+def serve(args: argparse.Namespace, lock: webserver.InstanceLock) -> int:
+    """Start the group and watch it until it stops; `lock` holds the DAGSTER_HOME and data root meanwhile."""
     from familiar_bot.cli.commands.chat import (check_channel, check_speaker, ensure_familiar, familiar_id_from,
                                                 refuse_scripted_models)
     from familiar_pipeline.config import load_config
 
-    if not 0 < args.port < 65536:
-        raise CliError(f"--port must be 1-65535, got {args.port}", EXIT_CONFIG)
     if args.demo:
         enter_demo(args)
+        lock.update(demo=args.familiar)
     familiar_id = familiar_id_from(args)
+    lock.update(familiar=familiar_id)
     channel = check_channel(args.channel)
     check_speaker(args.speaker)
     if supervisor.port_in_use(supervisor.local_host(args.host), args.port):
@@ -144,7 +216,10 @@ def run(args: argparse.Namespace) -> int:
     terminal = TerminalState.save()
     try:
         def start_dagster() -> supervisor.Child:
-            return supervisor.start_dagster_dev(args.host, args.port, env=env, log_path=log_path)
+            child = supervisor.start_dagster_dev(args.host, args.port, env=env, log_path=log_path)
+            # Named in the lock, so the next `familiar up` can stop it if this one is killed.
+            lock.update(children=[*lock.info.get("children", []), child.pgid][-8:])
+            return child
 
         children.append(start_dagster())
         address = supervisor.ui_address(args.host, args.port)
@@ -167,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
         if transport == "discord":
             argv = [sys.executable, "-m", "familiar_bot.cli.main", "bot", "--familiar", familiar_id]
             children.append(supervisor.start_child("discord bot", argv, env=env))
+            lock.update(children=[*lock.info.get("children", []), children[-1].pgid][-8:])
         elif transport == "console":
             console = start_console(familiar_id, config, args.speaker, channel, stop)
         watch(children, stop, supervisor.Restarter("dagster dev", start_dagster, f"{local}/server_info", say=say))
@@ -187,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
             terminal.restore()
             sys.stdout.flush()
             sys.stderr.flush()
+            lock.release()  # its children are stopped: the next `familiar up` may start
             os._exit(stop.status)
 
 
