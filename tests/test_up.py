@@ -130,7 +130,7 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
         assert marker and marker.url == f"http://127.0.0.1:{port}" and marker.data_root == str(root.resolve())
         assert marker.pid == process.pid and webserver.verified_webserver(home, root) == marker
         backfill = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "backfill", "--familiar", "offline",
-                                   "--projection", "turns_fts", "--rebuild"],
+                                   "--projection", "turns_fts", "--rebuild", "--no-wait"],
                                   cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         queued = f"queued: queued turns_fts for offline: {marker.url}/runs/"
         assert backfill.returncode == 0 and backfill.stdout.startswith(queued), backfill
@@ -350,13 +350,16 @@ def test_a_second_familiar_up_is_refused_attaches_or_takes_over_from_a_killed_on
     DAGSTER_HOME and, on exit, deleted the first one's familiar-up.json. Now it is refused in one
     line naming the first (pid, address) and leaves the marker alone; `--attach` runs only a chat
     whose turns the first one's sensor projects; a first one killed with SIGKILL (whose dagster dev
-    lives on) is taken over: its leftovers stopped, its lock and marker the new one's."""
+    lives on) is taken over: its leftovers stopped, its lock and marker the new one's. And
+    `familiar backfill` through it waits for its run: success, or the failed step and why."""
     from familiar_pipeline.storage.turns import TurnLog
 
     root, home = tmp_path / "familiars", tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
     familiar = make_familiar(root, "e2e")
+    broken = make_familiar(root, "broken", extra_toml="")
+    broken.turns_db.write_bytes(b"this is not a database, it was overwritten " * 100)
     env = {k: v for k, v in os.environ.items() if k not in ("DISCORD_TOKEN", "FAMILIAR_ID")
            and not k.startswith("FAMILIAR__")}
     env.update(FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1",
@@ -408,6 +411,23 @@ def test_a_second_familiar_up_is_refused_attaches_or_takes_over_from_a_killed_on
         marker = webserver.read_marker(home)
         assert marker is not None and marker.pid == third.pid and marker.url == f"http://127.0.0.1:{third_port}"
         assert webserver.running_instance(home, root)["pid"] == third.pid
+
+        # 4. `familiar backfill` through it waits for the run and says how it ended (item 6).
+        def backfill(familiar_id: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "backfill", "--familiar", familiar_id,
+                                   "--projection", "turns_fts", "--rebuild", "--wait", "150"],
+                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+
+        ok = backfill("e2e")
+        assert ok.returncode == 0, ok.stderr
+        assert ok.stdout.startswith("succeeded: turns_fts for e2e: ok"), ok.stdout
+        assert f"http://127.0.0.1:{third_port}/runs/" in ok.stdout
+        failed = backfill("broken")
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert failed.stderr.startswith("error: the turns_fts run for broken failed at step memory: TurnLogError: "), \
+            failed.stderr
+        assert "not a usable SQLite turn log" in failed.stderr
+        assert f"http://127.0.0.1:{third_port}/runs/" in failed.stderr
         _stop(third)
         assert third.returncode == 128 + signal.SIGTERM
         assert webserver.read_marker(home) is None and webserver.running_instance(home, root) is None
