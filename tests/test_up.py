@@ -163,10 +163,11 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
 
         # The asset is materialized before the run's asset checks finish: wait for the run.
         assert wait_for(lambda: run_status(fact_run["run_id"]), 60, "the facts run to end", process, err_log) == "SUCCESS"
-        # The code location serves the familiar `up` was started for: its cadence is shown in the UI.
+        # Every familiar's cadence is shown in the UI, with the sensor's tick (the smallest of them).
         sensors = graphql(port, SENSORS_QUERY)["repositoriesOrError"]["nodes"][0]["sensors"]
         described = {s["name"]: s["description"] for s in sensors}
-        assert "Every 5s ([pipeline].sensor_interval_s of familiar 'e2e'" in described["turn_watermark_sensor"]
+        assert described["turn_watermark_sensor"].startswith("Ticks every 5s")
+        assert "(every 5s: e2e, offline)" in described["turn_watermark_sensor"]
         runs = graphql(port, RUNS_QUERY)["runsOrError"]["results"]
         triggers = {t["value"] for r in runs for t in r["tags"] if t["key"] == "trigger"}
         assert "turn_watermark_sensor" in triggers

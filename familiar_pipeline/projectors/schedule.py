@@ -239,12 +239,14 @@ CADENCE_SLACK_S = 1.0
 DAEMON_LOOP_S = 5
 
 
-def cadence_due(last: float | None, interval_s: float, now: float, tick_s: float | None = None) -> bool:
-    """Whether a familiar last looked at `last` (None: never) is due for a look at `now`, per its interval.
+def every_tick(interval_s: float, tick_s: float | None = None) -> bool:
+    """An interval at or below the sensor's tick (`tick_s`; unsaid: the daemon's loop) means every tick."""
+    return interval_s <= (DAEMON_LOOP_S if tick_s is None else tick_s)
 
-    An interval at or below the sensor's tick (`tick_s`; unsaid: the daemon's loop) means every tick.
-    """
-    if last is None or interval_s <= (DAEMON_LOOP_S if tick_s is None else tick_s):
+
+def cadence_due(last: float | None, interval_s: float, now: float, tick_s: float | None = None) -> bool:
+    """Whether a familiar last looked at `last` (None: never) is due for a look at `now`, per its interval."""
+    if last is None or every_tick(interval_s, tick_s):
         return True
     return now - last >= interval_s - CADENCE_SLACK_S
 
@@ -488,7 +490,10 @@ def plan_tick(
                 notes.append(below_tick_note(familiar_id, interval, tick_s))
             if not cadence_due(evaluated.get(familiar_id), interval, now, tick_s):
                 continue  # not its time yet: looked at again at a later tick, its turn log unread
-            evaluated[familiar_id] = now
+            if every_tick(interval, tick_s):
+                evaluated.pop(familiar_id, None)  # nothing to remember (and the cursor stays as it was)
+            else:
+                evaluated[familiar_id] = now
             state = read_state(paths, config)
         except (ConfigError, OSError, ValueError) as exc:
             notes.append(f"{familiar_id}: skipped ({exc})")
