@@ -185,7 +185,7 @@ def test_change_a_threshold_and_the_sensor_cadence(built, monkeypatch):
         name, value = line.split(" ", 1)[0].split("=")
         monkeypatch.setenv(name, value)
     assert facts_requested()  # batch_size 5: the next tick asks for facts
-    assert "Every 30s" in build_turn_watermark_sensor([MEMORY]).description
+    assert build_turn_watermark_sensor([MEMORY]).description.startswith("Ticks every 30s")
 
 
 def test_which_familiars_have_assets_pending(built):

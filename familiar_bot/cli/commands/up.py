@@ -6,8 +6,10 @@ runs the bot: on Discord (a child process) when DISCORD_TOKEN is set, otherwise 
 console chat in the foreground of this terminal. Dagster's own output goes to a log
 file, so the console stays readable.
 
-The code location reads the served familiar's `[pipeline]` (FAMILIAR_ID is set for the
-children). `--demo` gives its demo familiar, and only it, the scripted offline model
+One `familiar up` per DAGSTER_HOME and data root: a second one is refused in one line
+naming the first (`--attach` runs only a console chat with it instead), and one that was
+killed is taken over (`take_instance`). FAMILIAR_ID is set for the children; the turn
+sensor reads every familiar's own `[pipeline]` cadence. `--demo` gives its demo familiar, and only it, the scripted offline model
 and small batches (`familiar_pipeline.config.demo`), through the environment of this
 process and its children only, and says so once.
 
@@ -201,7 +203,7 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock) -> int:
 
     extra = {"FAMILIAR_ID": familiar_id, **instance_env}
     private_tmp = Path(tempfile.mkdtemp(prefix="familiar-up-"))  # 0700: the children's sockets live here
-    # The code location reads the served familiar's [pipeline] (sensor cadence, flood guard).
+    # The code location reads every familiar's own [pipeline] (sensor cadence); FAMILIAR_ID names the served one.
     env = supervisor.child_env(extra, private_tmp=private_tmp)
     private_dir(env["FAMILIAR_DATA_ROOT"])
     log_path = Path(env["DAGSTER_HOME"]) / "familiar-up.log"
