@@ -165,11 +165,14 @@ def end_of_run(client, run_id: str, asset: str, familiar_id: str) -> RunEnd | No
     return RunEnd(status, failed_step=step, error=error, metadata=metadata)
 
 
-def wait_for_run(client, run_id: str, asset: str, familiar_id: str, url: str, *, wait_s: float,
+def wait_for_run(client, run_id: str, asset: str, familiar_id: str, url: str, *, wait_s: float, where: str = "",
                  clock: Callable[[], float] = time.monotonic, poll_s: float = POLL_S) -> BackfillOutcome:
-    """Poll the webserver until the run ends; its outcome line, or BackfillFailed (failed, canceled, or not ended in time)."""
+    """Poll the webserver until the run ends; its outcome line, or BackfillFailed (failed, canceled, or not ended in time).
+
+    `where`: how the line names the run's place (default: its page in the UI).
+    """
     deadline = clock() + wait_s
-    where = f"{url}/runs/{run_id}"
+    where = where or f"{url}/runs/{run_id}"
     while True:
         try:
             end = end_of_run(client, run_id, asset, familiar_id)
@@ -308,7 +311,8 @@ def backfill_on_shard(familiar_id: str, asset: str, *, rebuild: bool, marker: di
     except Exception as exc:
         raise BackfillError(f"the control plane at {url} refused the run: {' '.join(str(exc).split())}") from exc
     if wait_s is not None:
-        return wait_for_run(client, run_id, asset, familiar_id, url, wait_s=wait_s)
+        return wait_for_run(client, run_id, asset, familiar_id, url, wait_s=wait_s,
+                            where=f"on shard {owner}: {url}/runs/{run_id}")
     return BackfillOutcome("queued", run_id, f"queued {asset} for {familiar_id} on shard {owner}: {url}/runs/{run_id}")
 
 

@@ -148,7 +148,7 @@ def take_instance(home: Path, root: Path, args: argparse.Namespace) -> webserver
         raise CliError(f"{exc} is already running; chat with it: `familiar up --attach`, or stop it first") from None
     before = lock.previous
     if before.get("pid") and before["pid"] != os.getpid():
-        left = supervisor.leftovers(before.get("children") or [], home)
+        left = supervisor.leftovers(before.get("children") or [], before.get("children_home") or home)
         if left:
             supervisor.stop_pids(left)
         say(f"took over from familiar up pid {before['pid']}, which is gone"
@@ -205,6 +205,7 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock) -> int:
     private_tmp = Path(tempfile.mkdtemp(prefix="familiar-up-"))  # 0700: the children's sockets live here
     # The code location reads every familiar's own [pipeline] (sensor cadence); FAMILIAR_ID names the served one.
     env = supervisor.child_env(extra, private_tmp=private_tmp)
+    lock.update(children_home=env["DAGSTER_HOME"])  # a Postgres instance's, under this one (--instance)
     private_dir(env["FAMILIAR_DATA_ROOT"])
     log_path = Path(env["DAGSTER_HOME"]) / "familiar-up.log"
     local = supervisor.local_address(args.host, args.port)  # where this machine reaches the UI
