@@ -435,3 +435,33 @@ def test_a_second_familiar_up_is_refused_attaches_or_takes_over_from_a_killed_on
     finally:
         for process in started:
             _stop(process)
+
+
+def test_up_refuses_while_another_holds_the_home_and_attach_needs_one_running(tmp_path, monkeypatch, capsys):
+    """The quick half of the above, in this process: a held lock refuses `familiar up` before it starts
+    anything (no dagster dev, no marker); --attach with nothing running is one line; a lock on the data
+    root alone (another DAGSTER_HOME) refuses too."""
+    from familiar_bot.cli.main import main
+
+    root, home, other_home = tmp_path / "familiars", tmp_path / "home", tmp_path / "other-home"
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(root))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.delenv("FAMILIAR_ID", raising=False)
+    make_familiar(root, "e2e")
+    assert main(["up", "--attach", "--port", str(free_port())]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --attach: no familiar up runs on DAGSTER_HOME"), err
+
+    for held_home in (home, other_home):
+        lock = webserver.InstanceLock.acquire(held_home, root, {"address": "http://127.0.0.1:3999", "familiar": "e2e",
+                                                                  "dagster_home": str(held_home), "data_root": str(root)})
+        try:
+            assert main(["up", "--no-bot", "--port", str(free_port())]) == 1
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert f"familiar up (pid {os.getpid()}, http://127.0.0.1:3999, familiar 'e2e') on DAGSTER_HOME {held_home}" in err
+            assert "is already running" in err
+            assert webserver.read_marker(home) is None and not (home / "familiar-up.log").exists()
+        finally:
+            lock.release()
+    assert webserver.running_instance(home, root) is None
