@@ -124,9 +124,10 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--attach: no familiar up runs on DAGSTER_HOME {home} or data root {root}; "
                            "start one with `familiar up` (without --attach)")
         return attach(args, holder)
+    instance_url = reachable_instance(args.instance)  # an unreachable instance is refused before anything is created
     lock = take_instance(home, root, args)
     try:
-        return serve(args, lock)
+        return serve(args, lock, instance_url)
     finally:
         lock.release()
 
@@ -178,8 +179,11 @@ def attach(args: argparse.Namespace, holder: dict) -> int:
     return chat.run(argparse.Namespace(familiar=args.familiar, speaker=args.speaker, channel=args.channel))
 
 
-def serve(args: argparse.Namespace, lock: webserver.InstanceLock) -> int:
-    """Start the group and watch it until it stops; `lock` holds the DAGSTER_HOME and data root meanwhile."""
+def serve(args: argparse.Namespace, lock: webserver.InstanceLock, instance_url: str | None = None) -> int:
+    """Start the group and watch it until it stops; `lock` holds the DAGSTER_HOME and data root meanwhile.
+
+    `instance_url`: a reachable PostgreSQL instance (`--instance`), else None for SQLite in DAGSTER_HOME.
+    """
     from familiar_bot.cli.commands.chat import (check_channel, check_speaker, ensure_familiar, familiar_id_from,
                                                 refuse_scripted_models)
     from familiar_pipeline.config import load_config
@@ -194,7 +198,7 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock) -> int:
     if supervisor.port_in_use(supervisor.local_host(args.host), args.port):
         raise CliError(f"port {args.port} is already in use (another `familiar up` or `dagster dev`?); "
                        "stop it or pick another with --port")
-    instance_env = postgres_instance(args.instance)  # an unreachable instance is refused before anything is created
+    instance_env = postgres_instance(instance_url)
     if ensure_familiar(familiar_id, create=args.demo):
         say(f"created familiar {familiar_id!r} from the defaults")
     config = load_config(familiar_id)  # fail on bad config before starting anything
@@ -270,20 +274,33 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock) -> int:
             os._exit(stop.status)
 
 
-def postgres_instance(url_arg: str | None) -> dict[str, str]:
-    """With --instance (or $FAMILIAR_INSTANCE_URL): the children's environment for a Postgres instance; else {}.
+def reachable_instance(url_arg: str | None) -> str | None:
+    """--instance (or $FAMILIAR_INSTANCE_URL) once its database answers (one line if not); None: SQLite.
 
-    Checks the database answers first (one line if not), and writes the instance's
-    dagster.yaml (`familiar_pipeline.instance`: Postgres storage, the preloaded launcher).
+    Asked before the lock is taken, so a mistyped URL is refused touching nothing.
     """
-    from familiar_pipeline.instance import (INSTANCE_URL_ENV, POSTGRES_ENV, InstanceError, check_reachable,
-                                            instance_url_from, postgres_home, write_instance)
+    from familiar_pipeline.instance import InstanceError, check_reachable, instance_url_from
 
     url = instance_url_from(url_arg)
     if url is None:
+        return None
+    try:
+        return check_reachable(url)
+    except InstanceError as exc:
+        raise CliError(str(exc)) from None
+
+
+def postgres_instance(url: str | None) -> dict[str, str]:
+    """With a reachable Postgres URL: the children's environment for that instance; else {}.
+
+    Writes the instance's dagster.yaml (`familiar_pipeline.instance`: Postgres storage, the
+    preloaded launcher), once this `familiar up` holds the DAGSTER_HOME.
+    """
+    from familiar_pipeline.instance import INSTANCE_URL_ENV, POSTGRES_ENV, InstanceError, postgres_home, write_instance
+
+    if url is None:
         return {}
     try:
-        url = check_reachable(url)
         home = postgres_home(os.environ.get("DAGSTER_HOME"))
         private_dir(home)
         write_instance(home, shards=False)
