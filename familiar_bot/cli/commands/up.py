@@ -154,7 +154,8 @@ def take_instance(home: Path, root: Path, args: argparse.Namespace) -> webserver
             supervisor.stop_pids(left)
         say(f"took over from familiar up pid {before['pid']}, which is gone"
             + (f"; stopped {len(left)} process(es) it left running on this DAGSTER_HOME" if left else ""))
-        webserver.remove_marker(home, pid=int(before["pid"]))  # its marker names a dead launcher
+        # Its marker names a dead launcher: this one is the owner now (a Postgres instance's home holds it).
+        webserver.remove_marker(before.get("children_home") or home, pid=int(before["pid"]))
     return lock
 
 
@@ -166,16 +167,16 @@ def attach(args: argparse.Namespace, holder: dict) -> int:
     """
     from familiar_bot.cli.commands import chat
 
+    running = webserver.describe_holder(holder, supervisor.dagster_home() / webserver.LOCK_NAME)
     args.familiar = args.familiar or holder.get("familiar")
     demo = holder.get("demo")
     if args.demo and not demo:
-        raise CliError(f"--demo --attach: the running {webserver.describe_holder(holder, supervisor.dagster_home())} "
-                       "is not a demo; attach without --demo, or stop it and start `familiar up --demo`")
+        raise CliError(f"--demo --attach: the running {running} is not a demo; attach without --demo, or stop it "
+                       "and start `familiar up --demo`")
     if demo and (args.familiar or demo) == demo:
         args.familiar = demo
         enter_demo(args)
-    say(f"attached to {webserver.describe_holder(holder, supervisor.dagster_home())}: a chat only; its daemon "
-        "projects what is said here")
+    say(f"attached to {running}: a chat only; its daemon projects what is said here")
     return chat.run(argparse.Namespace(familiar=args.familiar, speaker=args.speaker, channel=args.channel))
 
 
