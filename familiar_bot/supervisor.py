@@ -84,6 +84,11 @@ def port_in_use(host: str, port: int) -> bool:
         return False
 
 
+def dagster_home() -> Path:
+    """The DAGSTER_HOME `familiar up` gives its children: $DAGSTER_HOME, else the checkout's `dagster_home`, absolute."""
+    return Path(os.environ.get("DAGSTER_HOME") or REPO_ROOT / "dagster_home").expanduser().resolve()
+
+
 def child_env(extra: dict[str, str] | None = None, *, dagster_home: Path | None = None,
               private_tmp: Path | None = None) -> dict[str, str]:
     """The environment every child gets: absolute DAGSTER_HOME and data root, offline litellm.
@@ -261,6 +266,47 @@ def shut_down(children: Sequence[Child], previous_handlers: dict, say: Callable[
         say(f"stopped in {took:.1f}s")
     for sig, handler in previous_handlers.items():
         signal.signal(sig, handler)
+
+
+def leftovers(sessions: Sequence[int], home: Path | str) -> list[int]:
+    """Pids still alive in `sessions` that run with this DAGSTER_HOME: what a killed `familiar up` left.
+
+    A `familiar up` killed with SIGKILL cannot stop its children (each leads a session of
+    its own), so its `dagster dev` (webserver, daemon, code servers) lives on, on the same
+    DAGSTER_HOME. Only processes whose environment names that DAGSTER_HOME are counted, so
+    a session id reused by anything else is never touched.
+    """
+    wanted = f"DAGSTER_HOME={Path(home).resolve()}".encode()
+    found = []
+    for pid in processes_in_sessions(set(sessions)):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        if wanted in environ:
+            found.append(pid)
+    return found
+
+
+def stop_pids(pids: Sequence[int], grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM each, wait up to `grace` for them to go, SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_proc_stat(p) is not None and not _zombie(p) for p in pids):
+            time.sleep(0.1)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2:].startswith("Z")
 
 
 # --------------------------------------------------------------------------- restarting

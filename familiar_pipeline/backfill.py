@@ -8,6 +8,12 @@ same familiar. Otherwise it runs in this process against the same instance
 webserver that merely answers on some port is never used: it may serve another
 checkout or data root.
 
+By default it waits for the run to end and says how it ended: success with what the
+run wrote, or failure with the step that failed and its error (and a non-zero exit in
+`familiar backfill`); `wait=None` only queues it (`--no-wait`), as it always did before.
+A queued run is watched through the same webserver's GraphQL that took it (a control
+plane's too), an in-process one through its result.
+
 An operator command, not a Dagster definition: it sits above the code location it runs
 (`definitions`), so `defs/` never imports back up.
 """
@@ -15,7 +21,9 @@ An operator command, not a Dagster definition: it sits above the code location i
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import dagster as dg
 
@@ -40,9 +48,146 @@ class ProjectionDisabled(BackfillError):
 
 @dataclass(frozen=True)
 class BackfillOutcome:
-    mode: str  # "queued" | "in-process"
+    mode: str  # "succeeded" (waited for) | "queued" (--no-wait)
     run_id: str
     detail: str
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a run ended: Dagster's status, the step that failed and why, what it wrote for the familiar."""
+
+    status: str  # SUCCESS | FAILURE | CANCELED
+    failed_step: str | None = None
+    error: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)  # the asset's materialization for the familiar
+
+
+class BackfillFailed(BackfillError):
+    """The run ran and did not succeed (or did not end in time): the message says which step and why."""
+
+    def __init__(self, message: str, run_id: str):
+        super().__init__(message)
+        self.run_id = run_id
+
+
+TERMINAL = ("SUCCESS", "FAILURE", "CANCELED")
+WAIT_S = 600.0  # `familiar backfill --wait` default: a rebuild of facts over a long log takes minutes
+POLL_S = 1.0
+
+
+def _one_line(text: object, limit: int = 400) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def describe_end(end: RunEnd, asset: str, familiar_id: str, run_id: str, where: str) -> BackfillOutcome:
+    """The success line, or BackfillFailed naming the failed step and its error (`where`: in this process, or the URL)."""
+    if end.status == "SUCCESS":
+        meta = end.metadata
+        return BackfillOutcome("succeeded", run_id, f"{asset} for {familiar_id}: {meta.get('status', 'done')}, rows "
+                                                    f"written {meta.get('rows_written', 0)} (run {run_id}, {where})")
+    if end.status == "CANCELED":
+        raise BackfillFailed(f"the {asset} run for {familiar_id} was canceled (run {run_id}, {where})", run_id)
+    step = f" at step {end.failed_step}" if end.failed_step else ""
+    why = f": {end.error}" if end.error else ""
+    raise BackfillFailed(f"the {asset} run for {familiar_id} failed{step}{why} (run {run_id}, {where})", run_id)
+
+
+def end_of_result(result, asset: str, familiar_id: str) -> RunEnd:
+    """An in-process run's end, from its events."""
+    failures = [e for e in result.all_events if e.is_step_failure]
+    error = failures[0].step_failure_data.error if failures else None
+    while error is not None and error.cause is not None and "DagsterExecution" in (error.cls_name or ""):
+        error = error.cause  # Dagster's wrapper around what the step raised
+    return RunEnd(
+        "SUCCESS" if result.success else "FAILURE",
+        failed_step=failures[0].step_key if failures else None,
+        error=_one_line(f"{error.cls_name}: {error.message.split(': ', 1)[-1]}") if error is not None else None,
+        metadata=materialized(
+            ((e.asset_key.path[-1], e.partition, {k: v.value for k, v in e.materialization.metadata.items()})
+             for e in result.get_asset_materialization_events()), asset, familiar_id),
+    )
+
+
+def materialized(events, asset: str, familiar_id: str) -> dict[str, Any]:
+    """The metadata of the last materialization of `asset` for `familiar_id` among (asset, partition, metadata)."""
+    found: dict[str, Any] = {}
+    for name, partition, metadata in events:
+        if name == asset and partition in (familiar_id, None):
+            found = metadata
+    return found
+
+
+RUN_END_QUERY = """
+query FamiliarRunEnd($runId: ID!) {
+  runOrError(runId: $runId) { __typename ... on Run { status } }
+  logsForRun(runId: $runId) {
+    __typename
+    ... on EventConnection {
+      events {
+        __typename
+        ... on ExecutionStepFailureEvent { stepKey error { className message cause { className message } } }
+        ... on RunFailureEvent { message }
+        ... on MaterializationEvent {
+          assetKey { path } partition
+          metadataEntries { label ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue } }
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def end_of_run(client, run_id: str, asset: str, familiar_id: str) -> RunEnd | None:
+    """A queued run's end, asked of the webserver that took it; None while it has not ended."""
+    data = client._execute(RUN_END_QUERY, {"runId": run_id})
+    run = data.get("runOrError") or {}
+    status = run.get("status")
+    if run.get("__typename") != "Run":
+        raise BackfillError(f"the webserver no longer knows run {run_id} ({run.get('__typename')})")
+    if status not in TERMINAL:
+        return None
+    events = (data.get("logsForRun") or {}).get("events") or []
+    step, error = None, None
+    for event in events:
+        if event["__typename"] == "ExecutionStepFailureEvent" and step is None:
+            step, raw = event.get("stepKey"), event.get("error") or {}
+            raw = raw.get("cause") or raw if "DagsterExecution" in (raw.get("className") or "") else raw
+            error = _one_line(f"{raw.get('className')}: {(raw.get('message') or '').split(': ', 1)[-1]}")
+        elif event["__typename"] == "RunFailureEvent" and error is None:
+            error = _one_line(event.get("message") or "")
+    metadata = materialized(
+        ((e["assetKey"]["path"][-1], e.get("partition"),
+          {m["label"]: m.get("text", m.get("intValue")) for m in e.get("metadataEntries") or []})
+         for e in events if e["__typename"] == "MaterializationEvent"), asset, familiar_id)
+    return RunEnd(status, failed_step=step, error=error, metadata=metadata)
+
+
+def wait_for_run(client, run_id: str, asset: str, familiar_id: str, url: str, *, wait_s: float, where: str = "",
+                 clock: Callable[[], float] = time.monotonic, poll_s: float = POLL_S) -> BackfillOutcome:
+    """Poll the webserver until the run ends; its outcome line, or BackfillFailed (failed, canceled, or not ended in time).
+
+    `where`: how the line names the run's place (default: its page in the UI).
+    """
+    deadline = clock() + wait_s
+    where = where or f"{url}/runs/{run_id}"
+    while True:
+        try:
+            end = end_of_run(client, run_id, asset, familiar_id)
+        except BackfillError:
+            raise
+        except Exception as exc:
+            raise BackfillError(f"the Dagster webserver at {url} stopped answering while run {run_id} ran "
+                                f"({_one_line(exc)}); see {where}") from None
+        if end is not None:
+            return describe_end(end, asset, familiar_id, run_id, where)
+        if clock() >= deadline:
+            raise BackfillFailed(f"the {asset} run for {familiar_id} has not ended after {wait_s:.0f} s; it goes on "
+                                 f"(run {run_id}, {where}); `--wait SECONDS` waits longer, `--no-wait` not at all",
+                                 run_id)
+        time.sleep(poll_s)
 
 
 def resolve_asset(projection: str) -> str:
@@ -64,13 +209,7 @@ def ensure_dagster_home() -> str:
 
 
 def submit(familiar_id: str, asset: str, *, rebuild: bool, url: str) -> str:
-    from urllib.parse import urlsplit
-
-    from dagster_graphql import DagsterGraphQLClient
-
-    address = urlsplit(url)
-    assert address.hostname is not None  # a verified webserver's http://host:port
-    client = DagsterGraphQLClient(address.hostname, port_number=address.port, timeout=30)
+    client = graphql_client(url)
     return client.submit_job_execution(
         PROJECTION_JOB,
         run_config={"ops": {op_name(asset): {"config": {"rebuild": rebuild}}}},
@@ -137,7 +276,8 @@ def shard_familiars(client, shard: str, asset: str) -> set[str]:
     return set(node.get("partitionKeys") or ())
 
 
-def backfill_on_shard(familiar_id: str, asset: str, *, rebuild: bool, marker: dict, shard: str | None = None) -> BackfillOutcome:
+def backfill_on_shard(familiar_id: str, asset: str, *, rebuild: bool, marker: dict, shard: str | None = None,
+                      wait_s: float | None = None) -> BackfillOutcome:
     """Queue the run on the control plane, in the code location of the shard that owns the familiar.
 
     The shard is `shard` if given, else the one whose partitions list the familiar (ids are
@@ -170,6 +310,9 @@ def backfill_on_shard(familiar_id: str, asset: str, *, rebuild: bool, marker: di
         )
     except Exception as exc:
         raise BackfillError(f"the control plane at {url} refused the run: {' '.join(str(exc).split())}") from exc
+    if wait_s is not None:
+        return wait_for_run(client, run_id, asset, familiar_id, url, wait_s=wait_s,
+                            where=f"on shard {owner}: {url}/runs/{run_id}")
     return BackfillOutcome("queued", run_id, f"queued {asset} for {familiar_id} on shard {owner}: {url}/runs/{run_id}")
 
 
@@ -190,12 +333,19 @@ def backfill(
     allow_local: bool = True,
     force_local: bool = False,
     shard: str | None = None,
+    wait_s: float | None = WAIT_S,
 ) -> BackfillOutcome:
+    """Run (or queue) the backfill and, unless `wait_s` is None, wait up to `wait_s` for it to end.
+
+    Returns the outcome line of a run that succeeded (or was only queued); raises
+    BackfillFailed for one that failed, was canceled or did not end in time. In process
+    the run always ends before this returns: `wait_s` matters only for a queued run.
+    """
     validate_familiar_id(familiar_id)
     asset = resolve_asset(projection)
     marker = None if force_local else read_control_plane_marker(ensure_dagster_home())
     if marker is not None:  # a sharded deployment: the familiar's config is on its shard's host
-        return backfill_on_shard(familiar_id, asset, rebuild=rebuild, marker=marker, shard=shard)
+        return backfill_on_shard(familiar_id, asset, rebuild=rebuild, marker=marker, shard=shard, wait_s=wait_s)
     if shard is not None:
         raise BackfillError(f"--shard {shard}: no `familiar control-plane` runs on DAGSTER_HOME {ensure_dagster_home()}")
     check_enabled(familiar_id, asset)
@@ -205,14 +355,10 @@ def backfill(
             run_id = submit(familiar_id, asset, rebuild=rebuild, url=url)
         except Exception as exc:
             raise BackfillError(f"the Dagster webserver at {url} refused the run: {exc}") from exc
+        if wait_s is not None:
+            return wait_for_run(graphql_client(url), run_id, asset, familiar_id, url, wait_s=wait_s)
         return BackfillOutcome("queued", run_id, f"queued {asset} for {familiar_id}: {url}/runs/{run_id}")
     if not allow_local:
         raise BackfillError("no `familiar up` of this checkout is running on this DAGSTER_HOME")
     result = run_in_process(familiar_id, asset, rebuild=rebuild)
-    if not result.success:
-        raise BackfillError(f"the {asset} run for {familiar_id} failed (run {result.run_id}); see the Dagster UI for its logs")
-    meta = {}
-    for event in result.get_asset_materialization_events():
-        meta = {k: v.value for k, v in event.materialization.metadata.items()}
-    return BackfillOutcome("in-process", result.run_id,
-                           f"{asset} for {familiar_id}: {meta.get('status', 'done')}, rows written {meta.get('rows_written', 0)}")
+    return describe_end(end_of_result(result, asset, familiar_id), asset, familiar_id, result.run_id, "in this process")

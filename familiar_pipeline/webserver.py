@@ -8,20 +8,30 @@ answers, naming the address, its own pid, the data root and the repository it ru
 from, and removes it when it stops. A command trusts a webserver only when the
 marker in *its own* DAGSTER_HOME names *its own* data root and repository, the
 launcher is alive and the address answers.
+
+Only one `familiar up` may live per DAGSTER_HOME and per data root (`InstanceLock`):
+two daemons on one instance race each other's sensors and runs, and a second
+launcher used to overwrite the first one's marker and then delete it on exit. The
+lock is an `flock` on ``familiar-up.lock`` in each of the two folders, so it dies with
+its process (a killed launcher leaves nothing to clean up by hand), and the file
+names its holder (pid, address, familiar, child process groups) for the refusal.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from familiar_pipeline.storage.paths import REPO_ROOT, data_root
-from familiar_pipeline.storage.private import private_file
+from familiar_pipeline.storage.private import private_dir, private_file
 
 MARKER_NAME = "familiar-up.json"
+LOCK_NAME = "familiar-up.lock"
 
 
 class UnverifiedWebserver(RuntimeError):
@@ -112,6 +122,137 @@ def verified_webserver(dagster_home: Path | str, data_root_dir: Path | str | Non
             "answer yet; try again when it is ready, or stop it"
         )
     return marker
+
+
+# --------------------------------------------------------------------------- one live instance
+
+
+# A probe (`running_instance`) holds a free lock for a moment to learn that it is free; a launcher
+# that meets the lock held by no live process retries for this long before it believes a holder.
+PROBE_RETRY_S = 1.0
+
+
+class InstanceRunning(RuntimeError):
+    """Another live `familiar up` holds the DAGSTER_HOME or the data root; `holder` is what it wrote."""
+
+    def __init__(self, holder: dict, path: Path):
+        self.holder, self.path = holder, path
+        super().__init__(describe_holder(holder, path))
+
+
+def lock_paths(dagster_home: Path | str, data_root_dir: Path | str) -> list[Path]:
+    """The lock files of one instance: in DAGSTER_HOME (Dagster's run state) and in the data root (the familiars)."""
+    both = [Path(dagster_home).resolve() / LOCK_NAME, Path(data_root_dir).resolve() / LOCK_NAME]
+    return list(dict.fromkeys(both))  # one file when both are the same folder (a second flock would refuse us)
+
+
+def read_holder(path: Path) -> dict:
+    """What the lock file says of its (last) holder; {} when unreadable (a write under way, or no file)."""
+    try:
+        holder = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def describe_holder(holder: dict, path: Path) -> str:
+    """`familiar up` (pid N, http://127.0.0.1:3000, familiar 'x') on DAGSTER_HOME ... and data root ...: one phrase."""
+    pid = holder.get("pid", "unknown")
+    address = holder.get("address") or "address unknown"
+    familiar = f", familiar {holder['familiar']!r}" if holder.get("familiar") else ""
+    home = holder.get("dagster_home") or path.parent
+    root = holder.get("data_root") or "?"
+    return f"familiar up (pid {pid}, {address}{familiar}) on DAGSTER_HOME {home} and data root {root}"
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@dataclass
+class InstanceLock:
+    """The running `familiar up`'s hold on its DAGSTER_HOME and data root (an `flock` in each).
+
+    `previous`: what the files named before this launcher took them; a launcher that was
+    killed leaves its entry (its pid, its children's process groups) for the next one to
+    clean up after (`familiar up` stops what is left of them).
+    """
+
+    paths: list[Path]
+    fds: list[int]
+    info: dict
+    previous: dict = field(default_factory=dict)
+
+    @classmethod
+    def acquire(cls, dagster_home: Path | str, data_root_dir: Path | str, info: dict,
+                retry_s: float = PROBE_RETRY_S) -> "InstanceLock":
+        """Take both locks, or raise InstanceRunning naming the live holder (nothing is changed then)."""
+        paths = lock_paths(dagster_home, data_root_dir)
+        fds: list[int] = []
+        previous: dict = {}
+        try:
+            for path in paths:
+                private_dir(path.parent)
+                fd = os.open(private_file(path), os.O_RDWR | os.O_CLOEXEC)
+                fds.append(fd)
+                deadline = time.monotonic() + retry_s
+                while not _try_lock(fd):
+                    holder = read_holder(path)
+                    # A holder whose pid is alive is believed at once; otherwise the lock may be a
+                    # probe's moment (`running_instance`), or a holder still writing its name.
+                    if (holder.get("pid") and pid_alive(int(holder["pid"]))) or time.monotonic() >= deadline:
+                        raise InstanceRunning(holder, path)
+                    time.sleep(0.05)
+                previous = previous or read_holder(path)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)  # closing releases what was taken
+            raise
+        lock = cls(paths, fds, dict(info, pid=os.getpid()), previous)
+        lock.update()
+        return lock
+
+    def update(self, **info) -> None:
+        """Rewrite what the lock files say of this holder (its children change when dagster dev restarts)."""
+        self.info.update(info)
+        data = (json.dumps(self.info, sort_keys=True) + "\n").encode()
+        for fd in self.fds:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+
+    def release(self) -> None:
+        """Let the next `familiar up` in. The files are emptied first: one that still names a holder
+        after its lock is free was left by a launcher that was killed (`previous`)."""
+        for fd in self.fds:
+            os.ftruncate(fd, 0)
+            os.close(fd)
+        self.fds = []
+
+
+def running_instance(dagster_home: Path | str, data_root_dir: Path | str | None = None) -> dict | None:
+    """What the live `familiar up` on this DAGSTER_HOME (or, given, this data root) wrote of itself; None if none runs.
+
+    Probes each lock without waiting: a free lock is taken and given back at once.
+    """
+    homes = [Path(dagster_home).resolve() / LOCK_NAME]
+    if data_root_dir is not None:
+        homes.append(Path(data_root_dir).resolve() / LOCK_NAME)
+    for path in homes:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue  # never locked
+        try:
+            if _try_lock(fd):
+                continue  # closing below gives it back
+            return read_holder(path) or {"pid": None}
+        finally:
+            os.close(fd)
+    return None
 
 
 # --------------------------------------------------------------------------- a sharded deployment

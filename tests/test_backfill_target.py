@@ -77,7 +77,7 @@ def test_backfill_sends_nothing_to_a_webserver_that_is_not_this_checkouts(built,
     # 1. No marker: nothing to verify, so every recipe runs in this process.
     for argv in backfill_lines():
         assert main(argv) == 0, argv
-        assert capsys.readouterr().out.startswith("in-process:")
+        assert capsys.readouterr().out.endswith(", in this process)\n")
 
     # 2. A live `familiar up` on this DAGSTER_HOME, but for another data root: refused, naming both
     #    (`--local` asks for this process explicitly and never contacts a webserver).
@@ -99,7 +99,7 @@ def test_backfill_sends_nothing_to_a_webserver_that_is_not_this_checkouts(built,
     # 4. This checkout's marker, but its launcher is gone (killed without cleaning up): in-process.
     webserver.write_marker(home, url, data_root_dir=built.root, pid=dead_pid())
     assert main(backfill_lines()[0]) == 0
-    assert capsys.readouterr().out.startswith("in-process:")
+    assert capsys.readouterr().out.endswith(", in this process)\n")
 
     assert dummy.requests == []  # type: ignore[attr-defined]
 

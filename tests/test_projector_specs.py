@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import dagster as dg
 import pytest
@@ -95,9 +96,10 @@ def test_cli_backfill_turn_embedding_runs_in_process(clean_env, tmp_path, monkey
     code = cli.main(["backfill", "--familiar", "fam", "--projection", "turn_embedding", "--local"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert out.strip() == "in-process: turn_embeddings for fam: ok, rows written 6"
+    assert re.fullmatch(r"succeeded: turn_embeddings for fam: ok, rows written 6 \(run [0-9a-f-]{36}, in this process\)",
+                        out.strip()), out
     with ProjectionStore(paths.memory_db, read_only=True) as store:
         assert store.get_watermark("turn_embedding").turn_id == turns[-1].id
     code = cli.main(["backfill", "--familiar", "fam", "--projection", "turn_embeddings", "--local", "--rebuild"])
     out, _ = capsys.readouterr()
-    assert code == 0 and out.strip() == "in-process: turn_embeddings for fam: ok, rows written 6"
+    assert code == 0 and out.strip().startswith("succeeded: turn_embeddings for fam: ok, rows written 6 (run ")

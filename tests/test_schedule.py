@@ -322,3 +322,24 @@ def test_a_tick_remembers_who_was_told_there_is_no_model(tmp_path):
     second = plan_tick(first.cursor, ["bare"], ["bare"], root=tmp_path, in_flight={}, max_requests=5,
                        model_assets=model_assets)
     assert second.runs == [{"bare": ["turns_fts", "wishes"]}], "the model assets would only say 'skipped' again"
+
+
+def test_a_familiar_gathered_for_a_waiting_queue_is_looked_at_again_at_the_next_tick_whatever_its_cadence(tmp_path):
+    """While a projection run waits for a lane, the due familiars wait for the next tick (their cursor
+    is not advanced); one with a 30 s cadence must not then wait 30 s more for its next look."""
+    from familiar_pipeline.projectors.schedule import EVALUATED, cadence_due
+
+    slow = make_familiar(tmp_path, "slow", extra_toml="[pipeline]\nsensor_interval_s = 30\n")
+    append_chat(slow, 12)
+    held = plan_tick({}, ["slow"], ["slow"], root=tmp_path, in_flight={}, max_requests=5, queue_waiting=True,
+                     now=1000.0, tick_s=5)
+    assert held.runs == [] and EVALUATED not in held.cursor
+    looked = plan_tick(held.cursor, ["slow"], ["slow"], root=tmp_path, in_flight={}, max_requests=5, now=1005.0, tick_s=5)
+    assert [list(run) for run in looked.runs] == [["slow"]]
+    assert looked.cursor[EVALUATED] == {"slow": 1005.0}
+    unchanged = plan_tick(looked.cursor, ["slow"], ["slow"], root=tmp_path, in_flight={}, max_requests=5,
+                          now=1010.0, tick_s=5)
+    assert unchanged.cursor[EVALUATED] == {"slow": 1005.0}, "not looked at: its 30 s have not passed"
+    # The rule itself: every tick at or below the tick; else once `interval - 1 s` has passed.
+    assert cadence_due(1000.0, 5, 1001.0, tick_s=5) and cadence_due(None, 30, 0.0, tick_s=5)
+    assert not cadence_due(1000.0, 30, 1028.9, tick_s=5) and cadence_due(1000.0, 30, 1029.0, tick_s=5)

@@ -213,19 +213,21 @@ def test_index_alone_waits_for_a_quiet_conversation(env, monkeypatch):
 
 
 def test_sensor_ticks_at_the_configured_interval_within_the_daemon_loop(tmp_path, monkeypatch):
-    # The daemon wakes sensors every 5 s and measures from the end of the last tick: the
-    # minimum handed to Dagster is one second less, so a 5 s cadence never skips a wake-up.
+    # The daemon wakes sensors every 5 s and measures from the last tick: the minimum handed to
+    # Dagster is one second less, so a 5 s cadence never skips a wake-up; the description says why.
     monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    monkeypatch.delenv("FAMILIAR__PIPELINE__SENSOR_INTERVAL_S", raising=False)
     assert build_turn_watermark_sensor([MEMORY]).minimum_interval_seconds == 4
     monkeypatch.setenv("FAMILIAR__PIPELINE__SENSOR_INTERVAL_S", "30")
     sensor = build_turn_watermark_sensor([MEMORY])
     assert sensor.minimum_interval_seconds == 29
-    assert "Every 30s" in sensor.description
+    assert sensor.description.startswith("Ticks every 30s")
+    assert "Dagster shows a minimum interval of 29s: one second under 30s" in sensor.description
 
 
-def test_cadence_follows_the_served_familiar_and_a_reload_sees_an_edit(tmp_path, monkeypatch):
-    # `familiar up --familiar demo` sets FAMILIAR_ID for the code location; a reload in the UI
-    # builds the Definitions afresh, which is what re-importing the module does here.
+def test_the_tick_is_the_smallest_interval_of_every_familiar_and_a_reload_sees_an_edit(tmp_path, monkeypatch):
+    # It used to be the interval of the familiar named by FAMILIAR_ID (`familiar up --familiar`) alone.
+    # A reload in the UI builds the Definitions afresh, which is what re-importing the module does here.
     import importlib
 
     import familiar_pipeline.definitions as definitions
@@ -238,20 +240,19 @@ def test_cadence_follows_the_served_familiar_and_a_reload_sees_an_edit(tmp_path,
     def served_sensor():
         return importlib.reload(definitions).defs.resolve_sensor_def("turn_watermark_sensor")
 
-    monkeypatch.delenv("FAMILIAR_ID", raising=False)
-    sensor = served_sensor()
-    assert sensor.minimum_interval_seconds == 4 and "of the defaults" in sensor.description
-    monkeypatch.setenv("FAMILIAR_ID", "demo")
-    sensor = served_sensor()
-    assert sensor.minimum_interval_seconds == 29
-    assert "Every 30s ([pipeline].sensor_interval_s of familiar 'demo'" in sensor.description
+    for served in ("demo", "other"):
+        monkeypatch.setenv("FAMILIAR_ID", served)
+        sensor = served_sensor()
+        assert sensor.minimum_interval_seconds == 29, served
+        assert "(every 30s: demo; every 90s: other)" in sensor.description
     assert sensor.metadata["sensor_interval_s"].value == 30
     paths.character_toml.write_text("[pipeline]\nsensor_interval_s = 60\n")
     sensor = served_sensor()
-    assert sensor.minimum_interval_seconds == 59 and "Every 60s" in sensor.description
+    assert sensor.minimum_interval_seconds == 59 and sensor.description.startswith("Ticks every 60s")
     paths.character_toml.write_text("[pipeline]\nsensor_interval_s = 1\n")  # invalid: the location still loads
     sensor = served_sensor()
-    assert sensor.minimum_interval_seconds == 4 and "sensor_interval_s = 1" in sensor.description
+    assert sensor.minimum_interval_seconds == 89 and "demo: config error" in sensor.description
+    assert "sensor_interval_s = 1" in sensor.description
 
 
 def test_one_run_per_tick_covers_every_due_familiar(env):
@@ -474,3 +475,71 @@ def test_a_familiar_whose_run_published_nothing_is_asked_for_again_with_backoff(
 
 def requested_plan(requests):
     return [r.run_config for r in requests]
+
+
+def test_each_familiar_is_looked_at_at_its_own_cadence_and_an_edit_takes_effect_without_a_reload(env):
+    """Issue 50: one `sensor_interval_s` (the familiar named at `up`) applied to every familiar, and the
+    UI showed 4 s for a configured 5 s. Now the sensor ticks at the smallest interval, looks at each
+    familiar at its own, lists them in its description (saying why Dagster shows one second less), and
+    reads every familiar's config at each tick: an edit takes effect without rebuilding the sensor."""
+    root, instance = env
+    fast = make_familiar(root, "fast", extra_toml="[pipeline]\nsensor_interval_s = 5\n")
+    slow = make_familiar(root, "slow", extra_toml="[pipeline]\nsensor_interval_s = 30\n")
+    for paths in (fast, slow):
+        append_chat(paths, 12)
+    now = [1000.0]
+    sensor = build_turn_watermark_sensor([MEMORY], clock=lambda: now[0])
+    assert sensor.minimum_interval_seconds == 4
+    assert sensor.metadata["sensor_interval_s"].value == 5
+    assert json.loads(sensor.metadata["familiar_intervals_s"].value) == {"fast": 5, "slow": 30}
+    assert sensor.description.startswith("Ticks every 5s, the smallest [pipeline].sensor_interval_s")
+    assert "(every 5s: fast; every 30s: slow)" in sensor.description
+    assert "Dagster shows a minimum interval of 4s: one second under 5s" in sensor.description
+
+    def at(seconds: float, cursor):
+        now[0] = 1000.0 + seconds
+        result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor))
+        return set(requested(result)), result.cursor
+
+    seen, cursor = at(0, None)
+    assert seen == {"fast", "slow"}  # first look at both
+    instance.add_dynamic_partitions("familiars", ["fast", "slow"])
+    append_chat(fast, 12, start=12)
+    append_chat(slow, 12, start=12)
+    seen, cursor = at(5, cursor)
+    assert seen == {"fast"}, "slow's 30 s have not passed"
+    seen, cursor = at(10, cursor)
+    assert seen == set()
+    # No run really ran here, so fast is asked for again now and then (its retries, on their own clock):
+    # from here on, what counts is when slow is looked at.
+    seen, cursor = at(29.5, cursor)  # a tick a moment early still counts as slow's thirtieth second
+    assert "slow" in seen
+
+    # An edit of slow's character.toml, the sensor as it was loaded: its next look is 60 s after the last.
+    slow.character_toml.write_text("[pipeline]\nsensor_interval_s = 60\n")
+    append_chat(slow, 12, start=24)
+    for second in (35, 61, 80):
+        seen, cursor = at(second, cursor)
+        assert "slow" not in seen, second
+    seen, cursor = at(90, cursor)
+    assert "slow" in seen
+    # And back to 5 s: looked at again at the next tick.
+    slow.character_toml.write_text("[pipeline]\nsensor_interval_s = 5\n")
+    append_chat(slow, 12, start=36)
+    seen, cursor = at(95, cursor)
+    assert "slow" in seen
+
+
+def test_an_interval_shorter_than_the_loaded_tick_says_a_reload_is_needed(env):
+    root, instance = env
+    paths = make_familiar(root, "solo", extra_toml="[pipeline]\nsensor_interval_s = 30\n")
+    instance.add_dynamic_partitions("familiars", ["solo"])
+    sensor = build_turn_watermark_sensor([MEMORY], clock=lambda: 1000.0)
+    assert sensor.minimum_interval_seconds == 29 and "(every 30s: solo)" in sensor.description
+    paths.character_toml.write_text("[pipeline]\nsensor_interval_s = 5\n")
+    result = sensor(dg.build_sensor_context(instance=instance, cursor=None))
+    said = result.skip_reason.skip_message
+    assert "solo: [pipeline].sensor_interval_s = 5 is shorter than the sensor's tick of 30s" in said
+    assert "reloaded" in said
+    # A reload (a new sensor definition) ticks at 5 s.
+    assert build_turn_watermark_sensor([MEMORY]).minimum_interval_seconds == 4

@@ -244,7 +244,7 @@ def test_two_shards_project_their_own_familiars_and_survive_each_other(tmp_path,
 
             # 3. Shard b comes back on its address and its familiars catch up from their watermarks;
             # meanwhile `familiar backfill` (the control plane's DAGSTER_HOME, no --shard) finds a03
-            # among the shards' partitions and queues its run in shard a's location.
+            # among the shards' partitions, queues its run in shard a's location and waits for it to end.
             procs["b"] = serve("b")
             backfill = subprocess.Popen([*CLI, "backfill", "--familiar", "a03", "--projection", "rolling_summary"],
                                         cwd=REPO, env=cli_env(DAGSTER_HOME=str(home)), stdout=subprocess.PIPE,
@@ -254,8 +254,8 @@ def test_two_shards_project_their_own_familiars_and_survive_each_other(tmp_path,
             print(f"shard b caught up {took:.1f}s after it was back")
             out, err = backfill.communicate(timeout=120)
             assert backfill.returncode == 0, err
-            assert "on shard a" in out, out
-            run_id = out.strip().rsplit("/", 1)[-1]
+            assert out.startswith("succeeded: rolling_summary for a03: ") and "on shard a: " in out, out
+            run_id = out.strip().rsplit("/", 1)[-1].rstrip(")")
             deadline = time.monotonic() + 90
             while not (run := instance.get_run_by_id(run_id)).is_finished:
                 assert time.monotonic() < deadline, run.status

@@ -130,7 +130,7 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
         assert marker and marker.url == f"http://127.0.0.1:{port}" and marker.data_root == str(root.resolve())
         assert marker.pid == process.pid and webserver.verified_webserver(home, root) == marker
         backfill = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "backfill", "--familiar", "offline",
-                                   "--projection", "turns_fts", "--rebuild"],
+                                   "--projection", "turns_fts", "--rebuild", "--no-wait"],
                                   cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         queued = f"queued: queued turns_fts for offline: {marker.url}/runs/"
         assert backfill.returncode == 0 and backfill.stdout.startswith(queued), backfill
@@ -163,10 +163,11 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
 
         # The asset is materialized before the run's asset checks finish: wait for the run.
         assert wait_for(lambda: run_status(fact_run["run_id"]), 60, "the facts run to end", process, err_log) == "SUCCESS"
-        # The code location serves the familiar `up` was started for: its cadence is shown in the UI.
+        # Every familiar's cadence is shown in the UI, with the sensor's tick (the smallest of them).
         sensors = graphql(port, SENSORS_QUERY)["repositoriesOrError"]["nodes"][0]["sensors"]
         described = {s["name"]: s["description"] for s in sensors}
-        assert "Every 5s ([pipeline].sensor_interval_s of familiar 'e2e'" in described["turn_watermark_sensor"]
+        assert described["turn_watermark_sensor"].startswith("Ticks every 5s")
+        assert "(every 5s: e2e, offline)" in described["turn_watermark_sensor"]
         runs = graphql(port, RUNS_QUERY)["runsOrError"]["results"]
         triggers = {t["value"] for r in runs for t in r["tags"] if t["key"] == "trigger"}
         assert "turn_watermark_sensor" in triggers
@@ -345,3 +346,149 @@ def test_one_default_familiar_name_in_every_command_the_notebook_env_example_and
     assert {m for _, m in named} <= {DEFAULT_FAMILIAR_ID}, sorted(named)
     paths = {(p.name, m) for p in docs for m in re.findall(r"data/familiars/([a-z0-9][a-z0-9_-]*)", p.read_text())}
     assert {m for _, m in paths} <= {DEFAULT_FAMILIAR_ID}, sorted(paths)
+
+
+def _up(argv: list[str], env: dict, log_dir: Path, name: str, stdin=subprocess.DEVNULL) -> tuple[subprocess.Popen, Path, Path]:
+    out_log, err_log = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    with out_log.open("wb") as out, err_log.open("wb") as err:
+        process = subprocess.Popen([sys.executable, "-m", "familiar_bot.cli.main", "up", *argv],
+                                   cwd=REPO, env=env, stdin=stdin, stdout=out, stderr=err)
+    return process, out_log, err_log
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    for session in child_sessions(process.pid):
+        try:
+            os.killpg(session, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_second_familiar_up_is_refused_attaches_or_takes_over_from_a_killed_one(tmp_path):
+    """Issue 50: a second `familiar up` on another port started a second daemon on the same
+    DAGSTER_HOME and, on exit, deleted the first one's familiar-up.json. Now it is refused in one
+    line naming the first (pid, address) and leaves the marker alone; `--attach` runs only a chat
+    whose turns the first one's sensor projects; a first one killed with SIGKILL (whose dagster dev
+    lives on) is taken over: its leftovers stopped, its lock and marker the new one's. And
+    `familiar backfill` through it waits for its run: success, or the failed step and why."""
+    from familiar_pipeline.storage.turns import TurnLog
+
+    root, home = tmp_path / "familiars", tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    familiar = make_familiar(root, "e2e")
+    broken = make_familiar(root, "broken", extra_toml="")
+    broken.turns_db.write_bytes(b"this is not a database, it was overwritten " * 100)
+    env = {k: v for k, v in os.environ.items() if k not in ("DISCORD_TOKEN", "FAMILIAR_ID")
+           and not k.startswith("FAMILIAR__")}
+    env.update(FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1",
+               FAMILIAR_FAKE_LLM="familiar_pipeline.testing.scripted:careful_model")
+    first_port, second_port, third_port = free_port(), free_port(), free_port()
+    first, _, first_err = _up(["--familiar", "e2e", "--no-bot", "--port", str(first_port)], env, tmp_path, "first")
+    started = [first]
+    try:
+        wait_for(lambda: "ready in" in first_err.read_text(), 180, "the first UI", first, first_err)
+        marker = webserver.read_marker(home)
+        assert marker is not None and marker.pid == first.pid
+
+        # 1. A second one on another port: refused at once, in one line naming the first; nothing started.
+        second, _, second_err = _up(["--familiar", "e2e", "--no-bot", "--port", str(second_port)], env, tmp_path,
+                                    "second")
+        started.append(second)
+        assert second.wait(timeout=60) == 1
+        refused = second_err.read_text()
+        assert refused.count("\n") == 1 and refused.startswith("error: familiar up (pid "), refused
+        assert f"pid {first.pid}, http://127.0.0.1:{first_port}, familiar 'e2e'" in refused
+        assert "already running" in refused and "--attach" in refused
+        assert not webserver.answers(f"http://127.0.0.1:{second_port}")
+        assert webserver.read_marker(home) == marker, "the refused one left the marker alone"
+
+        # 2. --attach: only a chat; the first one's sensor indexes what is said there.
+        attached = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "up", "--attach", "--as", "Ana"],
+                                  cwd=REPO, env=env, input="hello from the attached chat\n", capture_output=True,
+                                  text=True, timeout=120)
+        assert attached.returncode == 0, attached.stderr
+        assert f"attached to familiar up (pid {first.pid}, http://127.0.0.1:{first_port}, familiar 'e2e')" in attached.stderr
+        assert "Dagster UI" not in attached.stderr
+        with TurnLog(familiar.turns_db, readonly=True) as log:
+            assert any(t.content == "hello from the attached chat" for t in log.turns_after(0))
+        assert webserver.read_marker(home) == marker
+
+        # 3. The first one killed outright: its dagster dev lives on, the lock does not.
+        sessions = child_sessions(first.pid)
+        assert sessions
+        first.kill()
+        first.wait()
+        assert any(group_alive(s) for s in sessions), "SIGKILL leaves the children running"
+        third, _, third_err = _up(["--familiar", "e2e", "--no-bot", "--port", str(third_port)], env, tmp_path, "third")
+        started.append(third)
+        wait_for(lambda: "ready in" in third_err.read_text(), 180, "the third UI", third, third_err)
+        said = third_err.read_text()
+        assert f"took over from familiar up pid {first.pid}, which is gone; stopped" in said, said
+        assert not [s for s in sessions if group_alive(s)], "the killed one's dagster dev was stopped"
+        assert not webserver.answers(f"http://127.0.0.1:{first_port}")
+        marker = webserver.read_marker(home)
+        assert marker is not None and marker.pid == third.pid and marker.url == f"http://127.0.0.1:{third_port}"
+        assert webserver.running_instance(home, root)["pid"] == third.pid
+
+        # 4. `familiar backfill` through it waits for the run and says how it ended (item 6).
+        def backfill(familiar_id: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "backfill", "--familiar", familiar_id,
+                                   "--projection", "turns_fts", "--rebuild", "--wait", "150"],
+                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+
+        ok = backfill("e2e")
+        assert ok.returncode == 0, ok.stderr
+        assert ok.stdout.startswith("succeeded: turns_fts for e2e: ok"), ok.stdout
+        assert f"http://127.0.0.1:{third_port}/runs/" in ok.stdout
+        failed = backfill("broken")
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert failed.stderr.startswith("error: the turns_fts run for broken failed at step memory: TurnLogError: "), \
+            failed.stderr
+        assert "not a usable SQLite turn log" in failed.stderr
+        assert f"http://127.0.0.1:{third_port}/runs/" in failed.stderr
+        _stop(third)
+        assert third.returncode == 128 + signal.SIGTERM
+        assert webserver.read_marker(home) is None and webserver.running_instance(home, root) is None
+    finally:
+        for process in started:
+            _stop(process)
+
+
+def test_up_refuses_while_another_holds_the_home_and_attach_needs_one_running(tmp_path, monkeypatch, capsys):
+    """The quick half of the above, in this process: a held lock refuses `familiar up` before it starts
+    anything (no dagster dev, no marker); --attach with nothing running is one line; a lock on the data
+    root alone (another DAGSTER_HOME) refuses too."""
+    from familiar_bot.cli.main import main
+
+    root, home, other_home = tmp_path / "familiars", tmp_path / "home", tmp_path / "other-home"
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(root))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.delenv("FAMILIAR_ID", raising=False)
+    make_familiar(root, "e2e")
+    assert main(["up", "--attach", "--port", str(free_port())]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --attach: no familiar up runs on DAGSTER_HOME"), err
+
+    for held_home in (home, other_home):
+        lock = webserver.InstanceLock.acquire(held_home, root, {"address": "http://127.0.0.1:3999", "familiar": "e2e",
+                                                                  "dagster_home": str(held_home), "data_root": str(root)})
+        try:
+            assert main(["up", "--no-bot", "--port", str(free_port())]) == 1
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1, err
+            assert f"familiar up (pid {os.getpid()}, http://127.0.0.1:3999, familiar 'e2e') on DAGSTER_HOME {held_home}" in err
+            assert "is already running" in err
+            assert webserver.read_marker(home) is None and not (home / "familiar-up.log").exists()
+        finally:
+            lock.release()
+    assert webserver.running_instance(home, root) is None

@@ -106,13 +106,10 @@ def require_familiar(familiar_id: str, root: Path | None = None) -> paths.Famili
     same words, naming the existing ones a typo may have meant and how to create it, so
     a typo never quietly becomes a new, empty familiar.
     """
-    import difflib
-
     familiar = paths.FamiliarPaths.for_id(familiar_id, root)
     if familiar.turns_db.exists():
         return familiar
-    near = difflib.get_close_matches(familiar_id, paths.list_familiars(familiar.root), n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    hint = paths.did_you_mean(familiar_id, paths.list_familiars(familiar.root))
     raise CliError(f"no familiar {familiar_id!r} under {familiar.root}{hint} "
                    f"(to create it: familiar init {familiar_id})")
 

@@ -23,6 +23,12 @@ for again on its own, with backoff (`schedule.RETRY_FIRST_S` doubling to
 `RETRY_MAX_S`), while it is still due and no run of it is queued: memory catches up
 once the cause is gone, without waiting for someone to speak.
 
+Each familiar has its own cadence, `[pipeline].sensor_interval_s` in its character.toml: the
+sensor ticks at the smallest among the familiars (read when the code location loads) and, at
+each tick, looks only at the familiars whose own interval has passed since it last looked
+(`schedule.cadence_due`, re-reading each config every tick, so an edit takes effect at once;
+an interval made shorter than the tick is said, in the tick's log, to need a reload).
+
 What is due and how the due familiars are cut into runs is decided in
 `familiar_pipeline.projectors.schedule` (`plan_tick`), without Dagster; this module reads
 the instance (partitions, runs in flight, the run queue's lanes) and turns that plan into
@@ -34,8 +40,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import dagster as dg
 
@@ -180,36 +187,46 @@ def owned_familiars(root) -> list[str]:
 
 
 # The daemon's sensor loop wakes every 5 s (MIN_INTERVAL_LOOP_TIME in Dagster's sensor daemon) and
-# measures a sensor's elapsed time from the *end* of its previous tick, so an interval equal to a
-# multiple of the loop period misses every other wake-up now and then (measured: a 5 s interval
-# ticked after 10 s in 1 of 5 gaps). The minimum handed to Dagster is one loop-jitter less.
+# measures a sensor's elapsed time from its previous tick, so an interval equal to a multiple of the
+# loop period misses a wake-up now and then (measured: a 5 s interval ticked after 10 s in 1 of 5
+# gaps). The minimum handed to Dagster is one loop-jitter less, and the UI shows that number:
+# the description says so.
 TICK_JITTER_S = 1
+NAMES_SHOWN = 10  # per interval in the description; the rest are counted
 
 
 @dataclass(frozen=True)
-class Cadence:
-    """The code location's sensor interval and whose config it came from.
+class Cadences:
+    """Each familiar's `[pipeline].sensor_interval_s` when the code location loaded, and the sensor's tick.
 
-    One code location serves every familiar under the data root, but a sensor has one
-    interval: it is the `[pipeline]` of the familiar named by ``FAMILIAR_ID`` (the one
-    `familiar up --familiar X` serves; it sets that variable for its children), else
-    `data/familiars/_default`. ``FAMILIAR__PIPELINE__SENSOR_INTERVAL_S`` overrides both.
-    Per-familiar knobs (batch sizes, thresholds, `index_quiet_s`) are read per familiar
-    at every tick.
+    The sensor ticks at the smallest interval (`tick_s`) and looks at each familiar at its own
+    (`schedule.cadence_due`, re-read from its config at every tick, so an edit takes effect at the
+    next tick); only an interval shorter than `tick_s`, set after the load, needs a reload.
+    With no familiar yet, the defaults' interval (and FAMILIAR__PIPELINE__SENSOR_INTERVAL_S).
     """
 
-    interval_s: int
-    source: str  # "familiar 'demo'" or "the defaults", for the UI
-    error: str | None = None  # the config error that made it fall back to the default
+    tick_s: int
+    intervals: dict[str, int]  # familiar -> seconds
+    errors: dict[str, str]  # familiar -> the config error it was read with (it is skipped at every tick too)
 
 
-def sensor_cadence() -> Cadence:
-    served = os.environ.get("FAMILIAR_ID") or None
-    source = f"familiar {served!r}" if served else "the defaults (no FAMILIAR_ID)"
+def sensor_cadences(root=None) -> Cadences:
+    root = data_root() if root is None else root
+    intervals: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    for familiar_id in owned_familiars(root):
+        try:
+            intervals[familiar_id] = int(load_config(familiar_id, root=root).pipeline.sensor_interval_s)
+        except Exception as exc:  # a broken config must not stop the code location from loading
+            errors[familiar_id] = " ".join(str(exc).split())
+    if intervals:
+        return Cadences(min(intervals.values()), intervals, errors)
     try:
-        return Cadence(int(load_config(served).pipeline.sensor_interval_s), source)
-    except Exception as exc:  # a broken config must not stop the code location from loading
-        return Cadence(PipelineConfig.sensor_interval_s, source, error=str(exc))
+        default = int(load_config(None, root=root).pipeline.sensor_interval_s)
+    except Exception as exc:
+        default = PipelineConfig.sensor_interval_s
+        errors["the defaults"] = " ".join(str(exc).split())
+    return Cadences(default, intervals, errors)
 
 
 def minimum_interval(interval_s: int) -> int:
@@ -217,27 +234,48 @@ def minimum_interval(interval_s: int) -> int:
     return max(1, interval_s - TICK_JITTER_S)
 
 
-def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
-    cadence = sensor_cadence()
+def describe_cadences(cadences: Cadences) -> str:
+    """The sensor's description in the UI: its tick, each familiar's cadence, why Dagster shows one second less."""
+    tick = cadences.tick_s
+    by_interval: dict[int, list[str]] = {}
+    for familiar_id, interval in sorted(cadences.intervals.items()):
+        by_interval.setdefault(interval, []).append(familiar_id)
+    groups = []
+    for interval, names in sorted(by_interval.items()):
+        more = f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else ""
+        groups.append(f"every {interval}s: {', '.join(names[:NAMES_SHOWN])}{more}")
+    listed = "; ".join(groups) if groups else "no familiar yet, so the defaults'"
+    broken = "".join(f" {name}: config error, skipped until fixed ({why})." for name, why in sorted(cadences.errors.items()))
+    return (
+        f"Ticks every {tick}s, the smallest [pipeline].sensor_interval_s among the familiars, and looks at each "
+        f"familiar at its own interval ({listed}). Each tick reads every familiar's character.toml again, so a "
+        f"changed interval takes effect at its next tick; one shorter than {tick}s is looked at every {tick}s until "
+        "the code location is reloaded (the tick's log says so). Dagster shows a minimum interval of "
+        f"{minimum_interval(tick)}s: one second under {tick}s, because its daemon wakes sensors every 5 s and counts "
+        f"from the previous tick, so a minimum of exactly {tick}s would skip a wake-up now and then. Each look adds "
+        "new familiars as partitions and requests one run over every familiar whose thresholds are met (a partition "
+        "range), with turns_fts, rolling_summary and facts (and the active fact-driven assets) as due for each."
+        + broken
+    )
+
+
+def build_turn_watermark_sensor(targets, *, clock: Callable[[], float] = time.time) -> dg.SensorDefinition:
+    """The turn sensor; `clock` (epoch seconds) decides which familiars' cadence is due at a tick."""
+    cadences = sensor_cadences()
     model_assets = frozenset(
         spec.key.path[-1] for asset in targets for spec in asset.specs if "llm" in spec.kinds
     )
     ops = {key.path[-1]: asset.op.name for asset in targets for key in asset.keys}
-    interval = cadence.interval_s
-    fallback = f" Config error, using the default: {cadence.error}" if cadence.error else ""
+    tick = cadences.tick_s
 
     @dg.sensor(
         name="turn_watermark_sensor",
-        minimum_interval_seconds=minimum_interval(interval),
+        minimum_interval_seconds=minimum_interval(tick),
         default_status=dg.DefaultSensorStatus.RUNNING,
         target=targets,
-        description=(
-            f"Every {interval}s ([pipeline].sensor_interval_s of {cadence.source}, read when the code "
-            "location loads): adds new familiars as partitions and requests one run over every familiar whose "
-            "thresholds are met (a partition range), with turns_fts, rolling_summary and facts (and the active "
-            f"fact-driven assets) as due for each.{fallback}"
-        ),
-        metadata={"sensor_interval_s": interval, "cadence_from": cadence.source},
+        description=describe_cadences(cadences),
+        metadata={"sensor_interval_s": tick,
+                  "familiar_intervals_s": json.dumps(cadences.intervals, sort_keys=True, separators=(",", ":"))},
     )
     def turn_watermark_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         root = data_root()
@@ -255,16 +293,18 @@ def build_turn_watermark_sensor(targets) -> dg.SensorDefinition:
             cursor, familiars, known, root=root, in_flight=in_flight, max_requests=max_requests,
             model_assets=model_assets, lanes=run_lanes(context.instance),
             max_gap=MAX_RANGE_GAP if per_partition else None, queue_waiting=projection_run_waiting(records),
+            now=clock(), tick_s=tick,
         )
         requests = run_requests(plan, ops)
         for note in plan.notes:
             context.log.info(note)
         new_partitions = plan.new_partitions
+        reload = [note for note in plan.notes if "shorter than the sensor's tick" in note]
         return dg.SensorResult(
             run_requests=requests,
             cursor=json.dumps(plan.cursor, sort_keys=True),
             dynamic_partitions_requests=[familiars_partitions.build_add_request(new_partitions)] if new_partitions else [],
-            skip_reason=None if requests or new_partitions else "no familiar has pending work",
+            skip_reason=None if requests or new_partitions else " ".join(["no familiar has pending work.", *reload]),
         )
 
     return turn_watermark_sensor

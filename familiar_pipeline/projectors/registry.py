@@ -37,7 +37,7 @@ from familiar_pipeline.projectors.turn_embeddings.spec import SPEC as TURN_EMBED
 from familiar_pipeline.projectors.turn_windows.spec import SPEC as TURN_WINDOWS
 from familiar_pipeline.projectors.turns_index.spec import SPEC as TURNS_INDEX
 from familiar_pipeline.projectors.wishes.spec import SPEC as WISHES
-from familiar_pipeline.storage.paths import checked_name
+from familiar_pipeline.storage.paths import checked_name, did_you_mean
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage import tables as tables_module
 from familiar_pipeline.storage.tables import Table
@@ -126,7 +126,7 @@ def resolve(name: str) -> ProjectorSpec:
         if spec.asset == name:
             return spec
     names = sorted({n for s in _PROJECTORS.values() for n in (s.name, s.asset)})
-    raise UnknownProjectorError(f"unknown projection {name!r}; valid: {', '.join(names)}")
+    raise UnknownProjectorError(f"unknown projection {name!r}{did_you_mean(name, names)}; valid: {', '.join(names)}")
 
 
 def dependants(name: str, *, soft: bool = True) -> list[ProjectorSpec]:

@@ -223,6 +223,41 @@ RETRY_FIRST_S = 15.0
 RETRY_MAX_S = 120.0
 
 
+# Cursor key of when each familiar was last looked at (epoch s): each familiar's own
+# `[pipeline].sensor_interval_s` decides when the sensor, which ticks at the smallest of them,
+# looks at it again (`cadence_due`).
+EVALUATED = "~evaluated"
+
+# A tick comes up to a second early or late against the daemon's 5 s loop (`defs/sensors.py:
+# TICK_JITTER_S`); a familiar looked at `interval - CADENCE_SLACK_S` ago is due, so a 30 s familiar
+# on a 5 s tick is looked at every sixth tick, not every seventh when one came a moment early.
+CADENCE_SLACK_S = 1.0
+
+
+# Dagster's sensor daemon wakes its sensors every 5 s: no tick comes more often, and an interval of
+# 5 s (the least `sensor_interval_s` allows) means every tick.
+DAEMON_LOOP_S = 5
+
+
+def every_tick(interval_s: float, tick_s: float | None = None) -> bool:
+    """An interval at or below the sensor's tick (`tick_s`; unsaid: the daemon's loop) means every tick."""
+    return interval_s <= (DAEMON_LOOP_S if tick_s is None else tick_s)
+
+
+def cadence_due(last: float | None, interval_s: float, now: float, tick_s: float | None = None) -> bool:
+    """Whether a familiar last looked at `last` (None: never) is due for a look at `now`, per its interval."""
+    if last is None or every_tick(interval_s, tick_s):
+        return True
+    return now - last >= interval_s - CADENCE_SLACK_S
+
+
+def below_tick_note(familiar_id: str, interval_s: int, tick_s: int) -> str:
+    """What a tick says of a familiar whose interval is shorter than the sensor's tick (read at load)."""
+    return (f"{familiar_id}: [pipeline].sensor_interval_s = {interval_s} is shorter than the sensor's tick of {tick_s}s, "
+            "which was read when the code location loaded: it is looked at every tick until the code location is "
+            "reloaded (UI: Deployment, Reload) or `familiar up` restarted")
+
+
 def retry_wait(attempts: int) -> float:
     """Seconds until a familiar dispatched `attempts` times before is asked for again."""
     return min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** attempts)
@@ -418,6 +453,7 @@ def plan_tick(
     max_gap: int | None = MAX_RANGE_GAP,
     queue_waiting: bool = False,
     now: float | None = None,
+    tick_s: int | None = None,
 ) -> TickPlan:
     """One tick's decisions (`defs/sensors.py: run_requests` makes them run requests).
 
@@ -437,6 +473,7 @@ def plan_tick(
     new_cursor = dict(cursor)
     told = dict(cursor.get(TOLD_NO_MODEL, {}))
     retries = dict(cursor.get(RETRIES, {}))
+    evaluated = dict(cursor.get(EVALUATED, {}))
     attempts: dict[str, int] = {}
     known = list(dict.fromkeys(known_partitions))
     known_set, on_disk = set(known), set(familiars)
@@ -448,6 +485,15 @@ def plan_tick(
         paths = FamiliarPaths.for_id(familiar_id, root)
         try:
             config = load_config(familiar_id, root=root)
+            interval = config.pipeline.sensor_interval_s
+            if tick_s is not None and interval < tick_s:
+                notes.append(below_tick_note(familiar_id, interval, tick_s))
+            if not cadence_due(evaluated.get(familiar_id), interval, now, tick_s):
+                continue  # not its time yet: looked at again at a later tick, its turn log unread
+            if every_tick(interval, tick_s):
+                evaluated.pop(familiar_id, None)  # nothing to remember (and the cursor stays as it was)
+            else:
+                evaluated[familiar_id] = now
             state = read_state(paths, config)
         except (ConfigError, OSError, ValueError) as exc:
             notes.append(f"{familiar_id}: skipped ({exc})")
@@ -487,7 +533,8 @@ def plan_tick(
             told[familiar_id] = config_fingerprint(config)
     told = {f: mark for f, mark in told.items() if f in on_disk}
     retries = {f: retry for f, retry in retries.items() if f in on_disk}
-    for key, value in ((TOLD_NO_MODEL, told), (RETRIES, retries)):
+    evaluated = {f: when for f, when in evaluated.items() if f in on_disk}
+    for key, value in ((TOLD_NO_MODEL, told), (RETRIES, retries), (EVALUATED, evaluated)):
         if value:
             new_cursor[key] = value
         else:
@@ -499,6 +546,12 @@ def plan_tick(
                 new_cursor[familiar_id] = cursor[familiar_id]
             else:
                 new_cursor.pop(familiar_id, None)
+        waiting = {f: when for f, when in evaluated.items() if f not in plan}  # whatever their cadence says
+        waiting.update({f: cursor[EVALUATED][f] for f in plan if f in cursor.get(EVALUATED, {})})
+        if waiting:
+            new_cursor[EVALUATED] = waiting
+        else:
+            new_cursor.pop(EVALUATED, None)
         notes.append(f"{len(plan)} due familiar(s) wait: a projection run is queued and not started yet")
         return TickPlan([], {}, new_partitions, new_cursor, notes)
     runs = split_lanes(blocks(list(plan), position, max_gap), lanes)

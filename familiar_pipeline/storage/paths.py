@@ -8,10 +8,12 @@ the package even when the data root is elsewhere.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_DEFAULT_DIR = REPO_ROOT / "data" / "familiars" / "_default"
@@ -31,6 +33,16 @@ def checked_name(value: object, pattern: re.Pattern[str], what: str, rule: str,
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise error(f"invalid {what} {value!r}: {rule}")
     return value
+
+
+def did_you_mean(name: str, options: Iterable[str], *, n: int = 3, cutoff: float = 0.6) -> str:
+    """`"; did you mean 'facts'?"` for the options close to a mistyped name, else "".
+
+    Every command that refuses an unknown name (a familiar, a projection) says it in the
+    same words, so a typo is one glance from its fix.
+    """
+    near = difflib.get_close_matches(name, list(options), n=n, cutoff=cutoff)
+    return f"; did you mean {' or '.join(repr(m) for m in near)}?" if near else ""
 
 
 def validate_familiar_id(familiar_id: str) -> str:

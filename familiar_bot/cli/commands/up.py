@@ -6,8 +6,10 @@ runs the bot: on Discord (a child process) when DISCORD_TOKEN is set, otherwise 
 console chat in the foreground of this terminal. Dagster's own output goes to a log
 file, so the console stays readable.
 
-The code location reads the served familiar's `[pipeline]` (FAMILIAR_ID is set for the
-children). `--demo` gives its demo familiar, and only it, the scripted offline model
+One `familiar up` per DAGSTER_HOME and data root: a second one is refused in one line
+naming the first (`--attach` runs only a console chat with it instead), and one that was
+killed is taken over (`take_instance`). FAMILIAR_ID is set for the children; the turn
+sensor reads every familiar's own `[pipeline]` cadence. `--demo` gives its demo familiar, and only it, the scripted offline model
 and small batches (`familiar_pipeline.config.demo`), through the environment of this
 process and its children only, and says so once.
 
@@ -68,6 +70,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(postgresql://user:password@host:port/db; default: $FAMILIAR_INSTANCE_URL, else SQLite "
                              "files in DAGSTER_HOME); its dagster.yaml is written to $DAGSTER_HOME, else dagster_home/postgres")
     parser.add_argument("--no-bot", action="store_true", help="run only Dagster (UI, sensors, runs)")
+    parser.add_argument("--attach", action="store_true",
+                        help="a `familiar up` already runs on this DAGSTER_HOME and data root: run only a console "
+                             "chat with it (its familiar unless --familiar is given); without this flag a second "
+                             "`familiar up` is refused, naming the running one")
     parser.add_argument("--as", dest="speaker", metavar="NAME",
                         help="console chat only: who you are (default: the name you gave on first "
                              "start, asked once per familiar)")
@@ -106,21 +112,94 @@ def say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Serve this DAGSTER_HOME and data root, unless a live `familiar up` already does (then refuse, or --attach)."""
+    from familiar_pipeline.storage.paths import data_root
+
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port must be 1-65535, got {args.port}", EXIT_CONFIG)
+    home, root = supervisor.dagster_home(), data_root()
+    if args.attach:
+        holder = webserver.running_instance(home, root)
+        if holder is None:
+            raise CliError(f"--attach: no familiar up runs on DAGSTER_HOME {home} or data root {root}; "
+                           "start one with `familiar up` (without --attach)")
+        return attach(args, holder)
+    instance_url = reachable_instance(args.instance)  # an unreachable instance is refused before anything is created
+    lock = take_instance(home, root, args)
+    try:
+        return serve(args, lock, instance_url)
+    finally:
+        lock.release()
+
+
+def take_instance(home: Path, root: Path, args: argparse.Namespace) -> webserver.InstanceLock:
+    """This process's hold on the DAGSTER_HOME and the data root; one line naming the live holder if taken.
+
+    A holder that is gone (killed: its `flock` went with it) is taken over, and whatever
+    of its `dagster dev` still runs on this DAGSTER_HOME is stopped first, so two daemons
+    never share one instance.
+    """
+    info = {"address": supervisor.local_address(args.host, args.port), "dagster_home": str(home),
+            "data_root": str(root), "familiar": args.familiar or os.environ.get("FAMILIAR_ID") or None}
+    private_dir(home)
+    private_dir(root)
+    try:
+        lock = webserver.InstanceLock.acquire(home, root, info)
+    except webserver.InstanceRunning as exc:
+        raise CliError(f"{exc} is already running; chat with it: `familiar up --attach`, or stop it first") from None
+    before = lock.previous
+    if before.get("pid") and before["pid"] != os.getpid():
+        left = supervisor.leftovers(before.get("children") or [], before.get("children_home") or home)
+        if left:
+            supervisor.stop_pids(left)
+        say(f"took over from familiar up pid {before['pid']}, which is gone"
+            + (f"; stopped {len(left)} process(es) it left running on this DAGSTER_HOME" if left else ""))
+        # Its marker names a dead launcher: this one is the owner now (a Postgres instance's home holds it).
+        webserver.remove_marker(before.get("children_home") or home, pid=int(before["pid"]))
+    return lock
+
+
+def attach(args: argparse.Namespace, holder: dict) -> int:
+    """Only a console chat, with the familiar the running `familiar up` serves (or --familiar).
+
+    The running instance's sensor projects what is said here, as it would its own chat. A
+    demo instance's familiar gets the demo's scripted reply model here too.
+    """
+    from familiar_bot.cli.commands import chat
+
+    running = webserver.describe_holder(holder, supervisor.dagster_home() / webserver.LOCK_NAME)
+    args.familiar = args.familiar or holder.get("familiar")
+    demo = holder.get("demo")
+    if args.demo and not demo:
+        raise CliError(f"--demo --attach: the running {running} is not a demo; attach without --demo, or stop it "
+                       "and start `familiar up --demo`")
+    if demo and (args.familiar or demo) == demo:
+        args.familiar = demo
+        enter_demo(args)
+    say(f"attached to {running}: a chat only; its daemon projects what is said here")
+    return chat.run(argparse.Namespace(familiar=args.familiar, speaker=args.speaker, channel=args.channel))
+
+
+def serve(args: argparse.Namespace, lock: webserver.InstanceLock, instance_url: str | None = None) -> int:
+    """Start the group and watch it until it stops; `lock` holds the DAGSTER_HOME and data root meanwhile.
+
+    `instance_url`: a reachable PostgreSQL instance (`--instance`), else None for SQLite in DAGSTER_HOME.
+    """
     from familiar_bot.cli.commands.chat import (check_channel, check_speaker, ensure_familiar, familiar_id_from,
                                                 refuse_scripted_models)
     from familiar_pipeline.config import load_config
 
-    if not 0 < args.port < 65536:
-        raise CliError(f"--port must be 1-65535, got {args.port}", EXIT_CONFIG)
     if args.demo:
         enter_demo(args)
+        lock.update(demo=args.familiar)
     familiar_id = familiar_id_from(args)
+    lock.update(familiar=familiar_id)
     channel = check_channel(args.channel)
     check_speaker(args.speaker)
     if supervisor.port_in_use(supervisor.local_host(args.host), args.port):
         raise CliError(f"port {args.port} is already in use (another `familiar up` or `dagster dev`?); "
                        "stop it or pick another with --port")
-    instance_env = postgres_instance(args.instance)  # an unreachable instance is refused before anything is created
+    instance_env = postgres_instance(instance_url)
     if ensure_familiar(familiar_id, create=args.demo):
         say(f"created familiar {familiar_id!r} from the defaults")
     config = load_config(familiar_id)  # fail on bad config before starting anything
@@ -129,8 +208,9 @@ def run(args: argparse.Namespace) -> int:
 
     extra = {"FAMILIAR_ID": familiar_id, **instance_env}
     private_tmp = Path(tempfile.mkdtemp(prefix="familiar-up-"))  # 0700: the children's sockets live here
-    # The code location reads the served familiar's [pipeline] (sensor cadence, flood guard).
+    # The code location reads every familiar's own [pipeline] (sensor cadence); FAMILIAR_ID names the served one.
     env = supervisor.child_env(extra, private_tmp=private_tmp)
+    lock.update(children_home=env["DAGSTER_HOME"])  # a Postgres instance's, under this one (--instance)
     private_dir(env["FAMILIAR_DATA_ROOT"])
     log_path = Path(env["DAGSTER_HOME"]) / "familiar-up.log"
     local = supervisor.local_address(args.host, args.port)  # where this machine reaches the UI
@@ -144,7 +224,10 @@ def run(args: argparse.Namespace) -> int:
     terminal = TerminalState.save()
     try:
         def start_dagster() -> supervisor.Child:
-            return supervisor.start_dagster_dev(args.host, args.port, env=env, log_path=log_path)
+            child = supervisor.start_dagster_dev(args.host, args.port, env=env, log_path=log_path)
+            # Named in the lock, so the next `familiar up` can stop it if this one is killed.
+            lock.update(children=[*lock.info.get("children", []), child.pgid][-8:])
+            return child
 
         children.append(start_dagster())
         address = supervisor.ui_address(args.host, args.port)
@@ -167,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
         if transport == "discord":
             argv = [sys.executable, "-m", "familiar_bot.cli.main", "bot", "--familiar", familiar_id]
             children.append(supervisor.start_child("discord bot", argv, env=env))
+            lock.update(children=[*lock.info.get("children", []), children[-1].pgid][-8:])
         elif transport == "console":
             console = start_console(familiar_id, config, args.speaker, channel, stop)
         watch(children, stop, supervisor.Restarter("dagster dev", start_dagster, f"{local}/server_info", say=say))
@@ -187,23 +271,37 @@ def run(args: argparse.Namespace) -> int:
             terminal.restore()
             sys.stdout.flush()
             sys.stderr.flush()
+            lock.release()  # its children are stopped: the next `familiar up` may start
             os._exit(stop.status)
 
 
-def postgres_instance(url_arg: str | None) -> dict[str, str]:
-    """With --instance (or $FAMILIAR_INSTANCE_URL): the children's environment for a Postgres instance; else {}.
+def reachable_instance(url_arg: str | None) -> str | None:
+    """--instance (or $FAMILIAR_INSTANCE_URL) once its database answers (one line if not); None: SQLite.
 
-    Checks the database answers first (one line if not), and writes the instance's
-    dagster.yaml (`familiar_pipeline.instance`: Postgres storage, the preloaded launcher).
+    Asked before the lock is taken, so a mistyped URL is refused touching nothing.
     """
-    from familiar_pipeline.instance import (INSTANCE_URL_ENV, POSTGRES_ENV, InstanceError, check_reachable,
-                                            instance_url_from, postgres_home, write_instance)
+    from familiar_pipeline.instance import InstanceError, check_reachable, instance_url_from
 
     url = instance_url_from(url_arg)
     if url is None:
+        return None
+    try:
+        return check_reachable(url)
+    except InstanceError as exc:
+        raise CliError(str(exc)) from None
+
+
+def postgres_instance(url: str | None) -> dict[str, str]:
+    """With a reachable Postgres URL: the children's environment for that instance; else {}.
+
+    Writes the instance's dagster.yaml (`familiar_pipeline.instance`: Postgres storage, the
+    preloaded launcher), once this `familiar up` holds the DAGSTER_HOME.
+    """
+    from familiar_pipeline.instance import INSTANCE_URL_ENV, POSTGRES_ENV, InstanceError, postgres_home, write_instance
+
+    if url is None:
         return {}
     try:
-        url = check_reachable(url)
         home = postgres_home(os.environ.get("DAGSTER_HOME"))
         private_dir(home)
         write_instance(home, shards=False)
