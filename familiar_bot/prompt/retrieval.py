@@ -75,7 +75,9 @@ from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
+from familiar_bot.prompt.genre import FAMILIAR, PEOPLE, Genre, is_familiars, scope_genre
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
+from familiar_bot.prompt.passages import cue_tokens, shown_part
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
 from familiar_bot.prompt.spread import asks_for_many, asks_for_order, spread_days
 from familiar_bot.prompt.substance import rerank_by_substance
@@ -537,6 +539,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     out_of_scope: set[int] = set()
     fetch = turn_fetch(memory, budget)
     signals = read_cue(cue, memory, ctx)
+    genre = turn_genre(memory, visible)
     id_ranges = _time_id_ranges(signals, memory) if signals is not None and _dense_turns_on(memory) else []
     kept: list = []
     ranked: list[dict] = []
@@ -558,7 +561,11 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fused = [f for f, k in zip(fused, keep) if k]
         if signals is not None and signals.active:
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
-        if retrieval.turn_substance_depth > 0:
+        # A person talking with the familiar: its own replies weigh less, and substance, learned
+        # among people, stays off (its length bonus lifted every long reply: prompt/genre.py).
+        if genre.familiar and retrieval.turn_familiar_weight < 1:
+            fused = _weigh_familiar(fused, rows_of, retrieval.turn_familiar_weight)
+        if retrieval.turn_substance_depth > 0 and not genre.familiar:
             fused = _with_substance(fused, rows_of, retrieval)
         # A question about how one thing stands now follows threads to the newest word; one asking
         # for an order or every time wants every statement, spread over days instead.
@@ -615,9 +622,12 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     # brings no one else's turns of that server)
     groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted
                        and turn_visible(rows[tid], visible)] for hit, ids in zip(kept, shown)]
+    if retrieval.turn_passage_chars > 0:  # a long turn is shown as its passage matching the cue
+        tokens = cue_tokens(cue)
+        groups = [[shown_part(t, tokens, retrieval.turn_passage_chars) for t in group] for group in groups]
     chosen = fit_by_rank(groups, token_budget)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "substance",
-                                "updates")
+                                "updates", "familiar")
               if k in f}
              for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
@@ -664,6 +674,34 @@ def _with_signals(fused: list[dict], signals: CueSignals, memory, rows_of: "_Tur
     fused = [f for f in fused if f["turn_id"] not in exclude]
     rows.update((t.id, t) for t in rows_of.get(f["turn_id"] for f in fused if f["turn_id"] not in rows))
     return add_signals(fused, rows, signals)
+
+
+def turn_genre(memory, visible: tuple[str, ...]) -> Genre:
+    """The genre the turns are ranked for: ``turn_genre`` when forced, else read from the scope
+    (:func:`~familiar_bot.prompt.genre.scope_genre`); a log that cannot be read ranks as people."""
+    forced = memory.config.memory.retrieval.turn_genre
+    if forced in (PEOPLE, FAMILIAR):
+        return Genre(forced)
+    try:
+        return scope_genre(memory, visible)
+    except Exception as exc:  # a reply must not fail because its genre could not be read
+        memory.warn_once("turn-genre", "reading the genre of the scope's talk failed (%s: %s); ranking as "
+                         "people talking", type(exc).__name__, exc)
+        return Genre(PEOPLE)
+
+
+def _weigh_familiar(fused: list[dict], rows_of: "_TurnRows", weight: float) -> list[dict]:
+    """``fused`` with the familiar's own replies' totals multiplied by ``weight``, re-sorted
+    (ties keep the order); each weighed candidate records ``familiar`` for ``/context``."""
+    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in fused)}
+    out = []
+    for f in fused:
+        turn = rows.get(f["turn_id"])
+        if turn is not None and is_familiars(turn):
+            f = {**f, "total": f["total"] * weight, "familiar": weight}
+        out.append(f)
+    order = {id(f): n for n, f in enumerate(out)}
+    return sorted(out, key=lambda f: (-f["total"], order[id(f)]))
 
 
 def _with_substance(fused: list[dict], rows_of: "_TurnRows", knobs) -> list[dict]:
@@ -818,6 +856,7 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
                                        token_budget=max(0, budget.rag_tokens - fact_tokens),
                                        first_hits=first_hits, scope_counts=scope_counts)
     debug["scope_excluded_turns"] = scope_counts.get("turns", 0)
+    debug["turn_genre"] = turn_genre(memory, visible).debug()
     debug["scope_excluded"] = debug["scope_excluded_facts"] + debug["scope_excluded_turns"]
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)

@@ -1,0 +1,65 @@
+"""Issue 48: the genre of a scope's talk, and long turns shown as their passage matching the cue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from familiar_bot.prompt import genre, passages
+
+
+@dataclass(frozen=True)
+class Row:
+    role: str
+    content: str
+    id: int = 0
+    deleted: bool = False
+
+
+def test_people_talking_is_the_people_genre():
+    rows = [Row("user", "I went kayaking near Porto last week")] * 20
+    assert genre.read_genre(rows).name == genre.PEOPLE
+    assert genre.read_genre([]).name == genre.PEOPLE
+
+
+def test_a_person_with_a_familiar_whose_replies_are_long_is_the_familiar_genre():
+    rows = [Row("user", "How do I repot a fern?"), Row("assistant", "Here is how to repot a fern. " * 30)] * 10
+    read = genre.read_genre(rows)
+    assert read.name == genre.FAMILIAR and read.familiar_share == 0.5 and read.turns == 20
+    assert read.debug()["genre"] == "familiar"
+
+
+def test_a_familiar_answering_in_a_line_now_and_then_stays_people():
+    short = [Row("user", "Anyone up for climbing on Sunday?")] * 10 + [Row("assistant", "Count me in!")] * 10
+    assert genre.read_genre(short).name == genre.PEOPLE
+    rare = [Row("user", "We moved the demo to Friday")] * 30 + [Row("assistant", "Noted. " * 100)] * 3
+    assert genre.read_genre(rare).name == genre.PEOPLE  # a tenth of the turns
+    deleted = [Row("user", "hi")] * 4 + [Row("assistant", "x" * 900, deleted=True)] * 10
+    assert genre.read_genre(deleted).name == genre.PEOPLE
+
+
+def test_split_passages_cuts_at_paragraphs_then_lines_then_sentences():
+    text = "\n\n".join(f"Paragraph {i}. " + "word " * 50 for i in range(6))
+    parts = passages.split_passages(text, 400)
+    assert len(parts) >= 3 and all(len(p) <= 400 for p in parts)
+    assert all(p.startswith("Paragraph") for p in parts)
+    one_line = " ".join(f"Sentence number {i} is here." for i in range(80))
+    parts = passages.split_passages(one_line, 300)
+    assert all(len(p) <= 300 and p.endswith(".") for p in parts)
+    assert passages.split_passages("short", 300) == ["short"]
+    assert all(len(p) <= 50 for p in passages.split_passages("x" * 10 + " " + "y" * 40 + " z" * 30, 50))
+
+
+def test_a_long_turn_is_shown_as_the_passage_that_matches_the_cue():
+    text = ("Here are some ideas for your trip.\n\n" + "Museums are lovely in spring. " * 12 + "\n\n"
+            + "For food, try the bacalhau at Cervejaria Ramiro in Lisbon. " * 6 + "\n\n" + "Trains run often. " * 20)
+    shown, at, count = passages.passage_of(text, passages.cue_tokens("Which restaurant in Lisbon for bacalhau?"), 400)
+    assert count > 2 and "Ramiro" in shown and shown.startswith(passages.ELLIPSIS) and len(shown) < 500
+    # no cue word anywhere: the opening
+    shown, at, _ = passages.passage_of(text, passages.cue_tokens("xylophone"), 400)
+    assert at == 0 and shown.startswith("Here are some ideas")
+    # short turns are shown whole, and size 0 turns the cut off
+    assert passages.passage_of("a short turn", frozenset(), 400) == ("a short turn", 0, 1)
+    assert passages.passage_of(text, frozenset(), 0) == (text, 0, 1)
+    row = Row("assistant", text, id=7)
+    part = passages.shown_part(row, passages.cue_tokens("bacalhau"), 400)
+    assert part.id == 7 and "bacalhau" in part.content and row.content == text
