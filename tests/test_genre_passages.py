@@ -37,11 +37,12 @@ def test_a_familiar_answering_in_a_line_now_and_then_stays_people():
     assert genre.read_genre(deleted).name == genre.PEOPLE
 
 
-def test_split_passages_cuts_at_paragraphs_then_lines_then_sentences():
-    text = "\n\n".join(f"Paragraph {i}. " + "word " * 50 for i in range(6))
+def test_split_passages_cuts_at_line_and_sentence_ends_and_loses_no_word():
+    text = "\n\n".join(f"Paragraph {i}. " + "word " * 50 + "end." for i in range(6))
     parts = passages.split_passages(text, 400)
     assert len(parts) >= 3 and all(len(p) <= 400 for p in parts)
-    assert all(p.startswith("Paragraph") for p in parts)
+    assert " ".join(parts).split() == text.split()
+    assert all(p.endswith(".") for p in parts)  # never inside a sentence that fits
     one_line = " ".join(f"Sentence number {i} is here." for i in range(80))
     parts = passages.split_passages(one_line, 300)
     assert all(len(p) <= 300 and p.endswith(".") for p in parts)

@@ -47,6 +47,7 @@ import shutil
 import statistics
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -147,6 +148,7 @@ class Question:
     answer: str = ""  # the gold answer (scored only by the answer harness)
     index: int = 0  # position in the conversation's qa list
     question_type: str = ""  # the file's own type when it has one (LongMemEval's), reported apart
+    asked_at: datetime | None = None  # when it was asked, when the file says (``question_date``); None: now
 
 
 @dataclass
@@ -359,6 +361,21 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
                                 questions_skipped=questions_skipped, timings=timings, extraction=extraction)
 
 
+def parse_question_date(value: Any) -> datetime | None:
+    """LongMemEval's ``question_date`` ("2023/05/30 (Tue) 15:40") as an aware UTC datetime; None when
+    absent or unreadable. A question is asked at that moment, so "a week ago" and "last month" in it
+    mean what they meant to the asker (LoCoMo has no such date: its questions are asked now)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    cleaned = re.sub(r"\s*\([A-Za-z]{3}\)\s*", " ", value.strip())
+    for fmt in ("%Y/%m/%d %H:%M", "%Y-%m-%d %H:%M", "%Y/%m/%d", "%Y-%m-%d"):
+        try:
+            return datetime.strptime(cleaned, fmt).replace(tzinfo=timezone.utc)
+        except ValueError:
+            continue
+    return None
+
+
 def questions_of(sample: dict, sample_id: str, turn_of: Mapping[str, int]) -> tuple[list[Question], int, int]:
     """The scored questions of ``sample`` (categories 1-4 with evidence among ``turn_of``), and how many
     evidence pieces and questions were skipped as unusable."""
@@ -375,7 +392,8 @@ def questions_of(sample: dict, sample_id: str, turn_of: Mapping[str, int]) -> tu
             continue
         questions.append(Question(sample_id, category, str(qa["question"]), known,
                                   answer=str(qa.get("answer", "")), index=position,
-                                  question_type=str(qa.get("question_type") or "")))
+                                  question_type=str(qa.get("question_type") or ""),
+                                  asked_at=parse_question_date(qa.get("question_date"))))
     return questions, evidence_skipped, questions_skipped
 
 
@@ -507,7 +525,7 @@ def evaluate(prepared: list[PreparedConversation], *, retrieval=None, text_budge
             warm = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", "warm up")
             retrieve(warm, memory, frozenset())  # the first call loads the model; keep it out of the latency
             for q in conv.questions:
-                ctx = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", q.text)
+                ctx = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", q.text, now=q.asked_at)
                 asked = ask(ctx, memory, {conv.turn_of[d] for d in q.evidence}, {session_of(d) for d in q.evidence},
                             conv.session_of_turn, fact_sources, deep)
                 records.append({"conversation": conv.sample_id, "question": q.index, "category": q.category,

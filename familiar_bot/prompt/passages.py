@@ -5,7 +5,7 @@ shown whole, three or four of them fill the ~2,400-token section and the rest of
 evidence is cut (rendered recall on person-assistant histories fell to 28.8: issue 48). A
 turn longer than ``turn_passage_chars`` is cut into passages of about that length, at
 paragraph, line or sentence ends, and only the passage sharing the most of the cue's
-analyzer tokens (the first on a tie: a reply's opening usually says what it is about) is
+words (the first on a tie: a reply's opening usually says what it is about) is
 shown, marked with "..." where text was left out, under the turn's own time and speaker.
 
 Plain functions over strings and turn rows; ``retrieval.retrieve_turns`` calls
@@ -16,78 +16,87 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterable
-
-from familiar_pipeline.storage.fts import analyze
+from bisect import bisect_right
+from typing import Any
 
 ELLIPSIS = "…"
 MAX_CHARS = 60_000  # a pasted book is cut into passages up to here only (the rest is never shown)
-_BREAKS = (re.compile(r"\n\s*\n"), re.compile(r"\n"), re.compile(r"(?<=[.!?])\s+"))
+# Where a passage may end: a line end or a sentence end; then between words.
+_BOUNDARY = re.compile(r"\n|[.!?:;](?=\s)")
+_WORD = re.compile(r"[a-z0-9]+")
+STOPWORDS = frozenset("""a about an and any are as at be been but by can could did do does for from had has have how i if
+in into is it its me my not of on or our so than that the their them then there these they this to was we were
+what when where which who why will with would you your""".split())
+
+
+def passage_spans(text: str, size: int) -> list[tuple[int, int]]:
+    """``(start, end)`` offsets of ``text`` cut into passages of at most about ``size`` characters,
+    at paragraph, line or sentence ends (between words only inside a sentence longer than
+    ``size``). Offsets, not copies: one regex pass over a turn every reply may show."""
+    text = text[:MAX_CHARS]
+    if size <= 0 or len(text) <= size:
+        return [(0, len(text))] if text.strip() else []
+    cuts = [m.end() for m in _BOUNDARY.finditer(text)] + [len(text)]
+    spans: list[tuple[int, int]] = []
+    at = 0
+    for cut in cuts:
+        while cut - at > size:  # one sentence longer than a passage: cut between words
+            space = text.rfind(" ", at + 1, at + size)
+            end = space if space > at else at + size
+            spans.append((at, end))
+            at = end
+        if cut > at:
+            spans.append((at, cut))
+        at = cut
+    packed: list[tuple[int, int]] = []
+    for a, b in spans:
+        if packed and b - packed[-1][0] <= size:
+            packed[-1] = (packed[-1][0], b)
+        else:
+            packed.append((a, b))
+    return [(a, b) for a, b in packed if text[a:b].strip()]
 
 
 def split_passages(text: str, size: int) -> list[str]:
-    """``text`` cut into passages of at most about ``size`` characters (never a word cut in two
-    unless a single word is longer), at the coarsest boundary that makes them fit."""
-    text = text[:MAX_CHARS].strip()
-    if size <= 0 or len(text) <= size:
-        return [text] if text else []
-    return [p for p in _pack(_pieces(text, size, 0), size) if p]
+    """The passages of :func:`passage_spans` as text (stripped)."""
+    return [text[a:b].strip() for a, b in passage_spans(text, size)]
 
 
-def _pieces(text: str, size: int, level: int) -> list[str]:
-    """Pieces no longer than ``size``: split at paragraphs, then lines, then sentences, then words."""
-    if len(text) <= size:
-        return [text]
-    if level >= len(_BREAKS):
-        words, out, line = text.split(" "), [], ""
-        for word in words:
-            if line and len(line) + 1 + len(word) > size:
-                out.append(line)
-                line = word
-            else:
-                line = f"{line} {word}" if line else word
-        return out + ([line] if line else [])
-    parts = [p for p in _BREAKS[level].split(text) if p.strip()]
-    if len(parts) <= 1:
-        return _pieces(text, size, level + 1)
-    return [piece for p in parts for piece in _pieces(p.strip(), size, level + 1)]
+def words(text: str) -> frozenset[str]:
+    """Lowercased content words cut to their first six letters (a crude stem: "recommended" and
+    "recommend" meet)."""
+    return frozenset(w[:6] for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in STOPWORDS)
 
 
-def _pack(pieces: Iterable[str], size: int) -> list[str]:
-    """Neighbouring pieces joined (by a line break) while the passage stays within ``size``."""
-    out: list[str] = []
-    for piece in pieces:
-        if out and len(out[-1]) + 1 + len(piece) <= size:
-            out[-1] = f"{out[-1]}\n{piece}"
-        else:
-            out.append(piece)
-    return out
-
-
-def best_passage(passages: list[str], cue_tokens: frozenset[str]) -> int:
-    """Index of the passage holding the most distinct cue tokens (the first on a tie)."""
-    best, best_score = 0, -1
-    for i, passage in enumerate(passages):
-        score = len(cue_tokens.intersection(analyze(passage))) if cue_tokens else 0
-        if score > best_score:
-            best, best_score = i, score
-    return best
+def best_passage(text: str, spans: list[tuple[int, int]], cue_tokens: frozenset[str]) -> int:
+    """Index of the span of ``text`` holding the most distinct cue words (the first on a tie):
+    one regex search for the cue's stems over the whole text, each match counted in its span."""
+    if not cue_tokens or len(spans) <= 1:
+        return 0
+    pattern = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, cue_tokens), key=len, reverse=True)) + ")",
+                         re.IGNORECASE)
+    starts = [a for a, _ in spans]
+    found: list[set[str]] = [set() for _ in spans]
+    for match in pattern.finditer(text, 0, spans[-1][1]):
+        found[bisect_right(starts, match.start()) - 1].add(match.group(0).lower())
+    scores = [len(f) for f in found]
+    return scores.index(max(scores))
 
 
 def passage_of(text: str, cue_tokens: frozenset[str], size: int) -> tuple[str, int, int]:
     """``(shown text, passage index, passage count)``: ``text`` itself when it is short enough."""
     if size <= 0 or len(text) <= size * 1.5:  # half a passage more is cheaper whole than cut
         return text, 0, 1
-    passages = split_passages(text, size)
-    if len(passages) <= 1:
+    spans = passage_spans(text, size)
+    if len(spans) <= 1:
         return text, 0, 1
-    at = best_passage(passages, cue_tokens)
-    shown = passages[at]
+    at = best_passage(text, spans, cue_tokens)
+    shown = text[spans[at][0]:spans[at][1]].strip()
     if at > 0:
         shown = f"{ELLIPSIS} {shown}"
-    if at < len(passages) - 1:
+    if at < len(spans) - 1:
         shown = f"{shown} {ELLIPSIS}"
-    return shown, at, len(passages)
+    return shown, at, len(spans)
 
 
 def shown_part(turn: Any, cue_tokens: frozenset[str], size: int) -> Any:
@@ -99,5 +108,5 @@ def shown_part(turn: Any, cue_tokens: frozenset[str], size: int) -> Any:
 
 
 def cue_tokens(cue: str) -> frozenset[str]:
-    """The cue's analyzer tokens (what a passage is matched by)."""
-    return frozenset(analyze(cue[:4000]))
+    """The cue's words as :func:`words` reads them (what a passage is matched by)."""
+    return words(cue[:4000])

@@ -622,10 +622,11 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     # brings no one else's turns of that server)
     groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted
                        and turn_visible(rows[tid], visible)] for hit, ids in zip(kept, shown)]
+    shown_as = None
     if retrieval.turn_passage_chars > 0:  # a long turn is shown as its passage matching the cue
-        tokens = cue_tokens(cue)
-        groups = [[shown_part(t, tokens, retrieval.turn_passage_chars) for t in group] for group in groups]
-    chosen = fit_by_rank(groups, token_budget)
+        tokens, size = cue_tokens(cue), retrieval.turn_passage_chars
+        shown_as = lambda t: shown_part(t, tokens, size)  # noqa: E731
+    chosen = fit_by_rank(groups, token_budget, shown_as)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "substance",
                                 "updates", "familiar")
               if k in f}
@@ -739,19 +740,24 @@ def _spread(fused: list[dict], rows_of: "_TurnRows", tz, knobs, depth: int) -> l
 GROUP_SLACK_TOKENS = 8  # a date header and a blank line a hit's group may add
 
 
-def fit_by_rank(groups: list[list], token_budget: int | None) -> dict[int, Any]:
+def fit_by_rank(groups: list[list], token_budget: int | None,
+                shown_as: Callable[[Any], Any] | None = None) -> dict[int, Any]:
     """``{id: turn}`` of the hit groups (a hit and its neighbours, best hit first) that fit the budget.
 
     The section is shown in time order and cut at the token budget, so without
     this step the cut fell on the *latest* turns, whatever their rank: on
     LoCoMo, 24 hits with neighbours lost 6 points of rendered recall to it
     (docs/benchmarks.md). Whole groups are taken in rank order while their
-    estimated lines fit; the first group always comes (the renderer truncates it).
+    estimated lines fit; the first group always comes (the renderer truncates it). ``shown_as``
+    turns a row into what the section shows of it (a long turn's passage: :mod:`passages`), applied
+    only to the groups reached, so a turn that cannot fit costs nothing.
     """
     chosen: dict[int, Any] = {}
     used = 0
     for group in groups:
         new = [t for t in group if t.id not in chosen]
+        if shown_as is not None:
+            new = [shown_as(t) for t in new]
         if token_budget is not None:
             cost = sum(estimate_tokens(f"> [12:00 pm {getattr(t, 'author_display', None) or ''}]: {t.content}")
                        for t in new)
