@@ -64,3 +64,14 @@ def test_a_long_turn_is_shown_as_the_passage_that_matches_the_cue():
     row = Row("assistant", text, id=7)
     part = passages.shown_part(row, passages.cue_tokens("bacalhau"), 400)
     assert part.id == 7 and "bacalhau" in part.content and row.content == text
+
+
+def test_advice_cues_and_the_persons_taste():
+    assert genre.asks_advice("Can you suggest a hotel for my upcoming trip to Miami?")
+    assert genre.asks_advice("I'm trying to decide whether to buy a NAS device now or wait. What do you think?")
+    assert not genre.asks_advice("Where did I complete my Bachelor's degree?")
+    assert genre.tells_taste("Besides great views, I also like hotels with unique features, such as a rooftop pool")
+    assert genre.tells_taste("I'm particularly interested in the history podcasts.")
+    assert genre.tells_taste("I've been listening to a lot of true crime")
+    assert not genre.tells_taste("What is the capital of Portugal?")
+    assert not genre.tells_taste("x" * 2000 + " I love jazz")  # past the head that is read

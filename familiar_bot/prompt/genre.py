@@ -17,6 +17,7 @@ and then reads like people talking). ``retrieval`` asks :func:`scope_genre` once
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -84,3 +85,30 @@ def scope_genre(memory: Any, visible: tuple[str, ...]) -> Genre:
         return read_genre(memory.turn_log.turns_by_ids(newest)) if newest else Genre(PEOPLE)
 
     return memory.memo(("turn-genre", visible, bucket), compute)
+
+
+# A cue asking the familiar for advice ("can you suggest a hotel?", "any tips?", "what do you think?",
+# "should I buy it now?", "could there be a reason?"): what fits is what the person said they like.
+_ASKS_ADVICE = re.compile(
+    r"\b(?:suggest\w*|recommend\w*|ideas?|advice|advise|tips?|what do you think|what would you"
+    r"|should i|could there be|any (?:good |other )?(?:options|ideas|thoughts)|help me (?:choose|decide|pick|find))\b",
+    re.IGNORECASE)
+# The person telling their own taste, habits or situation ("I like hotels with a rooftop pool",
+# "I prefer winding down by 9:30", "I'm particularly interested in history podcasts", "I've been
+# listening to true crime", "my commute is 40 minutes").
+_TASTE = re.compile(
+    r"\bI(?:'m| am)?(?: \w+ly| also| still)? (?:like|love|enjoy|prefer|adore|hate|dislike|avoid|interested in|into"
+    r"|a (?:big )?fan of|looking for|want to|tend to|usually|always|never)\b"
+    r"|\bI(?:'ve| have) been (?:\w+ing)\b|\bmy (?:favou?rite|go-to|usual)\b|\bI (?:already|recently) \w+",
+    re.IGNORECASE)
+TASTE_CHARS = 1500  # a person's taste is said early in a turn; a long paste is not searched whole
+
+
+def asks_advice(cue: str) -> bool:
+    """Whether the cue asks the familiar for a suggestion or an opinion (its head only)."""
+    return bool(_ASKS_ADVICE.search((cue or "")[:2000]))
+
+
+def tells_taste(text: str) -> bool:
+    """Whether a person's turn says what they like, prefer, do or have (its head only)."""
+    return bool(_TASTE.search((text or "")[:TASTE_CHARS]))

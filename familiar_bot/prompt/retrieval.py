@@ -75,7 +75,7 @@ from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
-from familiar_bot.prompt.genre import FAMILIAR, PEOPLE, Genre, is_familiars, scope_genre
+from familiar_bot.prompt.genre import FAMILIAR, PEOPLE, Genre, asks_advice, is_familiars, scope_genre, tells_taste
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.passages import cue_tokens, shown_part
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
@@ -565,6 +565,8 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         # among people, stays off (its length bonus lifted every long reply: prompt/genre.py).
         if genre.familiar and retrieval.turn_familiar_weight < 1:
             fused = _weigh_familiar(fused, rows_of, retrieval.turn_familiar_weight)
+        if genre.familiar and retrieval.turn_taste_weight > 0 and asks_advice(cue):
+            fused = _with_taste(fused, rows_of, retrieval.turn_taste_weight, TASTE_DEPTH * limit)
         if retrieval.turn_substance_depth > 0 and not genre.familiar:
             fused = _with_substance(fused, rows_of, retrieval)
         # A question about how one thing stands now follows threads to the newest word; one asking
@@ -628,7 +630,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         shown_as = lambda t: shown_part(t, tokens, size)  # noqa: E731
     chosen = fit_by_rank(groups, token_budget, shown_as)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "substance",
-                                "updates", "familiar")
+                                "updates", "familiar", "taste")
               if k in f}
              for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
@@ -703,6 +705,23 @@ def _weigh_familiar(fused: list[dict], rows_of: "_TurnRows", weight: float) -> l
         out.append(f)
     order = {id(f): n for n, f in enumerate(out)}
     return sorted(out, key=lambda f: (-f["total"], order[id(f)]))
+
+
+TASTE_DEPTH = 3  # candidates (x the section's hit limit) read for the person's taste
+
+
+def _with_taste(fused: list[dict], rows_of: "_TurnRows", weight: float, depth: int) -> list[dict]:
+    """A cue asking the familiar's advice: the person's turns among the best ``depth`` candidates that
+    tell their taste or situation (:func:`~familiar_bot.prompt.genre.tells_taste`) gain ``weight``."""
+    head, tail = [dict(f) for f in fused[:depth]], fused[depth:]
+    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in head)}
+    for f in head:
+        turn = rows.get(f["turn_id"])
+        if turn is not None and not is_familiars(turn) and tells_taste(turn.content or ""):
+            f["total"] += weight
+            f["taste"] = weight
+    order = sorted(range(len(head)), key=lambda i: (-head[i]["total"], i))
+    return [head[i] for i in order] + tail
 
 
 def _with_substance(fused: list[dict], rows_of: "_TurnRows", knobs) -> list[dict]:

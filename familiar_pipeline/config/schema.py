@@ -240,6 +240,10 @@ class RetrievalConfig:
     # substance's re-order, learned among people, is off (it lifted every long reply).
     turn_genre: str = knob("auto", choices=("auto", "people", "familiar"))
     turn_familiar_weight: float = knob(0.75, minimum=0.0, maximum=1.0)
+    # In the familiar genre, a message asking its advice ("can you suggest...", "what do you
+    # think?") favours the person's turns that tell their taste or situation ("I prefer...",
+    # "I'm interested in...") by this share of a perfect text match (0 = off).
+    turn_taste_weight: float = knob(0.3, minimum=0.0)
     # A shown turn longer than this many characters is shown as its passage that best matches
     # the cue (about this long, cut at line or sentence ends), with its time and speaker, not
     # whole: a long reply no longer fills the section (0 = always whole).
