@@ -75,3 +75,45 @@ def test_advice_cues_and_the_persons_taste():
     assert genre.tells_taste("I've been listening to a lot of true crime")
     assert not genre.tells_taste("What is the capital of Portugal?")
     assert not genre.tells_taste("x" * 2000 + " I love jazz")  # past the head that is read
+
+
+# ----------------------------------------------------------------------------- through retrieval
+
+
+def test_a_dm_with_long_replies_ranks_as_the_familiar_genre_and_shows_passages(tmp_path):
+    """Through the real assembler (turn log, tantivy): a DM of a person and the familiar's long replies is
+    read as the familiar genre (shown in the debug), the familiar's replies weigh less than the person's
+    words, and a long reply shows only its passage matching the cue, under its own time."""
+    from tests.test_assembly import World, ctx, section
+
+    world = World(tmp_path)
+    try:
+        filler = "Here is a general overview of many unrelated things you might want to consider. " * 8
+        for i in range(6):
+            world.say(f"Tell me something about topic {i}?")
+            world.say(filler + f"Topic {i} is interesting.", who=None, role="assistant")
+        world.say("I adopted a rescue greyhound named Biscuit last spring.")
+        reply = world.say(filler + "\n\nFor a greyhound like Biscuit, a padded martingale collar is kind. " + filler,
+                          who=None, role="assistant")
+        for i in range(4):
+            world.say(f"More about subject {i}?")
+            world.say(filler + f"Subject {i} done.", who=None, role="assistant")
+        world.index()
+        small = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "2"}  # the history shows none of it
+        prompt = world.assembler(small).assemble(ctx("What collar suits my greyhound Biscuit?"))
+        debug = prompt.debug["rag"]
+        assert debug["turn_genre"]["genre"] == "familiar" and debug["turn_genre"]["familiar_share"] == 0.5
+        text = section(prompt, "rag_context").text
+        assert "martingale collar" in text and reply.id in debug["shown_turn_ids"]
+        assert "…" in text and "For a greyhound like Biscuit" in text  # the long reply is shown in part
+        assert "consider.\n>\n> For a greyhound" not in text
+        weighed = [t for t in debug["turns"] if t["turn_id"] == reply.id][0]
+        assert weighed["familiar"] == 0.75
+        people = world.assembler({**small, "FAMILIAR__MEMORY__RETRIEVAL__TURN_GENRE": '"people"',
+                                  "FAMILIAR__MEMORY__RETRIEVAL__TURN_PASSAGE_CHARS": "0"}).assemble(
+            ctx("What collar suits my greyhound Biscuit?"))
+        assert people.debug["rag"]["turn_genre"]["genre"] == "people"
+        assert "familiar" not in [t for t in people.debug["rag"]["turns"] if t["turn_id"] == reply.id][0]
+        assert "consider.\n>\n> For a greyhound" in section(people, "rag_context").text  # shown whole
+    finally:
+        world.close()
