@@ -107,6 +107,9 @@ def test_a_dm_with_long_replies_ranks_as_the_familiar_genre_and_shows_passages(t
         assert "martingale collar" in text and reply.id in debug["shown_turn_ids"]
         assert "…" in text and "For a greyhound like Biscuit" in text  # the long reply is shown in part
         assert "consider.\n>\n> For a greyhound" not in text
+        from familiar_bot.prompt.assembly import render_sections
+
+        assert "turn genre: familiar (the familiar's replies 50% of the newest" in render_sections(prompt)
         weighed = [t for t in debug["turns"] if t["turn_id"] == reply.id][0]
         assert weighed["familiar"] == 0.75
         people = world.assembler({**small, "FAMILIAR__MEMORY__RETRIEVAL__TURN_GENRE": '"people"',
