@@ -120,3 +120,11 @@ def test_a_dm_with_long_replies_ranks_as_the_familiar_genre_and_shows_passages(t
         assert "…" not in section(people, "rag_context").text  # every turn shown whole
     finally:
         world.close()
+
+
+def test_a_cue_asking_what_the_familiar_said():
+    assert genre.asks_its_words("I'm looking back at our previous conversation about building a cocktail bar. "
+                                "You recommended five bottles, which were they?")
+    assert genre.asks_its_words("you mentioned some resources for music theory, remind me?")
+    assert not genre.asks_its_words("Can you suggest a hotel for my trip? What do you think?")
+    assert not genre.asks_its_words("What did I say about my sister?")

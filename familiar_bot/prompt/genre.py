@@ -112,3 +112,18 @@ def asks_advice(cue: str) -> bool:
 def tells_taste(text: str) -> bool:
     """Whether a person's turn says what they like, prefer, do or have (its head only)."""
     return bool(_TASTE.search((text or "")[:TASTE_CHARS]))
+
+
+# A cue asking what the familiar itself said ("you mentioned some resources...", "you recommended
+# five bottles", "remind me what you told me", "in our previous conversation"): its own reply is
+# the evidence, so it keeps its full weight.
+_ASKS_ITS_WORDS = re.compile(
+    r"\byou (?:\w+ )?(?:said|mentioned|recommended|suggested|told|gave|listed|provided|explained|described"
+    r"|shared|wrote|named|pointed out)\b|\bour (?:previous|last|earlier) (?:conversation|chat|discussion)\b"
+    r"|\byour (?:suggestion|recommendation|answer|advice|list)s?\b",
+    re.IGNORECASE)
+
+
+def asks_its_words(cue: str) -> bool:
+    """Whether the cue asks what the familiar itself said before (its head only)."""
+    return bool(_ASKS_ITS_WORDS.search((cue or "")[:2000]))

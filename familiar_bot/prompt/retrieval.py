@@ -75,7 +75,8 @@ from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
-from familiar_bot.prompt.genre import FAMILIAR, PEOPLE, Genre, asks_advice, is_familiars, scope_genre, tells_taste
+from familiar_bot.prompt.genre import (FAMILIAR, PEOPLE, Genre, asks_advice, asks_its_words, is_familiars,
+                                      scope_genre, tells_taste)
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
 from familiar_bot.prompt.passages import cue_tokens, shown_part
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
@@ -561,9 +562,10 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fused = [f for f, k in zip(fused, keep) if k]
         if signals is not None and signals.active:
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
-        # A person talking with the familiar: its own replies weigh less, and substance, learned
-        # among people, stays off (its length bonus lifted every long reply: prompt/genre.py).
-        if genre.familiar and retrieval.turn_familiar_weight < 1:
+        # A person talking with the familiar: its own replies weigh less (unless the cue asks what it
+        # said), and substance, learned among people, stays off (its length bonus lifted every long
+        # reply: prompt/genre.py).
+        if genre.familiar and retrieval.turn_familiar_weight < 1 and not asks_its_words(cue):
             fused = _weigh_familiar(fused, rows_of, retrieval.turn_familiar_weight)
         if genre.familiar and retrieval.turn_taste_weight > 0 and asks_advice(cue):
             fused = _with_taste(fused, rows_of, retrieval.turn_taste_weight, TASTE_DEPTH * limit)
