@@ -8,7 +8,7 @@ the speaker is whoever spoke last, as in the eval. It prints, per conversation, 
 section's tokens, then the mean and max over every question's prompt and, as a harder bound, over every
 (conversation, speaker) pair; the last line is JSON. The data file is read where it lies, never copied.
 
-    uv run python benchmarks/wishes.py --data /work/shared/data/locomo-dev.json [--show]
+    uv run python benchmarks/wishes.py --data locomo-dev.json [--show]
 """
 
 from __future__ import annotations
