@@ -33,7 +33,9 @@ names (their turns count, turns addressed to them do not), when (turns said in a
 window the cue names; those turns also join the candidates by cosine), and the
 reply after a matching question; the best candidates are then re-ordered by their
 substance (:mod:`familiar_bot.prompt.substance`: a short pleasantry or a question
-gives way to a turn with content). The ranked turns
+gives way to a turn with content), unless the scope reads as a person talking with the
+familiar (:mod:`familiar_bot.prompt.genre`: its long replies then weigh less, substance is off,
+and a request for advice favours the person's own taste). The ranked turns
 are then filtered: minus the turns ``recent_history`` already shows
 (the ids actually in that window, not id arithmetic: ids are global across
 channels) and minus deleted turns; only turns said in the reply's visible scopes
@@ -45,7 +47,8 @@ turns never crowd a small scope out. Facts are filtered the same way by their
 ``turn_neighbour_hits`` hits brings its ``turn_neighbours`` nearest neighbours
 before and after in the same channel (the rest come alone);
 hits join in rank order while they and their neighbours fit the section's
-token budget, and the lot is grouped by date in ``display_tz``. The debug
+token budget (a long turn as its passage that best matches the cue:
+:mod:`familiar_bot.prompt.passages`), and the lot is grouped by date in ``display_tz``. The debug
 structure records which facts and turns survived the token cut
 (``shown_fact_ids``, ``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
 
