@@ -386,3 +386,49 @@ def test_ablation_measures_each_change_against_the_ranking_before_it(tmp_path, c
     assert before["gain"]["any@10"] == {"gain": 0.0, "low": 0.0, "high": 0.0}
     assert "| shipped defaults |" in (out / "ablation.md").read_text()
     assert "paired bootstrap" in capsys.readouterr().out
+
+
+def dm_fixture() -> list[dict]:
+    """A person talking with an assistant (LongMemEval's genre), with a ``question_type`` per question."""
+    turns = [("User", "I just adopted a rescue cat called Miso"),
+             ("Assistant", "Congratulations! Here are some tips for a rescue cat's first weeks: a quiet room, "
+                           "a litter box away from food, and patience."),
+             ("User", "Which litter do you recommend?"),
+             ("Assistant", "An unscented clumping clay litter is a safe start for most cats.")]
+    session = [{"speaker": s, "dia_id": f"D1:{i + 1}", "text": t} for i, (s, t) in enumerate(turns)]
+    return [{"sample_id": "dm-1",
+             "conversation": {"speaker_a": "User", "speaker_b": "Assistant",
+                              "session_1_date_time": "1:56 pm on 8 May, 2023", "session_1": session},
+             "qa": [{"question": "What is my cat called?", "answer": "Miso", "evidence": ["D1:1"], "category": 4,
+                     "question_type": "single-session-user"},
+                    {"question": "Which litter did you recommend?", "answer": "clumping clay", "evidence": ["D1:4"],
+                     "category": 4, "question_type": "single-session-assistant"}]}]
+
+
+def test_familiar_speaker_imports_its_turns_as_the_familiars_replies(tmp_path, capsys):
+    """--familiar-speaker writes that speaker's turns as the responder writes a DM reply (role assistant,
+    the ego key, the reply to the person's turn before it); without it both speakers stay people."""
+    from familiar_pipeline.storage.identity import ego_key
+    from familiar_pipeline.storage.turns import TurnLog
+
+    data = tmp_path / "dm.json"
+    data.write_text(json.dumps(dm_fixture()))
+    conv, = evaluation.prepare_all(data, tmp_path / "work", embedder="off", familiar_speaker="Assistant")
+    with TurnLog(tmp_path / "work" / conv.familiar_id / "turns.db", readonly=True) as log:
+        turns = log.turns_after(0)
+    assert [t.role for t in turns] == ["user", "assistant", "user", "assistant"]
+    assert [t.author_key for t in turns if t.role == "assistant"] == [ego_key(conv.familiar_id)] * 2
+    assert [t.reply_to_turn_id for t in turns] == [None, turns[0].id, None, turns[2].id]
+    assert [t.author_display for t in turns] == ["User", "Assistant", "User", "Assistant"]
+    people, = evaluation.prepare_all(data, tmp_path / "work2", embedder="off")
+    with TurnLog(tmp_path / "work2" / people.familiar_id / "turns.db", readonly=True) as log:
+        assert {t.role for t in log.turns_after(0)} == {"user"}
+    with pytest.raises(ValueError, match="no speaker 'Bot'"):
+        evaluation.prepare_all(data, tmp_path / "work3", embedder="off", familiar_speaker="Bot")
+    # The questions' own types are reported apart, beside LoCoMo's categories.
+    out = tmp_path / "out"
+    assert main(["eval", "locomo", "--data", str(data), "--familiar-speaker", "Assistant", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert sorted(results["by_type"]) == ["single-session-assistant", "single-session-user"]
+    assert results["by_type"]["single-session-user"]["n"] == 1 and results["setup"]["familiar_speaker"] == "Assistant"
+    assert "| type single-session-user |" in capsys.readouterr().out

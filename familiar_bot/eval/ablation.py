@@ -1,13 +1,15 @@
 """What each retrieval change is worth: the shipped defaults against the ranking before them, one change at a time.
 
 ``familiar eval locomo --ablation`` measures, on the same prepared familiars,
-the ranking as it was before the cue's people, time and reply signals and the
-substance re-order ("before": those weights 0, every hit with its neighbours, 24
-hits in the text tier), each
+the ranking as it was before the cue's people, time and reply signals, the
+substance re-order, the genre's steps and passages ("before": those weights 0, every
+hit with its neighbours, 24 hits in the text tier, the people genre, turns whole), each
 change added alone to it, the shipped defaults, and the shipped defaults with
 each change taken out. Every row's gain over "before" is a **paired bootstrap**
 over the questions (the same questions resampled for both rankings, so a gain
 is judged against the spread of its own questions, not two independent means).
+Run it on both genres: LoCoMo as it is, and a person-assistant file with
+``--familiar-speaker`` (docs/benchmarks.md, "Both genres").
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ CHANGES: Mapping[str, tuple[dict, dict]] = {
     "replies": ({"turn_reply_credit": 0.0}, {}),
     "render": ({"turn_neighbour_hits": 0}, {"max_rag_turns": 24}),
     "substance": ({"turn_substance_depth": 0}, {}),
+    # issue 48: the genre read from the scope (in the familiar genre: its replies weigh less, the
+    # person's taste answers a request for advice, substance is off), and long turns shown in part
+    "genre": ({"turn_genre": "people"}, {}),
+    "passages": ({"turn_passage_chars": 0}, {}),
+}
+# Parts of a change taken out of the shipped defaults alone (they do nothing without it).
+PARTS: Mapping[str, tuple[dict, dict]] = {
+    "genre's familiar weight": ({"turn_familiar_weight": 1.0}, {}),
+    "genre's taste": ({"turn_taste_weight": 0.0}, {}),
 }
 
 
@@ -51,7 +62,7 @@ def variants() -> list[tuple[str, dict, dict]]:
         budget = {k: v for k, v in off_budget.items() if k not in caps}
         rows.append((f"before + {name}", retrieval, budget))
     rows.append(("shipped defaults", {}, {}))
-    for name, (knobs, caps) in CHANGES.items():
+    for name, (knobs, caps) in {**CHANGES, **PARTS}.items():
         rows.append((f"shipped - {name}", dict(knobs), dict(caps)))
     return rows
 

@@ -47,6 +47,7 @@ import shutil
 import statistics
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -63,6 +64,7 @@ from familiar_pipeline.projectors.facts.store import FactDraft, append_facts
 from familiar_pipeline.projectors.facts.tables import Subject
 from familiar_pipeline.projectors.runtime import publish_store
 from familiar_pipeline.storage.store import ProjectionStore
+from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.turns import TurnLog
 
 from familiar_bot.eval import locomo
@@ -145,6 +147,8 @@ class Question:
     evidence: tuple[str, ...]
     answer: str = ""  # the gold answer (scored only by the answer harness)
     index: int = 0  # position in the conversation's qa list
+    question_type: str = ""  # the file's own type when it has one (LongMemEval's), reported apart
+    asked_at: datetime | None = None  # when it was asked, when the file says (``question_date``); None: now
 
 
 @dataclass
@@ -168,11 +172,15 @@ class PreparedConversation:
 
 
 def familiar_toml(embedder: str, model_path: Path | None, facts: str = "none",
-                  background_model: str | None = None, extra_projectors: Iterable[str] = ()) -> str:
+                  background_model: str | None = None, extra_projectors: Iterable[str] = (),
+                  familiar_name: str | None = None) -> str:
     """The throwaway familiar's own config: the embedding switches, the projectors the facts mode
-    needs and (``extracted``) the background model; everything else is the shipped default."""
+    needs and (``extracted``) the background model; everything else is the shipped default.
+    ``familiar_name`` (``--familiar-speaker``) becomes its display name, the name its replies are
+    recorded under, as a live familiar's are under its own."""
     # One run drains each projection's whole backlog (the cap only paces a live familiar).
-    lines = ["[pipeline]", "max_batches_per_run = 100000"]
+    lines = ([f"aliases = [{json.dumps(familiar_name)}]"] if familiar_name else []) + [
+        "[pipeline]", "max_batches_per_run = 100000"]
     if embedder == "off":
         # The shipped weights may ask for vectors; with no embedder they must be off or config refuses.
         lines += ["[memory.retrieval]", "embedding_weight = 0.0", "turn_embedding_weight = 0.0"]
@@ -200,6 +208,30 @@ def _familiar_id(sample_id: str, index: int) -> str:
     return f"eval-{index}-{slug}"[:60] or f"eval-{index}"
 
 
+def turn_rows(turns: list, familiar_id: str, familiar_speaker: str | None, first_id: int) -> list[dict]:
+    """The TurnLog rows of a conversation's turns, given the ids they will get (``first_id`` on).
+
+    Without ``familiar_speaker`` every speaker is a person (role ``user``, their own key): people
+    talking among themselves, LoCoMo's genre. With it, that speaker's turns are written as the
+    responder writes the familiar's replies in a DM (role ``assistant``, its ego key, its display
+    name, ``reply_to_turn_id`` the person's turn just before), and the other speakers stay people:
+    a person talking with the familiar, LongMemEval's genre.
+    """
+    rows: list[dict] = []
+    last_person: int | None = None
+    for offset, t in enumerate(turns):
+        if t.speaker == familiar_speaker:
+            rows.append({"channel_id": EVAL_CHANNEL, "role": "assistant", "content": t.text,
+                         "author_key": ego_key(familiar_id), "author_display": t.speaker, "created_at": t.timestamp,
+                         "reply_to_turn_id": last_person})
+        else:
+            rows.append({"channel_id": EVAL_CHANNEL, "role": "user", "content": t.text,
+                         "author_key": locomo.speaker_key(t.speaker), "author_display": t.speaker,
+                         "created_at": t.timestamp})
+            last_person = first_id + offset
+    return rows
+
+
 def load_gold_facts(sample: dict, paths, turn_of: Mapping[str, int], turns: list) -> int:
     """The file's observations written as facts through the store API (mode ``gold``, the oracle)."""
     drafts = []
@@ -224,14 +256,16 @@ EXTRACTION_COUNTS = ("calls", "cached_calls", "prompt_tokens", "completion_token
 
 
 def new_familiar(familiar_id: str, root: Path, *, embedder: str, model_path: Path | None, facts: str = "none",
-                 background_model: str | None = None, extra_projectors: Iterable[str] = ()) -> FamiliarPaths:
+                 background_model: str | None = None, extra_projectors: Iterable[str] = (),
+                 familiar_name: str | None = None) -> FamiliarPaths:
     """A fresh, empty familiar under ``root`` (any earlier one of that id removed) with the eval's config
     (``extra_projectors`` turned on besides the ones the embedder and facts mode need)."""
     paths = FamiliarPaths.for_id(familiar_id, root)
     if paths.dir.exists():
         shutil.rmtree(paths.dir)
     paths.dir.mkdir(parents=True)
-    paths.character_toml.write_text(familiar_toml(embedder, model_path, facts, background_model, extra_projectors))
+    paths.character_toml.write_text(familiar_toml(embedder, model_path, facts, background_model, extra_projectors,
+                                                  familiar_name))
     return paths
 
 
@@ -275,11 +309,12 @@ def materialize_projections(familiar_id: str, root: Path, instance, *, embedder:
 
 def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
                          instance, facts: str = "none", background_model: str | None = None,
-                         max_turns: int | None = None) -> PreparedConversation:
+                         max_turns: int | None = None, familiar_speaker: str | None = None) -> PreparedConversation:
     """Import one conversation, give it the facts its mode asks for, and materialize the projections.
 
     ``max_turns`` keeps only the conversation's first turns (a quick run with a slow model);
     questions then keep the evidence among them, and those with none left are skipped.
+    ``familiar_speaker``: that speaker's turns are the familiar's own replies (see :func:`turn_rows`).
     """
     if facts not in FACT_MODES:
         raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
@@ -287,21 +322,25 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
         raise ValueError("--facts extracted needs a background model (--background-model, a litellm model string)")
     sample_id = str(sample.get("sample_id") or f"conv-{index}")
     familiar_id = _familiar_id(sample_id, index)
+    turns = list(locomo.turns_of(sample))[:max_turns]
+    if familiar_speaker is not None and familiar_speaker not in {t.speaker for t in turns}:
+        raise ValueError(f"{sample_id}: no speaker {familiar_speaker!r} to read as the familiar "
+                         f"(speakers: {', '.join(sorted({t.speaker for t in turns}))})")
     paths = new_familiar(familiar_id, root, embedder=embedder, model_path=model_path, facts=facts,
-                         background_model=background_model)
+                         background_model=background_model, familiar_name=familiar_speaker)
     timings: dict[str, float] = {}
 
     started = time.perf_counter()
-    turns = list(locomo.turns_of(sample))[:max_turns]
     with TurnLog(paths.turns_db) as log:
-        for speaker in sorted({t.speaker for t in turns}):
+        for speaker in sorted({t.speaker for t in turns if t.speaker != familiar_speaker}):
             first = min(t.timestamp for t in turns if t.speaker == speaker)
             log.upsert_participant(locomo.speaker_key(speaker), global_name=speaker, seen_at=first)
-        written = log.append_turns([
-            {"channel_id": EVAL_CHANNEL, "role": "user", "content": t.text, "author_key": locomo.speaker_key(t.speaker),
-             "author_display": t.speaker, "created_at": t.timestamp}
-            for t in turns
-        ])
+        first_id = log.latest_id() + 1
+        rows = turn_rows(turns, familiar_id, familiar_speaker, first_id)
+        written = log.append_turns(rows)
+        if [w.id for w in written] != list(range(first_id, first_id + len(rows))):
+            raise RuntimeError(f"{familiar_id}: turn ids were not assigned in order; replies would answer "
+                               "the wrong turns")
     turn_of = {t.dia_id: w.id for t, w in zip(turns, written)}
     session_of_turn = {w.id: t.session for t, w in zip(turns, written)}
     timings["import_s"] = time.perf_counter() - started
@@ -316,6 +355,30 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     if facts == "extracted":
         loaded = extracted
 
+    questions, evidence_skipped, questions_skipped = questions_of(sample, sample_id, turn_of)
+    return PreparedConversation(sample_id, familiar_id, root, turn_of, session_of_turn, questions,
+                                facts_loaded=loaded, evidence_skipped=evidence_skipped,
+                                questions_skipped=questions_skipped, timings=timings, extraction=extraction)
+
+
+def parse_question_date(value: Any) -> datetime | None:
+    """LongMemEval's ``question_date`` ("2023/05/30 (Tue) 15:40") as an aware UTC datetime; None when
+    absent or unreadable. A question is asked at that moment, so "a week ago" and "last month" in it
+    mean what they meant to the asker (LoCoMo has no such date: its questions are asked now)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    cleaned = re.sub(r"\s*\([A-Za-z]{3}\)\s*", " ", value.strip())
+    for fmt in ("%Y/%m/%d %H:%M", "%Y-%m-%d %H:%M", "%Y/%m/%d", "%Y-%m-%d"):
+        try:
+            return datetime.strptime(cleaned, fmt).replace(tzinfo=timezone.utc)
+        except ValueError:
+            continue
+    return None
+
+
+def questions_of(sample: dict, sample_id: str, turn_of: Mapping[str, int]) -> tuple[list[Question], int, int]:
+    """The scored questions of ``sample`` (categories 1-4 with evidence among ``turn_of``), and how many
+    evidence pieces and questions were skipped as unusable."""
     questions, evidence_skipped, questions_skipped = [], 0, 0
     for position, qa in enumerate(sample.get("qa") or []):
         category = qa.get("category")
@@ -328,10 +391,10 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
             questions_skipped += 1
             continue
         questions.append(Question(sample_id, category, str(qa["question"]), known,
-                                  answer=str(qa.get("answer", "")), index=position))
-    return PreparedConversation(sample_id, familiar_id, root, turn_of, session_of_turn, questions,
-                                facts_loaded=loaded, evidence_skipped=evidence_skipped,
-                                questions_skipped=questions_skipped, timings=timings, extraction=extraction)
+                                  answer=str(qa.get("answer", "")), index=position,
+                                  question_type=str(qa.get("question_type") or ""),
+                                  asked_at=parse_question_date(qa.get("question_date"))))
+    return questions, evidence_skipped, questions_skipped
 
 
 # --------------------------------------------------------------------------- configuration under test
@@ -462,10 +525,11 @@ def evaluate(prepared: list[PreparedConversation], *, retrieval=None, text_budge
             warm = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", "warm up")
             retrieve(warm, memory, frozenset())  # the first call loads the model; keep it out of the latency
             for q in conv.questions:
-                ctx = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", q.text)
+                ctx = AssemblyContext(conv.familiar_id, EVAL_CHANNEL, None, "text", q.text, now=q.asked_at)
                 asked = ask(ctx, memory, {conv.turn_of[d] for d in q.evidence}, {session_of(d) for d in q.evidence},
                             conv.session_of_turn, fact_sources, deep)
                 records.append({"conversation": conv.sample_id, "question": q.index, "category": q.category,
+                                "type": q.question_type,
                                 **asked.scores, "gold_rank": first_gold_rank(asked.units, asked.gold),
                                 "rendered_tokens": estimate_tokens(asked.text), "latency_ms": asked.latency_ms})
                 if progress is not None:
@@ -503,8 +567,14 @@ def aggregate(records: list[dict]) -> dict[str, float]:
 
 
 def summarize(records: list[dict]) -> dict[str, Any]:
+    """Overall, per LoCoMo category, and (when the file gives each question a ``question_type``,
+    as LongMemEval's does) per type: a genre's weak kind of question shows apart."""
     by_category = {name: aggregate([r for r in records if r["category"] == c]) for c, name in CATEGORIES.items()}
-    return {"overall": aggregate(records), "by_category": {k: v for k, v in by_category.items() if v["n"]}}
+    out: dict[str, Any] = {"overall": aggregate(records), "by_category": {k: v for k, v in by_category.items() if v["n"]}}
+    types = sorted({r.get("type") or "" for r in records} - {""})
+    if types:
+        out["by_type"] = {t: aggregate([r for r in records if r.get("type") == t]) for t in types}
+    return out
 
 
 TABLE_COLUMNS = ("n", "any@1", "any@5", "any@10", "any@20", "any@50", "all@10", "session_any@5", "session_any@10",
@@ -547,7 +617,8 @@ def mode_line(results: Mapping[str, Any]) -> str:
 def markdown_table(results: Mapping[str, Any]) -> str:
     header = "| scope | " + " | ".join(TABLE_COLUMNS) + " |"
     rows = [header, "|" + "---|" * (len(TABLE_COLUMNS) + 1)]
-    scopes = [("overall", results["overall"])] + list(results["by_category"].items())
+    scopes = ([("overall", results["overall"])] + list(results["by_category"].items())
+              + [(f"type {name}", values) for name, values in (results.get("by_type") or {}).items()])
     for name, values in scopes:
         cells = [str(values[c]) if c == "n" else f"{values[c]:.1f}" for c in TABLE_COLUMNS]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -591,7 +662,8 @@ def write_outputs(results: Mapping[str, Any], out: Path) -> list[str]:
 
 def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | None = None,
                 facts: str = "none", background_model: str | None = None, only: Iterable[str] | None = None,
-                max_turns: int | None = None, progress: Callable[[str], None] | None = None) -> list[PreparedConversation]:
+                max_turns: int | None = None, progress: Callable[[str], None] | None = None,
+                familiar_speaker: str | None = None) -> list[PreparedConversation]:
     """Every conversation of ``data`` (or those ``only`` names) as a throwaway familiar under ``workdir``.
 
     ``only`` holds indices into the file ("0" is the first) or sample ids; one that
@@ -622,7 +694,7 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
             if progress is not None:
                 progress(f"preparing {sample.get('sample_id', index)}")
             prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder, model_path=model_path,
-                                                 max_turns=max_turns,
+                                                 max_turns=max_turns, familiar_speaker=familiar_speaker,
                                                  instance=instance, facts=facts, background_model=background_model))
     return prepared
 

@@ -223,6 +223,12 @@ def render_sections(prompt: AssembledPrompt) -> str:
         out.append("")
         out.extend(scoping.render_report(scopes))
     rag = prompt.debug.get("rag")
+    genre = (rag or {}).get("turn_genre")
+    if genre:  # which kind of talk the turns were ranked for (prompt/genre.py)
+        out.append("")
+        out.append(f"turn genre: {genre.get('genre')} (the familiar's replies {100 * genre.get('familiar_share', 0):.0f}% "
+                   f"of the newest {genre.get('turns', 0)} turns here, {genre.get('familiar_chars', 0)} characters on "
+                   f"average against the people's {genre.get('people_chars', 0)})")
     if rag and rag.get("facts"):
         out.append("")
         out.append("fact ranking (signals normalised within the batch; total = weighted sum):")

@@ -33,7 +33,9 @@ names (their turns count, turns addressed to them do not), when (turns said in a
 window the cue names; those turns also join the candidates by cosine), and the
 reply after a matching question; the best candidates are then re-ordered by their
 substance (:mod:`familiar_bot.prompt.substance`: a short pleasantry or a question
-gives way to a turn with content). The ranked turns
+gives way to a turn with content), unless the scope reads as a person talking with the
+familiar (:mod:`familiar_bot.prompt.genre`: its long replies then weigh less, substance is off,
+and a request for advice favours the person's own taste). The ranked turns
 are then filtered: minus the turns ``recent_history`` already shows
 (the ids actually in that window, not id arithmetic: ids are global across
 channels) and minus deleted turns; only turns said in the reply's visible scopes
@@ -45,7 +47,8 @@ turns never crowd a small scope out. Facts are filtered the same way by their
 ``turn_neighbour_hits`` hits brings its ``turn_neighbours`` nearest neighbours
 before and after in the same channel (the rest come alone);
 hits join in rank order while they and their neighbours fit the section's
-token budget, and the lot is grouped by date in ``display_tz``. The debug
+token budget (a long turn as its passage that best matches the cue:
+:mod:`familiar_bot.prompt.passages`), and the lot is grouped by date in ``display_tz``. The debug
 structure records which facts and turns survived the token cut
 (``shown_fact_ids``, ``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
 
@@ -75,7 +78,10 @@ from familiar_pipeline.storage.turns import context_windows
 
 from familiar_bot.prompt.cue_people import PeopleCue, read_people
 from familiar_bot.prompt.cue_time import TimeCue, parse_time_cue
+from familiar_bot.prompt.genre import (FAMILIAR, PEOPLE, Genre, asks_advice, asks_its_words, is_familiars,
+                                      scope_genre, tells_taste)
 from familiar_bot.prompt.layers.common import Labels, clock_12h, local_date, one_line
+from familiar_bot.prompt.passages import cue_tokens, shown_part
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
 from familiar_bot.prompt.spread import asks_for_many, asks_for_order, spread_days
 from familiar_bot.prompt.substance import rerank_by_substance
@@ -537,6 +543,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     out_of_scope: set[int] = set()
     fetch = turn_fetch(memory, budget)
     signals = read_cue(cue, memory, ctx)
+    genre = turn_genre(memory, visible)
     id_ranges = _time_id_ranges(signals, memory) if signals is not None and _dense_turns_on(memory) else []
     kept: list = []
     ranked: list[dict] = []
@@ -558,7 +565,14 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         fused = [f for f, k in zip(fused, keep) if k]
         if signals is not None and signals.active:
             fused = _with_signals(fused, signals, memory, rows_of, exclude)
-        if retrieval.turn_substance_depth > 0:
+        # A person talking with the familiar: its own replies weigh less (unless the cue asks what it
+        # said), and substance, learned among people, stays off (its length bonus lifted every long
+        # reply: prompt/genre.py).
+        if genre.familiar and retrieval.turn_familiar_weight < 1 and not asks_its_words(cue):
+            fused = _weigh_familiar(fused, rows_of, retrieval.turn_familiar_weight)
+        if genre.familiar and retrieval.turn_taste_weight > 0 and asks_advice(cue):
+            fused = _with_taste(fused, rows_of, retrieval.turn_taste_weight, TASTE_DEPTH * limit)
+        if retrieval.turn_substance_depth > 0 and not genre.familiar:
             fused = _with_substance(fused, rows_of, retrieval)
         # A question about how one thing stands now follows threads to the newest word; one asking
         # for an order or every time wants every statement, spread over days instead.
@@ -615,9 +629,13 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     # brings no one else's turns of that server)
     groups = [[hit] + [rows[tid] for tid in ids if tid in rows and not rows[tid].deleted
                        and turn_visible(rows[tid], visible)] for hit, ids in zip(kept, shown)]
-    chosen = fit_by_rank(groups, token_budget)
+    shown_as = None
+    if retrieval.turn_passage_chars > 0:  # a long turn is shown as its passage matching the cue
+        tokens, size = cue_tokens(cue), retrieval.turn_passage_chars
+        shown_as = lambda t: shown_part(t, tokens, size)  # noqa: E731
+    chosen = fit_by_rank(groups, token_budget, shown_as)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "substance",
-                                "updates")
+                                "updates", "familiar", "taste")
               if k in f}
              for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
@@ -666,6 +684,51 @@ def _with_signals(fused: list[dict], signals: CueSignals, memory, rows_of: "_Tur
     return add_signals(fused, rows, signals)
 
 
+def turn_genre(memory, visible: tuple[str, ...]) -> Genre:
+    """The genre the turns are ranked for: ``turn_genre`` when forced, else read from the scope
+    (:func:`~familiar_bot.prompt.genre.scope_genre`); a log that cannot be read ranks as people."""
+    forced = memory.config.memory.retrieval.turn_genre
+    if forced in (PEOPLE, FAMILIAR):
+        return Genre(forced)
+    try:
+        return scope_genre(memory, visible)
+    except Exception as exc:  # a reply must not fail because its genre could not be read
+        memory.warn_once("turn-genre", "reading the genre of the scope's talk failed (%s: %s); ranking as "
+                         "people talking", type(exc).__name__, exc)
+        return Genre(PEOPLE)
+
+
+def _weigh_familiar(fused: list[dict], rows_of: "_TurnRows", weight: float) -> list[dict]:
+    """``fused`` with the familiar's own replies' totals multiplied by ``weight``, re-sorted
+    (ties keep the order); each weighed candidate records ``familiar`` for ``/context``."""
+    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in fused)}
+    out = []
+    for f in fused:
+        turn = rows.get(f["turn_id"])
+        if turn is not None and is_familiars(turn):
+            f = {**f, "total": f["total"] * weight, "familiar": weight}
+        out.append(f)
+    order = {id(f): n for n, f in enumerate(out)}
+    return sorted(out, key=lambda f: (-f["total"], order[id(f)]))
+
+
+TASTE_DEPTH = 3  # candidates (x the section's hit limit) read for the person's taste
+
+
+def _with_taste(fused: list[dict], rows_of: "_TurnRows", weight: float, depth: int) -> list[dict]:
+    """A cue asking the familiar's advice: the person's turns among the best ``depth`` candidates that
+    tell their taste or situation (:func:`~familiar_bot.prompt.genre.tells_taste`) gain ``weight``."""
+    head, tail = [dict(f) for f in fused[:depth]], fused[depth:]
+    rows = {t.id: t for t in rows_of.get(f["turn_id"] for f in head)}
+    for f in head:
+        turn = rows.get(f["turn_id"])
+        if turn is not None and not is_familiars(turn) and tells_taste(turn.content or ""):
+            f["total"] += weight
+            f["taste"] = weight
+    order = sorted(range(len(head)), key=lambda i: (-head[i]["total"], i))
+    return [head[i] for i in order] + tail
+
+
 def _with_substance(fused: list[dict], rows_of: "_TurnRows", knobs) -> list[dict]:
     """``fused`` with its best candidates re-ordered by their substance (:mod:`substance`)."""
     depth = knobs.turn_substance_depth
@@ -701,19 +764,24 @@ def _spread(fused: list[dict], rows_of: "_TurnRows", tz, knobs, depth: int) -> l
 GROUP_SLACK_TOKENS = 8  # a date header and a blank line a hit's group may add
 
 
-def fit_by_rank(groups: list[list], token_budget: int | None) -> dict[int, Any]:
+def fit_by_rank(groups: list[list], token_budget: int | None,
+                shown_as: Callable[[Any], Any] | None = None) -> dict[int, Any]:
     """``{id: turn}`` of the hit groups (a hit and its neighbours, best hit first) that fit the budget.
 
     The section is shown in time order and cut at the token budget, so without
     this step the cut fell on the *latest* turns, whatever their rank: on
     LoCoMo, 24 hits with neighbours lost 6 points of rendered recall to it
     (docs/benchmarks.md). Whole groups are taken in rank order while their
-    estimated lines fit; the first group always comes (the renderer truncates it).
+    estimated lines fit; the first group always comes (the renderer truncates it). ``shown_as``
+    turns a row into what the section shows of it (a long turn's passage: :mod:`passages`), applied
+    only to the groups reached, so a turn that cannot fit costs nothing.
     """
     chosen: dict[int, Any] = {}
     used = 0
     for group in groups:
         new = [t for t in group if t.id not in chosen]
+        if shown_as is not None:
+            new = [shown_as(t) for t in new]
         if token_budget is not None:
             cost = sum(estimate_tokens(f"> [12:00 pm {getattr(t, 'author_display', None) or ''}]: {t.content}")
                        for t in new)
@@ -818,6 +886,7 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
                                        token_budget=max(0, budget.rag_tokens - fact_tokens),
                                        first_hits=first_hits, scope_counts=scope_counts)
     debug["scope_excluded_turns"] = scope_counts.get("turns", 0)
+    debug["turn_genre"] = turn_genre(memory, visible).debug()
     debug["scope_excluded"] = debug["scope_excluded_facts"] + debug["scope_excluded_turns"]
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)

@@ -80,8 +80,10 @@ def follow_threads(fused: list[dict], rows: Mapping[int, Any], vectors: Mapping[
     vecs = np.stack([vectors[f["turn_id"]] for f in usable])
     # links[h, c]: candidate c is a later update of candidate h (computed once for every pass)
     links = (ids[None, :] > ids[:, None]) & changes[None, :] & ((vecs @ vecs.T) >= threshold)
-    # said by one participant (a turn without an author key, the familiar's own, never updates a person's)
-    authors = np.array([rows[int(t)].author_key or "" for t in ids], dtype=object)
+    # said by one participant (a turn without an author key never updates a person's), and never the
+    # familiar's own replies: what it told someone is not the person changing their mind (issue 48)
+    authors = np.array(["" if getattr(rows[int(t)], "role", None) == "assistant" else rows[int(t)].author_key or ""
+                        for t in ids], dtype=object)
     links &= (authors[:, None] == authors[None, :]) & (authors != "")[:, None]
     followed = {int(ids[h]): np.flatnonzero(links[h]) for h in np.flatnonzero(links.any(axis=1))}
     if not followed:

@@ -232,6 +232,22 @@ class RetrievalConfig:
     # above it, newest first (0 hits = off).
     turn_thread_hits: int = knob(10, minimum=0)
     turn_thread_similarity: float = knob(0.3, minimum=-1.0, maximum=1.0)
+    # Both genres (issue 48; prompt/genre.py): "auto" reads from the scope's own newest turns
+    # whether people talk among themselves or a person talks with the familiar (its replies a
+    # quarter of the turns or more, and long); "people" / "familiar" force one (for measuring).
+    # In the familiar genre its own replies' fused total is multiplied by `turn_familiar_weight`
+    # (what the person said is the better evidence of what they said, prefer or changed) and
+    # substance's re-order, learned among people, is off (it lifted every long reply).
+    turn_genre: str = knob("auto", choices=("auto", "people", "familiar"))
+    turn_familiar_weight: float = knob(0.75, minimum=0.0, maximum=1.0)
+    # In the familiar genre, a message asking its advice ("can you suggest...", "what do you
+    # think?") favours the person's turns that tell their taste or situation ("I prefer...",
+    # "I'm interested in...") by this share of a perfect text match (0 = off).
+    turn_taste_weight: float = knob(0.3, minimum=0.0)
+    # A shown turn longer than this many characters is shown as its passage that best matches
+    # the cue (about this long, cut at line or sentence ends), with its time and speaker, not
+    # whole: a long reply no longer fills the section (0 = always whole).
+    turn_passage_chars: int = knob(600, minimum=0)
 
 
 # A scope string a reply or a row can carry (see familiar_pipeline.storage.scopes); "familiar"

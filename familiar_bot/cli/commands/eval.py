@@ -39,6 +39,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     loc.add_argument("--background-model", metavar="MODEL",
                      help="litellm model string for [llm.background] with --facts extracted (its API key comes from "
                           "the provider's usual environment variable)")
+    loc.add_argument("--familiar-speaker", metavar="NAME",
+                     help="read this speaker's turns as the familiar's own replies (role assistant, as the bot "
+                          "records a DM) and the other as the person; without it every speaker is a person "
+                          "(LoCoMo); e.g. Assistant for LongMemEval-style files")
     loc.add_argument("--out", metavar="DIR", help="write results.json, results.md and recall_at_k.png here")
     for study, does in (
         ("sweep", "sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file only)"),
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             prepared = evaluation.prepare_all(
                 data, workdir, embedder=args.embedder, model_path=model_path,
                 facts=args.facts, background_model=args.background_model, only=only,
-                max_turns=args.turns,
+                max_turns=args.turns, familiar_speaker=args.familiar_speaker,
                 progress=lambda message: print(message, file=sys.stderr),
             )
         except (ValueError, KeyError) as exc:
@@ -139,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         **evaluation.facts_setup(prepared, args.facts, args.background_model),
         "evidence_ids_skipped": sum(p.evidence_skipped for p in prepared),
         "questions_skipped": sum(p.questions_skipped for p in prepared),
+        "familiar_speaker": args.familiar_speaker,
         "turns_per_conversation": args.turns, "questions_per_conversation": args.questions,
         "seconds": round(time.perf_counter() - started, 1),
     }
