@@ -26,7 +26,7 @@ _NEGATION = re.compile(r"\b(?:no longer|not anymore|doesn't|does not|don't|do no
 _SLOTS: list[tuple[str, re.Pattern]] = [
     ("home", re.compile(r"\b(?:lives?|living|moved|relocated|resides|is based|settled)\b(?: back)?(?: \w+)?? (?:in|to) "
                         r"(?P<v>[A-Z][\w'-]*(?: [A-Z][\w'-]*)*)")),
-    ("job", re.compile(r"\b(?:works|working|worked|got a job|took a job|started a job|started working|is employed|employed)\b"
+    ("job", re.compile(r"\b(?:works?|working|worked|got a job|took a job|started a job|started working|is employed|employed)\b"
                        r"(?: now)?(?: as| at| for)(?: an?| the)? (?P<v>[\w' -]+?)(?:[.,;]|$)")),
     ("relationship", re.compile(r"\b(?:is dating|is married to|is engaged to|is in a relationship with|is single)\b"
                                 r" ?(?P<v>[\w' -]*?)(?:[.,;]|$)")),
@@ -59,7 +59,8 @@ def _norm(value: str) -> str:
 
 
 def _one_subject(words: list[str], speaker: str) -> str:
-    names = [w for w in words if w[:1].isupper() and w not in _NOT_NAMES]
+    # A capitalised adverb opening a sentence ("Actually I moved ...") is not a name.
+    names = [w for w in words if w[:1].isupper() and w not in _NOT_NAMES and w.lower() not in _ADVERBS]
     if names:
         return names[-1].lower()
     lowered = [w.lower() for w in words if w.lower() not in _ADVERBS]
