@@ -37,6 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
@@ -349,14 +351,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--dir", type=Path, default=None, help="build here (default: a temp dir)")
-    args = parser.parse_args()
+    args = parse_with_quick(parser, turns=2000, facts=400, base_facts=200, iterations=20, warmup=3)
 
-    root = args.dir or Path(tempfile.mkdtemp(prefix="familiar-assembly-bench-"))
-    result = measure(root, args.turns, args.facts, embedder=local_embedder(), base_facts=args.base_facts,
-                     iterations=args.iterations, warmup=args.warmup, seed=args.seed)
+    with tempfile.TemporaryDirectory(prefix="familiar-assembly-bench-") as tmp:  # removed unless --dir
+        result = measure(args.dir or Path(tmp), args.turns, args.facts, embedder=local_embedder(),
+                         base_facts=args.base_facts, iterations=args.iterations, warmup=args.warmup, seed=args.seed)
     plain, embed = result["plain"], result["embedded"]
-    print(f"\ntarget p95 ≤ 25 ms: without embedding {'met' if plain['p95'] <= 25 else 'MISSED'}, "
-          f"with it {'met' if embed['p95'] <= 25 else 'MISSED'}")
+    if not args.quick:
+        print(f"\ntarget p95 ≤ 25 ms: without embedding {'met' if plain['p95'] <= 25 else 'MISSED'}, "
+              f"with it {'met' if embed['p95'] <= 25 else 'MISSED'}")
 
 
 if __name__ == "__main__":

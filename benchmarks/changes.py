@@ -30,6 +30,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 import dagster as dg  # noqa: E402
 
 from familiar_pipeline.config.loading import load_config  # noqa: E402
@@ -139,7 +141,7 @@ def main() -> None:
     parser.add_argument("--deletions", type=int, default=10)
     parser.add_argument("--edits", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
-    args = parser.parse_args()
+    args = parse_with_quick(parser, turns=400)
     result = run(args.turns, args.deletions, args.edits)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -36,6 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 from familiar_bot.supervisor import child_sessions, free_port, group_alive, tree_rss_bytes  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
@@ -43,7 +45,9 @@ from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 from familiar_pipeline.projectors.facts import reads as fact_reads  # noqa: E402
 
 
-def start_up(tmp: Path, port: int, sensor_interval: int | None) -> tuple[subprocess.Popen, Path]:
+def start_up(tmp: Path, port: int, sensor_interval: int | None,
+             familiar: str = "fresh") -> tuple[subprocess.Popen, Path]:
+    """`familiar up --no-bot` on ``tmp``'s DAGSTER_HOME and data root, for ``familiar`` (which must exist there)."""
     env = dict(os.environ, DAGSTER_HOME=str(tmp / "dagster_home"), FAMILIAR_DATA_ROOT=str(tmp / "familiars"),
                FAMILIAR_FAKE_LLM="familiar_pipeline.testing.scripted:careful_model", PYTHONUNBUFFERED="1",
                LITELLM_LOCAL_MODEL_COST_MAP="True")
@@ -52,7 +56,7 @@ def start_up(tmp: Path, port: int, sensor_interval: int | None) -> tuple[subproc
         env["FAMILIAR__PIPELINE__SENSOR_INTERVAL_S"] = str(sensor_interval)
     err = tmp / f"up-{port}.err"
     process = subprocess.Popen(
-        [sys.executable, "-m", "familiar_bot.cli.main", "up", "--no-bot", "--familiar", "fresh", "--port", str(port)],
+        [sys.executable, "-m", "familiar_bot.cli.main", "up", "--no-bot", "--familiar", familiar, "--port", str(port)],
         cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err.open("wb"),
         start_new_session=True,
     )
@@ -178,7 +182,11 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=1.0, help="seconds between messages (default 1)")
     parser.add_argument("--sensor-interval", type=int, default=None,
                         help="override [pipeline].sensor_interval_s (default: the configured value, 15)")
-    args = parser.parse_args()
+    parser.add_argument("--quiet-s", type=int, default=None,
+                        help="override [providers.memory.rich_note].quiet_s (default: the configured value)")
+    args = parse_with_quick(parser, messages=2, starts=1, quiet_s=3, sensor_interval=5)
+    if args.quiet_s is not None:
+        os.environ["FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__QUIET_S"] = str(args.quiet_s)  # start_up copies os.environ
     print(json.dumps(run(args.messages, args.starts, args.sensor_interval, args.gap)), flush=True)
 
 

@@ -38,6 +38,8 @@ from pathlib import Path
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 from familiar_pipeline.defs.jobs import materializations
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML  # noqa: E402
@@ -260,7 +262,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=9)
     parser.add_argument("--dir", type=Path, default=None, help="work here (default: a temp dir)")
     parser.add_argument("--pipeline-worker", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_with_quick(parser, messages=200, channels=4, max_batches=5)
     if args.pipeline_worker is not None:
         pipeline_loop(args.pipeline_worker, args.pipeline_worker / "stop-pipeline",
                       args.pipeline_worker / "pipeline-stats.json")

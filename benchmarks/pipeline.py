@@ -28,6 +28,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 import dagster as dg  # noqa: E402
 
 from familiar_bot.eval import locomo  # noqa: E402
@@ -67,10 +69,11 @@ BIG_RUNS = {"FAMILIAR__PIPELINE__MAX_BATCHES_PER_RUN": "100000",
             "FAMILIAR__PROVIDERS__MEMORY__ROLLING_SUMMARY__BACKFILL_CAP": "100000"}
 
 
-def import_locomo(paths: FamiliarPaths, data: Path) -> int:
+def import_locomo(paths: FamiliarPaths, data: Path, conversations: int | None = None) -> int:
+    """Every turn of the file's first ``conversations`` (all by default) into the familiar, one channel each."""
     rows = []
     with TurnLog(paths.turns_db) as log:
-        for channel, sample in enumerate(locomo.load(data), start=1):
+        for channel, sample in enumerate(locomo.load(data)[:conversations], start=1):
             for turn in locomo.turns_of(sample):
                 key = locomo.speaker_key(turn.speaker)
                 log.upsert_participant(key, username=turn.speaker, global_name=turn.speaker)
@@ -105,14 +108,14 @@ def scripted_familiar(toml: str) -> Iterator[tuple[Path, FamiliarPaths, dg.Dagst
         yield root, paths, instance, fake
 
 
-def run(data: Path, embedding: str = "hash") -> dict:
+def run(data: Path, embedding: str = "hash", conversations: int | None = None) -> dict:
     """Materialize every asset in order on the LoCoMo familiar, then rebuild the graph; figures per asset.
 
     `embedding`: "hash" (no model cost) or "fastembed" (real MiniLM vectors for facts and turns).
     """
     graph = ALL_ASSETS if embedding == "hash" else ["turns_fts", "turn_embeddings", *ALL_ASSETS[1:]]
     with scripted_familiar(graph_toml(embedding)) as (root, paths, instance, fake):
-        n_turns = import_locomo(paths, data)
+        n_turns = import_locomo(paths, data, conversations)
         assets = []
         for asset in graph:
             started = time.perf_counter()
@@ -139,11 +142,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help=f"LoCoMo-format file (default: ${locomo.DATA_ENV})")
     parser.add_argument("--embedding", choices=["hash", "fastembed"], default="hash",
                         help="fastembed: real MiniLM vectors for facts and turns (default: hash)")
-    args = parser.parse_args()
-    result = run(locomo.locate_or_exit(args.data), args.embedding)
+    parser.add_argument("--conversations", type=int, default=None, help="the file's first N conversations (default: all)")
+    args = parse_with_quick(parser, conversations=1)
+    result = run(locomo.locate_or_exit(args.data), args.embedding, args.conversations)
     n_turns = result["turns"]
     per100 = 100 / n_turns
-    print(f"turns imported: {n_turns} (3 LoCoMo conversations)")
+    print(f"turns imported: {n_turns} ({args.conversations or 'every'} LoCoMo conversation(s) of {args.data or 'the file'})")
     print(f"{'asset':<20}{'wall s':>8}{'llm s':>8}{'rows':>7}{'turns/s':>9}{'llm calls':>11}{'prompt tok':>12}"
           f"{'calls/100t':>12}{'tok/100t':>10}")
     for a in result["assets"]:

@@ -94,10 +94,10 @@ def bench_embedding(n_texts: int) -> dict:
     return out
 
 
-def bench_pipeline(data: Path) -> dict:
+def bench_pipeline(data: Path, conversations: int | None = None) -> dict:
     import pipeline
 
-    return pipeline.run(data, embedding="fastembed")
+    return pipeline.run(data, embedding="fastembed", conversations=conversations)
 
 
 def bench_freshness(messages: int, starts: int) -> dict:
@@ -242,7 +242,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
-    parser.add_argument("--quick", action="store_true", help="small sizes and counts (smoke run)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and counts, one conversation (a smoke run: its figures are not measurements)")
     parser.add_argument("--from-json", type=Path, default=None,
                         help="re-render speed.md and the plots from an earlier speed.json (measures nothing)")
     parser.add_argument("--data", type=Path, help="LoCoMo-format file for the pipeline part (default: $FAMILIAR_LOCOMO)")
@@ -270,7 +271,7 @@ def main() -> None:
         report["embedding"] = bench_embedding(256 if args.quick else 2048)
     if "pipeline" in parts:
         print("pipeline per asset ...", flush=True)
-        report["pipeline"] = bench_pipeline(data)
+        report["pipeline"] = bench_pipeline(data, 1 if args.quick else None)
     if "freshness" in parts:
         print("familiar up and freshness ...", flush=True)
         report["freshness"] = bench_freshness(10 if args.quick else 20, 1 if args.quick else 3)

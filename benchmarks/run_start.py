@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
@@ -100,7 +102,7 @@ def measure(repeat: int = 5) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    args = parse_with_quick(parser, repeat=1)
     print(json.dumps(measure(args.repeat)), flush=True)
 
 

@@ -53,6 +53,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from familiar_bot.supervisor import child_sessions, free_port, processes_in_sessions, rss_bytes  # noqa: E402
@@ -264,7 +266,7 @@ def measure(familiars: int, rate: float, duration: float, drain: float, quiet_s:
         else:
             os.environ.pop("FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__BATCH_SIZE", None)
         os.environ["FAMILIAR_DATA_ROOT"] = str(tmp / "familiars")
-        process, err = start_up(tmp, free_port(), sensor_interval)
+        process, err = start_up(tmp, free_port(), sensor_interval, familiar=paths[0].familiar_id)
         sampler = GroupSampler(process.pid)
         try:
             ready = wait_ready(process, err)
@@ -501,7 +503,8 @@ def main() -> None:
     parser.add_argument("--shards", default="",
                         help="comma-separated shard counts (e.g. 1,2): each a sharded deployment on one PostgreSQL "
                              "instance (familiar shard serve x N + familiar control-plane), run one after the other")
-    args = parser.parse_args()
+    args = parse_with_quick(parser, familiars=2, rate=1.0, duration=6.0, drain=90.0, quiet_s=3, settle=60.0,
+                            sensor_interval=5)
     if args.shards:
         results = [measure_sharded(int(n), args.familiars, args.rate, args.duration, args.drain, args.quiet_s, args.settle)
                    for n in args.shards.split(",") if n.strip()]

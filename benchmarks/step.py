@@ -35,6 +35,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 import dagster as dg  # noqa: E402
 
 from familiar_pipeline.defs.jobs import materialize_in_process  # noqa: E402
@@ -103,7 +105,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=0, help="also print the profile's N functions by own time")
     parser.add_argument("--profile-out", help="write the profiled run's cProfile stats to this file (snakeviz, pstats)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
-    args = parser.parse_args()
+    args = parse_with_quick(parser, familiars=2, repeat=1)
     logging.getLogger("dagster").setLevel(logging.WARNING)
 
     names = [f"f{i:03d}" for i in range(args.familiars)]

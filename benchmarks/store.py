@@ -19,6 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 from familiar_pipeline.storage.fts import FtsIndex  # noqa: E402
@@ -136,7 +138,7 @@ def main() -> None:
     parser.add_argument("--facts", type=int, default=20_000)
     parser.add_argument("--turns", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=1000)
-    args = parser.parse_args()
+    args = parse_with_quick(parser, facts=1000, turns=5000, queries=50)
     rng = random.Random(7)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

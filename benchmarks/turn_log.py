@@ -26,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
 WORDS = (
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, help="folder for the run files (kept); default: a temp dir, removed")
     parser.add_argument("--runs", type=int, default=1, help="independent runs; the median is printed too")
     parser.add_argument("--seed", type=int, default=7)
-    args = parser.parse_args(argv)
+    args = parse_with_quick(parser, argv, n=2000)
     if args.n <= 0 or args.runs <= 0:
         parser.error("--n and --runs must be positive")
 

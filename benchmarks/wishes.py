@@ -25,6 +25,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
+
 import dagster as dg  # noqa: E402
 
 from familiar_bot.eval import locomo  # noqa: E402
@@ -42,9 +44,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help=f"the LoCoMo file (else ${locomo.DATA_ENV})")
     parser.add_argument("--show", action="store_true", help="print every wish found (the people's words)")
-    args = parser.parse_args()
+    parser.add_argument("--conversations", type=int, default=None, help="the file's first N conversations (default: all)")
+    args = parse_with_quick(parser, conversations=1)
     data = locomo.locate_or_exit(args.data)
-    samples = locomo.load(data)
+    samples = locomo.load(data)[:args.conversations]
     per_question: list[int] = []
     per_speaker: list[int] = []
     found_total = 0
