@@ -72,7 +72,9 @@ from familiar_pipeline.projectors.fact_embeddings.tables import fact_vector_coun
 from familiar_pipeline.projectors.fact_embeddings.tables import vectors_in as fact_vectors
 from familiar_pipeline.projectors.facts.reads import current_facts
 from familiar_pipeline.projectors.turn_embeddings.tables import turn_matrix
+from familiar_pipeline.projectors.turn_passage_embeddings.tables import passage_matrix
 from familiar_pipeline.projectors.turn_windows.tables import context_turn_matrix
+from familiar_pipeline.storage.passages import long_turn_spans
 from familiar_pipeline.storage.scopes import turn_visible
 from familiar_pipeline.storage.turns import context_windows
 
@@ -407,6 +409,40 @@ class TurnScores:
     blended: bool
     # Rows the nearest-turn searches may return (turns of the reply's visible scopes); None: all.
     visible: np.ndarray | None = None
+    # Per row, the weighted cosine of the turn's best passage (-inf: no passage vector), which
+    # raises the row's own; and which passage that was (-1: none). See :func:`_passage_floor`.
+    floor: np.ndarray | None = None
+    best_passage: np.ndarray | None = None
+
+    def _dots(self, rows: Any) -> np.ndarray:
+        """Cosines of ``rows`` (a slice or row numbers) not in ``sims``, raised to their passage floor."""
+        dots = row_dots(self.matrix[rows], self.cue)
+        return dots if self.floor is None else np.maximum(dots, self.floor[rows])
+
+    def passage_of(self, turn_id: int) -> int | None:
+        """The index of the passage of ``turn_id`` whose vector matched the cue best (None: none)."""
+        if self.best_passage is None or len(self.ids) == 0:
+            return None
+        at = int(np.searchsorted(self.ids, turn_id))
+        if at >= len(self.ids) or self.ids[at] != turn_id or self.best_passage[at] < 0:
+            return None
+        return int(self.best_passage[at])
+
+    def raised_by_passage(self, turn_ids: Iterable[int]) -> dict[int, int]:
+        """``{turn id: passage}`` of the ``turn_ids`` whose cosine is their best passage's (above their own)."""
+        if self.floor is None or self.best_passage is None or len(self.ids) == 0:
+            return {}
+        want = np.fromiter(turn_ids, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.ids, want), len(self.ids) - 1)
+        rows = np.unique(at[(self.ids[at] == want) & (self.best_passage[at] >= 0)])
+        if len(rows) == 0:
+            return {}
+        raised = self.floor[rows] > row_dots(self.matrix[rows], self.cue)
+        return {int(self.ids[r]): int(self.best_passage[r]) for r in rows[raised]}
+
+    def passage_count(self) -> int:
+        """How many turns have a passage vector in these scores."""
+        return 0 if self.best_passage is None else int(np.count_nonzero(self.best_passage >= 0))
 
     def _hide(self, sims: np.ndarray, low: int) -> np.ndarray:
         """``sims`` of rows ``low..`` with the rows of other scopes at -inf."""
@@ -432,7 +468,7 @@ class TurnScores:
         split = max(low, min(high, self.start))
         parts = []
         if split > low:
-            parts.append(row_dots(self.matrix[low:split], self.cue))
+            parts.append(self._dots(slice(low, split)))
         if high > split:
             parts.append(self.sims[split - self.start:high - self.start])
         sims = self._hide(np.concatenate(parts) if len(parts) > 1 else parts[0], low)
@@ -448,7 +484,7 @@ class TurnScores:
         old, new = rows[rows < self.start], rows[rows >= self.start]
         out = {int(self.ids[r]): float(self.sims[r - self.start]) for r in new}
         if len(old):
-            out.update(zip(self.ids[old].tolist(), row_dots(self.matrix[old], self.cue).tolist()))
+            out.update(zip(self.ids[old].tolist(), self._dots(old).tolist()))
         return out
 
 
@@ -477,7 +513,44 @@ def _turn_similarities(cue: str, memory, embedder, visible: tuple[str, ...] | No
         allowed = memory.scope_turn_ids(visible)
         mask = memory.memo(("turn-scope-mask", snapshot.version, embedder.name, blended, visible),
                            lambda: keep_ids(ids, allowed))
-    return TurnScores(ids, matrix, cue_vec, start, row_dots(matrix[start:], cue_vec), blended, mask)
+    sims = row_dots(matrix[start:], cue_vec)
+    floor, best = _passage_floor(memory, snapshot, embedder.name, ids, cue_vec, blended)
+    if floor is not None:
+        sims = np.maximum(sims, floor[start:])
+    return TurnScores(ids, matrix, cue_vec, start, sims, blended, mask, floor, best)
+
+
+def _passage_floor(memory, snapshot, model: str, ids: np.ndarray, cue_vec: np.ndarray,
+                   blended: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Per turn row, ``turn_passage_weight`` x the cosine of its best passage vector (-inf where it
+    has none) and that passage's index (-1), or ``(None, None)`` when passage vectors are off or absent.
+
+    The passage matrix and each passage's turn row are built once per snapshot; per reply it is
+    one matrix-vector product over the passages and one ``np.maximum.at``. A long reply's one
+    vector reads its opening only (MiniLM stops at 256-512 word pieces); its passages read the rest.
+    """
+    weight = memory.config.memory.retrieval.turn_passage_weight
+    if weight <= 0 or not memory.config.memory.is_active("turn_passage_embedding"):
+        return None, None
+    found = passage_matrix(snapshot, model)
+    if len(found.turn_ids) == 0 or found.matrix.shape[1] != cue_vec.shape[0]:
+        return None, None
+
+    def rows_of() -> tuple[np.ndarray, np.ndarray]:
+        at = np.minimum(np.searchsorted(ids, found.turn_ids), max(0, len(ids) - 1))
+        keep = ids[at] == found.turn_ids  # a passage whose turn has no turn vector (yet) is left out
+        return at[keep], np.flatnonzero(keep)
+
+    rows, picked = snapshot.current().cached(("passage_turn_rows", model, blended), rows_of)
+    if len(rows) == 0:
+        return None, None
+    sims = row_dots(found.matrix[picked], cue_vec) * np.float32(weight)
+    floor = np.full(len(ids), -np.inf, dtype=np.float32)
+    np.maximum.at(floor, rows, sims)
+    best = np.full(len(ids), -1, dtype=np.int64)
+    top = sims >= floor[rows]  # each turn's best passage (a tie: one of them)
+    best[rows[top]] = found.passages[picked][top]
+    return floor, best
 
 
 class _TurnRows:
@@ -601,8 +674,14 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         if len(kept) >= limit or (len(hits) < fetch and len(dense) < fetch) or round_ >= rounds:
             break
         fetch *= 4
+    scores = dense_cache.get("sims")
+    raised = scores.raised_by_passage(f["turn_id"] for f in ranked) if scores is not None else {}
+    for f in ranked:
+        if f["turn_id"] in raised:  # ranked by the passage of it that matched (passage vectors)
+            f["passage"] = raised[f["turn_id"]]
     if scope_counts is not None:
         scope_counts["turns"] = len(out_of_scope)
+        scope_counts["passage_turns"] = scores.passage_count() if scores is not None else 0
     if not kept:
         return [], []
     reach = retrieval.turn_neighbours
@@ -632,13 +711,29 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     shown_as = None
     if retrieval.turn_passage_chars > 0:  # a long turn is shown as its passage matching the cue
         tokens, size = cue_tokens(cue), retrieval.turn_passage_chars
-        shown_as = lambda t: shown_part(t, tokens, size)  # noqa: E731
+        matched = _matched_passage(dense_cache.get("sims"), memory)
+        shown_as = lambda t: shown_part(t, tokens, size, matched(t))  # noqa: E731
     chosen = fit_by_rank(groups, token_budget, shown_as)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "substance",
-                                "updates", "familiar", "taste")
+                                "updates", "familiar", "taste", "passage")
               if k in f}
              for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
+
+
+def _matched_passage(scores: "TurnScores | None", memory) -> Callable[[Any], tuple[int, int] | None]:
+    """For :func:`~familiar_bot.prompt.passages.shown_part`: a turn's offsets of the passage whose
+    vector matched the cue best (cut as the ``turn_passage_embedding`` projector cuts), or None."""
+    if scores is None or scores.best_passage is None:
+        return lambda turn: None
+    chars = getattr(memory.config.memory.knobs("turn_passage_embedding"), "passage_chars",
+                    memory.config.memory.retrieval.turn_passage_chars)
+
+    def matched(turn: Any) -> tuple[int, int] | None:
+        at = scores.passage_of(turn.id)
+        spans = long_turn_spans(turn.content or "", chars) if at is not None else []
+        return spans[at] if at is not None and at < len(spans) else None
+    return matched
 
 
 def read_cue(cue: str, memory, ctx) -> CueSignals | None:
@@ -887,6 +982,10 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
                                        first_hits=first_hits, scope_counts=scope_counts)
     debug["scope_excluded_turns"] = scope_counts.get("turns", 0)
     debug["turn_genre"] = turn_genre(memory, visible).debug()
+    # Passage vectors (turn_passage_embedding): the long turns that have them, and the ranked turns
+    # whose cosine their best passage raised.
+    debug["turn_passages"] = {"turns_with_vectors": scope_counts.get("passage_turns", 0),
+                              "ranked_by_passage": sum("passage" in f for f in turn_debug)}
     debug["scope_excluded"] = debug["scope_excluded_facts"] + debug["scope_excluded_turns"]
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)
