@@ -639,7 +639,8 @@ def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
     assert row_counts(store) == {
         "facts": 0, "fact_subjects": 0, "summaries": 1, "people_dossiers": 0, "reflections": 0,
         "fact_embeddings": 0, "turn_embeddings": 1, "turn_window_embeddings": 1, "turn_passage_embeddings": 2,
-        "watermarks": 5, "supersede_decisions": 0, "wishes": 0,  # its wishes come from facts too (kind "wish"): rebuilt from turns and the new facts
+        "watermarks": 5, "supersede_decisions": 0,
+        "wishes": 0,  # its wishes come from facts too (kind "wish"): rebuilt from turns and the new facts
     }
     # Turn and window vectors are built from turns, not facts: they survive. Standing wishes read
     # the facts of kind "wish" too (whose ids restart), so they rebuild with them.
