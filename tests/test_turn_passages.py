@@ -167,10 +167,10 @@ def snapshot_of(turn_ids, turns, passage_rows, model="e"):
 
 
 # Three turns; the cue is the 3rd axis. Turn 9's own vector (its opening) is about the 1st axis,
-# but its passage 2 (deep in it) is about the cue: only the passage vector finds it.
+# but its passage 1 (past its opening) is about the cue: only the passage vector finds it.
 CUE = np.array([0.0, 0.0, 1.0], dtype=np.float32)
 SNAP = snapshot_of([7, 8, 9], [[0, 1, 0], [0.6, 0, 0.8], [1, 0, 0]],
-                   [(9, 0, [1, 0, 0]), (9, 1, [0, 1, 0]), (9, 2, [0, 0.1, 1]), (7, 0, [0, 1, 0]), (7, 1, [1, 0, 0])])
+                   [(9, 0, [1, 0, 0]), (9, 1, [0, 0.1, 1]), (9, 2, [0, 1, 0]), (7, 0, [0, 1, 0]), (7, 1, [1, 0, 0])])
 
 
 def memory(weight=1.0, projectors=("turn_embedding", "turn_passage_embedding"), snap=SNAP):
@@ -186,7 +186,7 @@ def memory(weight=1.0, projectors=("turn_embedding", "turn_passage_embedding"), 
 def test_a_long_turn_is_found_by_the_passage_deep_in_it_that_its_own_vector_misses():
     deep = np.dot([0, 0.1, 1], CUE) / np.linalg.norm([0, 0.1, 1])
     found = _dense_turns("cue", memory(), 1, [])
-    assert found == pytest.approx({9: deep}), "turn 9 ranks first by its 3rd passage"
+    assert found == pytest.approx({9: deep}), "turn 9 ranks first by its 2nd passage"
     assert _dense_turns("cue", memory(), 3, []) == pytest.approx({9: deep, 8: 0.8, 7: 0.0})
     # off: no projector, or a zero weight: turn 9 is what its own vector says
     for off in (memory(projectors=("turn_embedding",)), memory(weight=0.0)):
@@ -201,20 +201,20 @@ def test_a_long_turn_is_found_by_the_passage_deep_in_it_that_its_own_vector_miss
 
 def test_the_scores_remember_which_passage_matched_and_what_it_raised():
     scores = _turn_similarities("cue", memory(), memory().embedder)
-    assert scores.passage_of(9) == 2 and scores.passage_of(8) is None
+    assert scores.passage_of(9) == 1 and scores.passage_of(8) is None
     assert scores.passage_count() == 2
-    assert scores.raised_by_passage([7, 8, 9]) == {9: 2}, "turn 7's best passage is no better than itself"
+    assert scores.raised_by_passage([7, 8, 9]) == {9: 1}, "turn 7's best passage is no better than itself"
 
 
 def test_the_matched_passage_is_shown_when_no_cue_word_picks_one():
     paragraphs = long_text("x").split("\n\n")
-    paragraphs[2] = paragraphs[2].replace("words", "zebra")  # same length: the same cut
+    paragraphs[1] = paragraphs[1].replace("words", "zebra")  # same length: the same cut
     text = "\n\n".join(paragraphs)
     turn = SimpleNamespace(id=9, content=text)
     scores = _turn_similarities("cue", memory(), memory().embedder)
     matched = _matched_passage(scores, memory())
     spans = passage_spans(text, SIZE)
-    assert matched(turn) == spans[2] and "zebra" in text[slice(*spans[2])]
+    assert matched(turn) == spans[1] and "zebra" in text[slice(*spans[1])]
     shown = passages.passage_of(text, passages.cue_tokens("what animal was it"), SIZE, matched(turn))[0]
     assert "zebra" in shown, "no cue word anywhere: the passage the vectors found"
     assert "zebra" not in passages.passage_of(text, passages.cue_tokens("what animal was it"), SIZE)[0]
