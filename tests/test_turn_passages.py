@@ -246,3 +246,67 @@ def test_erasing_a_person_or_a_message_removes_their_passage_vectors(tmp_path):
         served = passage_matrix(SnapshotReader(paths.serving_dir), "hash-v1-d32")
         assert set(served.turn_ids.tolist()) == {bo[1].id}
     assert Path(paths.memory_db).exists()
+
+
+# --------------------------------------------------------------------------- through the assembler
+
+
+class AxisEmbedder:
+    """Deterministic 4-d vectors: a text naming a striped animal leans on the 3rd axis."""
+
+    name, dim = "axes", 4
+
+    def embed(self, texts):
+        out = []
+        for text in texts:
+            v = [0.1, 0.1, 0.1, 0.1]
+            if any(w in text.lower() for w in ("zebra", "striped")):
+                v[2] += 1.0
+            out.append(np.array(v, dtype=np.float32))
+        return out
+
+
+def test_through_the_assembler_a_long_turn_ranks_by_its_passage_which_is_shown_and_the_debug_says_so(tmp_path):
+    from familiar_bot.prompt.assembly import render_sections
+    from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
+    from familiar_pipeline.projectors.turn_passage_embeddings.run import set_passage_vectors
+    from familiar_pipeline.projectors.vectors import set_vectors
+    from tests.test_assembly import World, ctx, section
+
+    toml = ('[providers.embedding]\nbackend = "hash"\n'
+            '[providers.memory]\nprojectors = ["turn_embedding", "turn_passage_embedding"]\n')
+    world = World(tmp_path, toml)
+    try:
+        said = [world.say(f"Short note number {i} about the weekend plans and groceries.") for i in range(8)]
+        filler = "There were long queues at the entrance and the weather kept changing all afternoon. " * 4
+        long = world.say("\n\n".join([filler, filler, "Near the pond we saw a zebra grazing quietly. " + filler, filler]))
+        said += [world.say(f"Another short note {i} about the weekend.") for i in range(3)]
+        spans = long_turn_spans(long.content, 600)
+        deep = next(i for i, (a, b) in enumerate(spans) if "zebra" in long.content[a:b])
+        assert deep > 0, "the matching passage lies past the reply's opening"
+        # The long turn's own vector reads its opening only (as MiniLM's 256 word pieces would).
+        set_vectors(world.store, TURN_EMBEDDINGS, "axes",
+                    [(t.id, [0.0, 1.0, 0.3, 0.0], "guild:1") for t in said] + [(long.id, [1.0, 0, 0, 0], "guild:1")])
+        set_passage_vectors(world.store, "axes", [(long.id, p, [0, 0, 1.0, 0] if p == deep else [1.0, 0, 0, 0],
+                                                   "guild:1") for p in range(len(spans))])
+        world.sync()
+        small = {"FAMILIAR__CHANNELS__10__HISTORY_WINDOW_SIZE": "1"}
+        cue = "Which striped animal came up?"
+
+        def ask(env):
+            prompt = world.assembler({**small, **env}, embedder=AxisEmbedder()).assemble(ctx(cue))
+            rag = prompt.debug["rag"]
+            return prompt, rag, [t for t in rag["turns"] if t["turn_id"] == long.id][0]
+
+        prompt, rag, mine = ask({})
+        off_prompt, off_rag, off = ask({"FAMILIAR__MEMORY__RETRIEVAL__TURN_PASSAGE_WEIGHT": "0"})
+        assert mine["cosine"] > off["cosine"] + 0.3, "its best passage raised it"
+        assert mine["passage"] == deep and "passage" not in off
+        assert rag["turn_passages"] == {"turns_with_vectors": 1, "ranked_by_passage": 1}
+        assert off_rag["turn_passages"] == {"turns_with_vectors": 0, "ranked_by_passage": 0}
+        assert "passage vectors: 1 long turns have them; 1 ranked turns" in render_sections(prompt)
+        # no cue word in any passage: the passage the vectors matched is the one shown
+        assert "zebra" in section(prompt, "rag_context").text
+        assert long.id in off_rag["shown_turn_ids"] and "zebra" not in section(off_prompt, "rag_context").text
+    finally:
+        world.close()
