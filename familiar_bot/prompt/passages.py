@@ -6,7 +6,10 @@ evidence is cut (rendered recall on person-assistant histories fell to 28.8: iss
 turn longer than ``turn_passage_chars`` is cut into passages of about that length, at
 paragraph, line or sentence ends, and only the passage sharing the most of the cue's
 words (the first on a tie: a reply's opening usually says what it is about) is
-shown, marked with "..." where text was left out, under the turn's own time and speaker.
+shown, marked with "..." where text was left out, under the turn's own time and speaker. When
+no passage holds a cue word and the turn has passage vectors (``turn_passage_embedding``), the
+passage whose vector matched the cue best is shown instead. Where a turn is cut is the
+pipeline's (:mod:`familiar_pipeline.storage.passages`), the same cut its passages are indexed by.
 
 Plain functions over strings and turn rows; ``retrieval.retrieve_turns`` calls
 :func:`shown_part` on every turn it is about to fit into the section.

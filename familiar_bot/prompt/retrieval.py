@@ -24,7 +24,11 @@ active with ``turn_embedding_weight > 0``, the top ``turn_candidates`` turns by
 cosine to the cue (one matrix product over the snapshot's turn vectors). Every
 candidate gets its own cosine, BM25 hits included, blended with the mean cosine
 of its context window (``turn_context``: the turn and its ``turn_context_span``
-nearest same-channel turns each side). Over the union each signal is min-max
+nearest same-channel turns each side). A long turn with passage vectors (the opt-in
+``turn_passage_embedding`` projection) has the larger of that cosine and
+``turn_passage_weight`` x its best passage's: one vector per long reply reads only its
+opening, its passages read the rest (one product over the passage matrix per reply, aggregated
+per turn with ``np.maximum.at``). Over the union each signal is min-max
 normalised and the two are summed with ``bm25_weight`` and
 ``turn_embedding_weight`` (``turn_fusion = "rrf"`` swaps in reciprocal rank
 fusion, which measured worse on LoCoMo: docs/benchmarks.md). What the words
@@ -47,8 +51,8 @@ turns never crowd a small scope out. Facts are filtered the same way by their
 ``turn_neighbour_hits`` hits brings its ``turn_neighbours`` nearest neighbours
 before and after in the same channel (the rest come alone);
 hits join in rank order while they and their neighbours fit the section's
-token budget (a long turn as its passage that best matches the cue:
-:mod:`familiar_bot.prompt.passages`), and the lot is grouped by date in ``display_tz``. The debug
+token budget (a long turn as its passage that best matches the cue's words, else the one
+whose vector matched it: :mod:`familiar_bot.prompt.passages`), and the lot is grouped by date in ``display_tz``. The debug
 structure records which facts and turns survived the token cut
 (``shown_fact_ids``, ``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
 
