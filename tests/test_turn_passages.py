@@ -173,9 +173,9 @@ SNAP = snapshot_of([7, 8, 9], [[0, 1, 0], [0.6, 0, 0.8], [1, 0, 0]],
                    [(9, 0, [1, 0, 0]), (9, 1, [0, 0.1, 1]), (9, 2, [0, 1, 0]), (7, 0, [0, 1, 0]), (7, 1, [1, 0, 0])])
 
 
-def memory(weight=1.0, projectors=("turn_embedding", "turn_passage_embedding"), snap=SNAP):
+def memory(weight=1.0, projectors=("turn_embedding", "turn_passage_embedding"), snap=SNAP, search_rows=0):
     embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [CUE])
-    retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=0.0, turn_vector_search_rows=0,
+    retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=0.0, turn_vector_search_rows=search_rows,
                                 turn_passage_weight=weight, turn_passage_chars=SIZE)
     config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=lambda p: p in projectors,
                                                     knobs=lambda p: SimpleNamespace(passage_chars=SIZE)))
@@ -193,10 +193,21 @@ def test_a_long_turn_is_found_by_the_passage_deep_in_it_that_its_own_vector_miss
         assert _dense_turns("cue", off, 3, []) == pytest.approx({9: 0.0, 8: 0.8, 7: 0.0})
     # a passage never lowers a turn: max(own, weight x passage)
     assert _dense_turns("cue", memory(weight=0.5), 3, []) == pytest.approx({9: deep / 2, 8: 0.8, 7: 0.0})
-    # a BM25 hit outside the searched rows gets the passage's cosine too (scored on demand)
-    scores = _turn_similarities("cue", memory(), memory().embedder)
-    narrow = scores.__class__(**{**scores.__dict__, "start": 3, "sims": scores.sims[3:]})
-    assert narrow.of([9]) == pytest.approx({9: deep})
+
+
+def test_an_older_turn_outside_the_searched_rows_gets_its_passages_scored_when_asked_for():
+    """Only the newest ``turn_vector_search_rows`` turns' passages are scored at once (a reply's cost stays
+    flat as the log grows); an older long turn named by BM25 has its passages scored on demand."""
+    snap = snapshot_of([7, 8, 9], [[1, 0, 0], [0.6, 0, 0.8], [0, 1, 0]],
+                       [(7, 0, [1, 0, 0]), (7, 1, [0, 0.1, 1]), (7, 2, [0, 1, 0]), (9, 0, [0, 1, 0]), (9, 1, [0, 1, 0])])
+    deep = 1 / np.linalg.norm([0, 0.1, 1])
+    mem = memory(snap=snap, search_rows=1)
+    scores = _turn_similarities("cue", mem, mem.embedder)
+    assert scores.passages is not None and not scores.passages.done[0] and scores.passages.done[2]
+    assert scores.passages.turns == 2
+    assert _dense_turns("cue", mem, 3, []) == pytest.approx({9: 0.0}), "the newest row only"
+    assert _dense_turns("cue", mem, 3, [7]) == pytest.approx({9: 0.0, 7: deep}), "turn 7 by its 2nd passage"
+    assert scores.of([7, 8]) == pytest.approx({7: deep, 8: 0.8}) and scores.passage_of(7) == 1
 
 
 def test_the_scores_remember_which_passage_matched_and_what_it_raised():

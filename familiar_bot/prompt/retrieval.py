@@ -413,40 +413,46 @@ class TurnScores:
     blended: bool
     # Rows the nearest-turn searches may return (turns of the reply's visible scopes); None: all.
     visible: np.ndarray | None = None
-    # Per row, the weighted cosine of the turn's best passage (-inf: no passage vector), which
-    # raises the row's own; and which passage that was (-1: none). See :func:`_passage_floor`.
-    floor: np.ndarray | None = None
-    best_passage: np.ndarray | None = None
+    # The turns' best passage cosines (passage vectors on and present), which raise their own.
+    passages: "PassageScores | None" = None
 
     def _dots(self, rows: Any) -> np.ndarray:
-        """Cosines of ``rows`` (a slice or row numbers) not in ``sims``, raised to their passage floor."""
+        """Cosines of ``rows`` (row numbers) not in ``sims``, raised to their best passage's."""
         dots = row_dots(self.matrix[rows], self.cue)
-        return dots if self.floor is None else np.maximum(dots, self.floor[rows])
+        return dots if self.passages is None else np.maximum(dots, self.passages.floor_at(rows))
+
+    def _rows_of(self, turn_ids: Iterable[int]) -> np.ndarray:
+        want = np.fromiter(turn_ids, dtype=np.int64)
+        if len(want) == 0 or len(self.ids) == 0:
+            return np.zeros(0, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.ids, want), len(self.ids) - 1)
+        return np.unique(at[self.ids[at] == want])
 
     def passage_of(self, turn_id: int) -> int | None:
         """The index of the passage of ``turn_id`` whose vector matched the cue best (None: none)."""
-        if self.best_passage is None or len(self.ids) == 0:
+        if self.passages is None:
             return None
-        at = int(np.searchsorted(self.ids, turn_id))
-        if at >= len(self.ids) or self.ids[at] != turn_id or self.best_passage[at] < 0:
+        rows = self._rows_of([turn_id])
+        if len(rows) == 0:
             return None
-        return int(self.best_passage[at])
+        self.passages.floor_at(rows)
+        best = int(self.passages.best[rows[0]])
+        return best if best >= 0 else None
 
     def raised_by_passage(self, turn_ids: Iterable[int]) -> dict[int, int]:
         """``{turn id: passage}`` of the ``turn_ids`` whose cosine is their best passage's (above their own)."""
-        if self.floor is None or self.best_passage is None or len(self.ids) == 0:
+        if self.passages is None:
             return {}
-        want = np.fromiter(turn_ids, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self.ids, want), len(self.ids) - 1)
-        rows = np.unique(at[(self.ids[at] == want) & (self.best_passage[at] >= 0)])
+        rows = self._rows_of(turn_ids)
         if len(rows) == 0:
             return {}
-        raised = self.floor[rows] > row_dots(self.matrix[rows], self.cue)
-        return {int(self.ids[r]): int(self.best_passage[r]) for r in rows[raised]}
+        floor = self.passages.floor_at(rows)
+        raised = rows[floor > row_dots(self.matrix[rows], self.cue)]
+        return {int(self.ids[r]): int(self.passages.best[r]) for r in raised}
 
     def passage_count(self) -> int:
         """How many turns have a passage vector in these scores."""
-        return 0 if self.best_passage is None else int(np.count_nonzero(self.best_passage >= 0))
+        return 0 if self.passages is None else self.passages.turns
 
     def _hide(self, sims: np.ndarray, low: int) -> np.ndarray:
         """``sims`` of rows ``low..`` with the rows of other scopes at -inf."""
@@ -472,7 +478,7 @@ class TurnScores:
         split = max(low, min(high, self.start))
         parts = []
         if split > low:
-            parts.append(self._dots(slice(low, split)))
+            parts.append(self._dots(np.arange(low, split)))
         if high > split:
             parts.append(self.sims[split - self.start:high - self.start])
         sims = self._hide(np.concatenate(parts) if len(parts) > 1 else parts[0], low)
@@ -518,43 +524,85 @@ def _turn_similarities(cue: str, memory, embedder, visible: tuple[str, ...] | No
         mask = memory.memo(("turn-scope-mask", snapshot.version, embedder.name, blended, visible),
                            lambda: keep_ids(ids, allowed))
     sims = row_dots(matrix[start:], cue_vec)
-    floor, best = _passage_floor(memory, snapshot, embedder.name, ids, cue_vec, blended)
-    if floor is not None:
-        sims = np.maximum(sims, floor[start:])
-    return TurnScores(ids, matrix, cue_vec, start, sims, blended, mask, floor, best)
+    passages = _passage_scores(memory, snapshot, embedder.name, ids, cue_vec, blended, start)
+    if passages is not None:
+        sims = np.maximum(sims, passages.floor[start:])
+    return TurnScores(ids, matrix, cue_vec, start, sims, blended, mask, passages)
 
 
-def _passage_floor(memory, snapshot, model: str, ids: np.ndarray, cue_vec: np.ndarray,
-                   blended: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Per turn row, ``turn_passage_weight`` x the cosine of its best passage vector (-inf where it
-    has none) and that passage's index (-1), or ``(None, None)`` when passage vectors are off or absent.
+class PassageScores:
+    """One cue's cosines to the passage vectors, aggregated per turn row (the best passage's).
 
-    The passage matrix and each passage's turn row are built once per snapshot; per reply it is
-    one matrix-vector product over the passages and one ``np.maximum.at``. A long reply's one
-    vector reads its opening only (MiniLM stops at 256-512 word pieces); its passages read the rest.
+    ``floor[row]``: ``turn_passage_weight`` x the cosine of the turn's best passage (-inf: no
+    passage vector); ``best[row]``: which passage (-1). Like :class:`TurnScores`, only the
+    passages of the searched rows (``start`` on) are scored at once, one product and one
+    ``np.maximum.at``; an older turn's passages are scored when it is asked for (a BM25 hit).
     """
+
+    def __init__(self, rows: np.ndarray, matrix: np.ndarray, passages: np.ndarray, cue: np.ndarray,
+                 weight: float, size: int, start: int) -> None:
+        self.rows, self.matrix, self.passages, self.cue, self.weight = rows, matrix, passages, cue, weight
+        self.floor = np.full(size, -np.inf, dtype=np.float32)
+        self.best = np.full(size, -1, dtype=np.int64)
+        self.done = np.zeros(size, dtype=bool)
+        self.done[start:] = True
+        self.turns = int(np.count_nonzero(np.diff(rows))) + 1 if len(rows) else 0
+        self._score(np.arange(int(np.searchsorted(rows, start, side="left")), len(rows)))
+
+    def _score(self, at: np.ndarray) -> None:
+        """Score the passages at positions ``at`` into their turns' floor and best passage."""
+        if len(at) == 0:
+            return
+        sims = row_dots(self.matrix[at], self.cue) * np.float32(self.weight)
+        rows = self.rows[at]
+        np.maximum.at(self.floor, rows, sims)
+        top = sims >= self.floor[rows]  # each turn's best passage (a tie: one of them)
+        self.best[rows[top]] = self.passages[at[top]]
+
+    def floor_at(self, rows: np.ndarray) -> np.ndarray:
+        """``floor`` of these turn rows, their passages scored first if they were not yet."""
+        rows = np.asarray(rows, dtype=np.int64)
+        todo = np.unique(rows[~self.done[rows]])
+        if len(todo):
+            low = np.searchsorted(self.rows, todo, side="left")
+            counts = np.searchsorted(self.rows, todo, side="right") - low
+            starts = np.repeat(low, counts)
+            offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            self._score(starts + offsets)
+            self.done[todo] = True
+        return self.floor[rows]
+
+
+def _passage_scores(memory, snapshot, model: str, ids: np.ndarray, cue_vec: np.ndarray, blended: bool,
+                    start: int) -> PassageScores | None:
+    """The cue's :class:`PassageScores` over the turn rows ``ids``, or None when passage vectors are
+    off (``turn_passage_weight`` 0 or the ``turn_passage_embedding`` projection inactive) or absent.
+
+    The passage matrix and each passage's turn row are built once per snapshot. A long reply's
+    one vector reads its opening only (MiniLM stops at 256-512 word pieces); its passages read the rest.
+    """
+    if not memory.config.memory.is_active("turn_passage_embedding"):
+        return None
     weight = memory.config.memory.retrieval.turn_passage_weight
-    if weight <= 0 or not memory.config.memory.is_active("turn_passage_embedding"):
-        return None, None
+    if weight <= 0:
+        return None
     found = passage_matrix(snapshot, model)
     if len(found.turn_ids) == 0 or found.matrix.shape[1] != cue_vec.shape[0]:
-        return None, None
+        return None
 
-    def rows_of() -> tuple[np.ndarray, np.ndarray]:
+    def rows_of() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each passage's turn row, its passage matrix rows and passage numbers (passages whose turn
+        has no turn vector yet left out), ascending by turn row."""
         at = np.minimum(np.searchsorted(ids, found.turn_ids), max(0, len(ids) - 1))
-        keep = ids[at] == found.turn_ids  # a passage whose turn has no turn vector (yet) is left out
-        return at[keep], np.flatnonzero(keep)
+        keep = ids[at] == found.turn_ids
+        if bool(keep.all()):  # the usual case: the served matrix itself, no copy
+            return at, found.matrix, found.passages
+        return at[keep], np.ascontiguousarray(found.matrix[keep]), found.passages[keep]
 
-    rows, picked = snapshot.current().cached(("passage_turn_rows", model, blended), rows_of)
+    rows, matrix, numbers = snapshot.current().cached(("passage_turn_rows", model, blended, len(ids)), rows_of)
     if len(rows) == 0:
-        return None, None
-    sims = row_dots(found.matrix[picked], cue_vec) * np.float32(weight)
-    floor = np.full(len(ids), -np.inf, dtype=np.float32)
-    np.maximum.at(floor, rows, sims)
-    best = np.full(len(ids), -1, dtype=np.int64)
-    top = sims >= floor[rows]  # each turn's best passage (a tie: one of them)
-    best[rows[top]] = found.passages[picked][top]
-    return floor, best
+        return None
+    return PassageScores(rows, matrix, numbers, cue_vec, weight, len(ids), start)
 
 
 class _TurnRows:
@@ -728,7 +776,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
 def _matched_passage(scores: "TurnScores | None", memory) -> Callable[[Any], tuple[int, int] | None]:
     """For :func:`~familiar_bot.prompt.passages.shown_part`: a turn's offsets of the passage whose
     vector matched the cue best (cut as the ``turn_passage_embedding`` projector cuts), or None."""
-    if scores is None or scores.best_passage is None:
+    if scores is None or scores.passages is None:
         return lambda turn: None
     chars = getattr(memory.config.memory.knobs("turn_passage_embedding"), "passage_chars",
                     memory.config.memory.retrieval.turn_passage_chars)
