@@ -20,11 +20,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from bisect import bisect_right
-from typing import Any
+from typing import Any, Callable, Union
 
 from familiar_pipeline.storage.passages import is_long, passage_spans
 
 ELLIPSIS = "…"
+# The offsets of the passage whose vector matched the cue, or a function finding them when asked
+# (only when no passage holds a cue word: most shown turns never need it).
+Matched = Union[tuple[int, int], Callable[[], Union[tuple[int, int], None]], None]
 _WORD = re.compile(r"[a-z0-9]+")
 STOPWORDS = frozenset("""a about an and any are as at be been but by can could did do does for from had has have how i if
 in into is it its me my not of on or our so than that the their them then there these they this to was we were
@@ -64,8 +67,7 @@ def best_passage(text: str, spans: list[tuple[int, int]], cue_tokens: frozenset[
     return scores.index(max(scores))
 
 
-def passage_of(text: str, cue_tokens: frozenset[str], size: int,
-               matched: tuple[int, int] | None = None) -> tuple[str, int, int]:
+def passage_of(text: str, cue_tokens: frozenset[str], size: int, matched: Matched = None) -> tuple[str, int, int]:
     """``(shown text, passage index, passage count)``: ``text`` itself when it is short enough.
 
     ``matched``: the offsets of the passage whose vector matched the cue best (the
@@ -77,6 +79,8 @@ def passage_of(text: str, cue_tokens: frozenset[str], size: int,
     if len(spans) <= 1:
         return text, 0, 1
     scores = passage_scores(text, spans, cue_tokens)
+    if callable(matched):
+        matched = matched() if max(scores) == 0 else None
     if matched is not None and max(scores) == 0 and 0 <= matched[0] < matched[1] <= len(text):
         first, last = matched
         at = bisect_right([a for a, _ in spans], first) - 1
@@ -91,7 +95,7 @@ def passage_of(text: str, cue_tokens: frozenset[str], size: int,
     return shown, at, len(spans)
 
 
-def shown_part(turn: Any, cue_tokens: frozenset[str], size: int, matched: tuple[int, int] | None = None) -> Any:
+def shown_part(turn: Any, cue_tokens: frozenset[str], size: int, matched: Matched = None) -> Any:
     """``turn`` as shown: a copy whose ``content`` is its best passage when it is long (the
     same turn otherwise; the row itself is never changed). ``matched``: see :func:`passage_of`."""
     text = turn.content or ""

@@ -764,7 +764,7 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     if retrieval.turn_passage_chars > 0:  # a long turn is shown as its passage matching the cue
         tokens, size = cue_tokens(cue), retrieval.turn_passage_chars
         matched = _matched_passage(dense_cache.get("sims"), memory)
-        shown_as = lambda t: shown_part(t, tokens, size, matched(t))  # noqa: E731
+        shown_as = lambda t: shown_part(t, tokens, size, lambda: matched(t))  # noqa: E731
     chosen = fit_by_rank(groups, token_budget, shown_as)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "substance",
                                 "updates", "familiar", "taste", "passage")
