@@ -99,6 +99,7 @@ def populate_every_table(store: ProjectionStore) -> tuple:
     from familiar_pipeline.projectors.summary import tables as summary_db
     from familiar_pipeline.projectors.supersede import tables as supersede_db
     from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
+    from familiar_pipeline.projectors.turn_passage_embeddings.run import set_passage_vectors
     from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS
     from familiar_pipeline.projectors.vectors import set_vectors
     from familiar_pipeline.projectors.wishes import tables as wishes_db
@@ -118,6 +119,7 @@ def populate_every_table(store: ProjectionStore) -> tuple:
     fact_vectors.set_fact_embedding(store, b.id, "m", [1.0])
     set_vectors(store, TURN_EMBEDDINGS, "m", [(1, [1.0])])
     set_vectors(store, TURN_WINDOW_EMBEDDINGS, "m", [(1, [1.0])])
+    set_passage_vectors(store, "m", [(1, 0, [1.0], "familiar"), (1, 1, [0.5], "familiar")])
     wishes_db.insert_wishes(store, [wishes_db.WishDraft("discord:1", "call", "Call me Cass.", 2, 1,
                                                         datetime(2026, 1, 1, tzinfo=timezone.utc), "dm:discord:1")])
     for name in BUILTIN_PROJECTORS:

@@ -85,7 +85,7 @@ def test_defaults_are_the_documented_values(tmp_path):
         "turn_reply_credit": 0.8, "turn_substance_length": 0.2, "turn_substance_question": 0.05,
         "turn_substance_depth": 64, "turn_day_spread": 0.6, "turn_day_spread_keep": 4, "turn_thread_hits": 10,
         "turn_thread_similarity": 0.3, "turn_genre": "auto", "turn_familiar_weight": 0.75, "turn_taste_weight": 0.3,
-        "turn_passage_chars": 600}
+        "turn_passage_chars": 600, "turn_passage_weight": 0.9}
     assert cfg.embedding == EmbeddingConfig(backend="off", dim=256, fastembed_model="BAAI/bge-small-en-v1.5",
                                             fastembed_cache_dir=None, fastembed_model_path=None)
     assert dataclasses.asdict(cfg.history) == {
@@ -475,7 +475,7 @@ def test_a_failed_load_changes_no_file(tmp_path):
 def test_registry_builtins_and_registration():
     assert registry.known_projectors() == (
         "fact_embedding", "fact_supersede", "people_dossier", "reflection", "rich_note", "rolling_summary",
-        "standing_wish", "turn_embedding", "turn_window_embedding")
+        "standing_wish", "turn_embedding", "turn_passage_embedding", "turn_window_embedding")
     assert registry.get_projector("fact_embedding").needs_llm is False
     assert registry.get_projector("rich_note").needs_llm is True
     with pytest.raises(registry.UnknownProjectorError, match="unknown memory projector 'nope'; valid: fact_embedding"):

@@ -26,7 +26,7 @@ def test_the_builtins_are_the_registered_specs():
     assert [s.name for s in SPECS] == list(registry.BUILTIN_PROJECTORS)
     assert registry.BUILTIN_PROJECTORS == (
         "turns_fts", "rolling_summary", "rich_note", "fact_embedding", "fact_supersede", "standing_wish", "people_dossier",
-        "reflection", "turn_embedding", "turn_window_embedding")
+        "reflection", "turn_embedding", "turn_window_embedding", "turn_passage_embedding")
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)

@@ -128,7 +128,8 @@ def test_blocked_followers_are_held_for_that_familiar_only_across_its_passes():
     assert order.blocked["a"] == {a: "blocked: facts failed for this familiar (ValueError)"
                                   for a in ("fact_embeddings", *FACT_DRIVEN)}, "the first reason stays"
     # standing wishes read the facts softly: a's heuristic wishes still run while its facts fail
-    assert second_pass["a"] == ["turns_fts", "rolling_summary", "wishes", "turn_embeddings", "turn_window_embeddings"]
+    assert second_pass["a"] == ["turns_fts", "rolling_summary", "wishes", "turn_embeddings", "turn_window_embeddings",
+                                "turn_passage_embeddings"]
     assert second_pass["b"] == [a for a in ASSETS if a != "facts"]
 
 

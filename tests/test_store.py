@@ -638,12 +638,14 @@ def test_drop_rich_note_takes_facts_and_everything_built_on_them(store):
     drop_projection(store, "rich_note")
     assert row_counts(store) == {
         "facts": 0, "fact_subjects": 0, "summaries": 1, "people_dossiers": 0, "reflections": 0,
-        "fact_embeddings": 0, "turn_embeddings": 1, "turn_window_embeddings": 1, "watermarks": 4, "supersede_decisions": 0,
+        "fact_embeddings": 0, "turn_embeddings": 1, "turn_window_embeddings": 1, "turn_passage_embeddings": 2,
+        "watermarks": 5, "supersede_decisions": 0,
         "wishes": 0,  # its wishes come from facts too (kind "wish"): rebuilt from turns and the new facts
     }
     # Turn and window vectors are built from turns, not facts: they survive. Standing wishes read
     # the facts of kind "wish" too (whose ids restart), so they rebuild with them.
-    assert remaining_watermarks(store) == {"rolling_summary", "turns_fts", "turn_embedding", "turn_window_embedding"}
+    assert remaining_watermarks(store) == {"rolling_summary", "turns_fts", "turn_embedding", "turn_window_embedding",
+                                           "turn_passage_embedding"}
     # nothing citing a fact id survives, so ids restart: a rebuild reproduces the incremental ids
     assert add(store, "Cass likes tea.", CASS).id == 1
 

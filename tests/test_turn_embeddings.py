@@ -192,7 +192,8 @@ def test_dense_turns_blend_each_cosine_with_its_context_window():
     embedder = SimpleNamespace(name="e", dim=3, embed=lambda texts: [np.array([0.0, 1.0, 0.0], dtype=np.float32)])
 
     def memory(share):
-        retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share, turn_vector_search_rows=0)
+        retrieval = SimpleNamespace(turn_embedding_weight=1.0, turn_context=share, turn_vector_search_rows=0,
+                                    turn_passage_weight=1.0)  # every projector active; no passage vector served
         config = SimpleNamespace(memory=SimpleNamespace(retrieval=retrieval, is_active=lambda p: True))
         return SimpleNamespace(config=config, embedder=embedder, snapshot=snapshot,
                                cue_vector=lambda cue: embedder.embed([cue])[0], warn_once=lambda *a: None)

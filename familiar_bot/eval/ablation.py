@@ -2,7 +2,7 @@
 
 ``familiar eval locomo --ablation`` measures, on the same prepared familiars,
 the ranking as it was before the cue's people, time and reply signals, the
-substance re-order, the genre's steps and passages ("before": those weights 0, every
+substance re-order, the genre's steps, passages and passage vectors ("before": those weights 0, every
 hit with its neighbours, 24 hits in the text tier, the people genre, turns whole), each
 change added alone to it, the shipped defaults, and the shipped defaults with
 each change taken out. Every row's gain over "before" is a **paired bootstrap**
@@ -35,6 +35,8 @@ CHANGES: Mapping[str, tuple[dict, dict]] = {
     # person's taste answers a request for advice, substance is off), and long turns shown in part
     "genre": ({"turn_genre": "people"}, {}),
     "passages": ({"turn_passage_chars": 0}, {}),
+    # long turns found by the passage of them that matches (projector turn_passage_embedding)
+    "passage vectors": ({"turn_passage_weight": 0.0}, {}),
 }
 # Parts of a change taken out of the shipped defaults alone (they do nothing without it).
 PARTS: Mapping[str, tuple[dict, dict]] = {

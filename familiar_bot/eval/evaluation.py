@@ -192,7 +192,7 @@ def familiar_toml(embedder: str, model_path: Path | None, facts: str = "none",
             lines.append(f'fastembed_model = "{MINILM_NAME}"')
             if model_path is not None:
                 lines.append(f"fastembed_model_path = {json.dumps(str(model_path))}")
-    wanted = (["turn_embedding", "turn_window_embedding"] + (["fact_embedding"] if facts != "none" else [])
+    wanted = (["turn_embedding", "turn_window_embedding", "turn_passage_embedding"] + (["fact_embedding"] if facts != "none" else [])
               if embedder != "off" else [])
     if facts == "extracted":
         wanted.insert(0, "rich_note")

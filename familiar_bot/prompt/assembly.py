@@ -229,6 +229,11 @@ def render_sections(prompt: AssembledPrompt) -> str:
         out.append(f"turn genre: {genre.get('genre')} (the familiar's replies {100 * genre.get('familiar_share', 0):.0f}% "
                    f"of the newest {genre.get('turns', 0)} turns here, {genre.get('familiar_chars', 0)} characters on "
                    f"average against the people's {genre.get('people_chars', 0)})")
+    passages = (rag or {}).get("turn_passages")
+    if passages and passages.get("turns_with_vectors"):  # long turns found by a passage (turn_passage_embedding)
+        out.append("")
+        out.append(f"passage vectors: {passages['turns_with_vectors']} long turns have them; "
+                   f"{passages.get('ranked_by_passage', 0)} ranked turns were raised by their best passage")
     if rag and rag.get("facts"):
         out.append("")
         out.append("fact ranking (signals normalised within the batch; total = weighted sum):")

@@ -6,7 +6,10 @@ evidence is cut (rendered recall on person-assistant histories fell to 28.8: iss
 turn longer than ``turn_passage_chars`` is cut into passages of about that length, at
 paragraph, line or sentence ends, and only the passage sharing the most of the cue's
 words (the first on a tie: a reply's opening usually says what it is about) is
-shown, marked with "..." where text was left out, under the turn's own time and speaker.
+shown, marked with "..." where text was left out, under the turn's own time and speaker. When
+no passage holds a cue word and the turn has passage vectors (``turn_passage_embedding``), the
+passage whose vector matched the cue best is shown instead. Where a turn is cut is the
+pipeline's (:mod:`familiar_pipeline.storage.passages`), the same cut its passages are indexed by.
 
 Plain functions over strings and turn rows; ``retrieval.retrieve_turns`` calls
 :func:`shown_part` on every turn it is about to fit into the section.
@@ -17,44 +20,18 @@ from __future__ import annotations
 import dataclasses
 import re
 from bisect import bisect_right
-from typing import Any
+from typing import Any, Callable, Union
+
+from familiar_pipeline.storage.passages import is_long, passage_spans
 
 ELLIPSIS = "…"
-MAX_CHARS = 60_000  # a pasted book is cut into passages up to here only (the rest is never shown)
-# Where a passage may end: a line end or a sentence end; then between words.
-_BOUNDARY = re.compile(r"\n|[.!?:;](?=\s)")
+# The offsets of the passage whose vector matched the cue, or a function finding them when asked
+# (only when no passage holds a cue word: most shown turns never need it).
+Matched = Union[tuple[int, int], Callable[[], Union[tuple[int, int], None]], None]
 _WORD = re.compile(r"[a-z0-9]+")
 STOPWORDS = frozenset("""a about an and any are as at be been but by can could did do does for from had has have how i if
 in into is it its me my not of on or our so than that the their them then there these they this to was we were
 what when where which who why will with would you your""".split())
-
-
-def passage_spans(text: str, size: int) -> list[tuple[int, int]]:
-    """``(start, end)`` offsets of ``text`` cut into passages of at most about ``size`` characters,
-    at paragraph, line or sentence ends (between words only inside a sentence longer than
-    ``size``). Offsets, not copies: one regex pass over a turn every reply may show."""
-    text = text[:MAX_CHARS]
-    if size <= 0 or len(text) <= size:
-        return [(0, len(text))] if text.strip() else []
-    cuts = [m.end() for m in _BOUNDARY.finditer(text)] + [len(text)]
-    spans: list[tuple[int, int]] = []
-    at = 0
-    for cut in cuts:
-        while cut - at > size:  # one sentence longer than a passage: cut between words
-            space = text.rfind(" ", at + 1, at + size)
-            end = space if space > at else at + size
-            spans.append((at, end))
-            at = end
-        if cut > at:
-            spans.append((at, cut))
-        at = cut
-    packed: list[tuple[int, int]] = []
-    for a, b in spans:
-        if packed and b - packed[-1][0] <= size:
-            packed[-1] = (packed[-1][0], b)
-        else:
-            packed.append((a, b))
-    return [(a, b) for a, b in packed if text[a:b].strip()]
 
 
 def split_passages(text: str, size: int) -> list[str]:
@@ -68,42 +45,61 @@ def words(text: str) -> frozenset[str]:
     return frozenset(w[:6] for w in _WORD.findall(text.lower()) if len(w) > 1 and w not in STOPWORDS)
 
 
-def best_passage(text: str, spans: list[tuple[int, int]], cue_tokens: frozenset[str]) -> int:
-    """Index of the span of ``text`` holding the most distinct cue words (the first on a tie):
-    one regex search for the cue's stems over the whole text, each match counted in its span."""
-    if not cue_tokens or len(spans) <= 1:
-        return 0
+def passage_scores(text: str, spans: list[tuple[int, int]], cue_tokens: frozenset[str]) -> list[int]:
+    """How many distinct cue words each span of ``text`` holds: one regex search for the cue's
+    stems over the whole text, each match counted in its span."""
+    if not cue_tokens or not spans:
+        return [0] * len(spans)
     pattern = re.compile(r"\b(?:" + "|".join(sorted(map(re.escape, cue_tokens), key=len, reverse=True)) + ")",
                          re.IGNORECASE)
     starts = [a for a, _ in spans]
     found: list[set[str]] = [set() for _ in spans]
     for match in pattern.finditer(text, 0, spans[-1][1]):
         found[bisect_right(starts, match.start()) - 1].add(match.group(0).lower())
-    scores = [len(f) for f in found]
+    return [len(f) for f in found]
+
+
+def best_passage(text: str, spans: list[tuple[int, int]], cue_tokens: frozenset[str]) -> int:
+    """Index of the span of ``text`` holding the most distinct cue words (the first on a tie)."""
+    if not cue_tokens or len(spans) <= 1:
+        return 0
+    scores = passage_scores(text, spans, cue_tokens)
     return scores.index(max(scores))
 
 
-def passage_of(text: str, cue_tokens: frozenset[str], size: int) -> tuple[str, int, int]:
-    """``(shown text, passage index, passage count)``: ``text`` itself when it is short enough."""
-    if size <= 0 or len(text) <= size * 1.5:  # half a passage more is cheaper whole than cut
+def passage_of(text: str, cue_tokens: frozenset[str], size: int, matched: Matched = None) -> tuple[str, int, int]:
+    """``(shown text, passage index, passage count)``: ``text`` itself when it is short enough.
+
+    ``matched``: the offsets of the passage whose vector matched the cue best (the
+    ``turn_passage_embedding`` projector's cut), shown when no passage holds a cue word
+    (the cue's meaning found what its words cannot)."""
+    if not is_long(text, size):  # half a passage more is cheaper whole than cut
         return text, 0, 1
     spans = passage_spans(text, size)
     if len(spans) <= 1:
         return text, 0, 1
-    at = best_passage(text, spans, cue_tokens)
-    shown = text[spans[at][0]:spans[at][1]].strip()
-    if at > 0:
+    scores = passage_scores(text, spans, cue_tokens)
+    if callable(matched):
+        matched = matched() if max(scores) == 0 else None
+    if matched is not None and max(scores) == 0 and 0 <= matched[0] < matched[1] <= len(text):
+        first, last = matched
+        at = bisect_right([a for a, _ in spans], first) - 1
+    else:
+        at = scores.index(max(scores))
+        first, last = spans[at]
+    shown = text[first:last].strip()
+    if text[:first].strip():
         shown = f"{ELLIPSIS} {shown}"
-    if at < len(spans) - 1:
+    if text[last:spans[-1][1]].strip():
         shown = f"{shown} {ELLIPSIS}"
     return shown, at, len(spans)
 
 
-def shown_part(turn: Any, cue_tokens: frozenset[str], size: int) -> Any:
+def shown_part(turn: Any, cue_tokens: frozenset[str], size: int, matched: Matched = None) -> Any:
     """``turn`` as shown: a copy whose ``content`` is its best passage when it is long (the
-    same turn otherwise; the row itself is never changed)."""
+    same turn otherwise; the row itself is never changed). ``matched``: see :func:`passage_of`."""
     text = turn.content or ""
-    shown, _, count = passage_of(text, cue_tokens, size)
+    shown, _, count = passage_of(text, cue_tokens, size, matched)
     return turn if count <= 1 else dataclasses.replace(turn, content=shown)
 
 

@@ -24,7 +24,11 @@ active with ``turn_embedding_weight > 0``, the top ``turn_candidates`` turns by
 cosine to the cue (one matrix product over the snapshot's turn vectors). Every
 candidate gets its own cosine, BM25 hits included, blended with the mean cosine
 of its context window (``turn_context``: the turn and its ``turn_context_span``
-nearest same-channel turns each side). Over the union each signal is min-max
+nearest same-channel turns each side). A long turn with passage vectors (the opt-in
+``turn_passage_embedding`` projection) has the larger of that cosine and
+``turn_passage_weight`` x its best passage's: one vector per long reply reads only its
+opening, its passages read the rest (one product over the passage matrix per reply, aggregated
+per turn with ``np.maximum.at``). Over the union each signal is min-max
 normalised and the two are summed with ``bm25_weight`` and
 ``turn_embedding_weight`` (``turn_fusion = "rrf"`` swaps in reciprocal rank
 fusion, which measured worse on LoCoMo: docs/benchmarks.md). What the words
@@ -47,8 +51,8 @@ turns never crowd a small scope out. Facts are filtered the same way by their
 ``turn_neighbour_hits`` hits brings its ``turn_neighbours`` nearest neighbours
 before and after in the same channel (the rest come alone);
 hits join in rank order while they and their neighbours fit the section's
-token budget (a long turn as its passage that best matches the cue:
-:mod:`familiar_bot.prompt.passages`), and the lot is grouped by date in ``display_tz``. The debug
+token budget (a long turn as its passage that best matches the cue's words, else the one
+whose vector matched it: :mod:`familiar_bot.prompt.passages`), and the lot is grouped by date in ``display_tz``. The debug
 structure records which facts and turns survived the token cut
 (``shown_fact_ids``, ``shown_turn_ids``), which the LoCoMo evaluation scores as rendered recall.
 
@@ -72,7 +76,9 @@ from familiar_pipeline.projectors.fact_embeddings.tables import fact_vector_coun
 from familiar_pipeline.projectors.fact_embeddings.tables import vectors_in as fact_vectors
 from familiar_pipeline.projectors.facts.reads import current_facts
 from familiar_pipeline.projectors.turn_embeddings.tables import turn_matrix
+from familiar_pipeline.projectors.turn_passage_embeddings.tables import passage_matrix
 from familiar_pipeline.projectors.turn_windows.tables import context_turn_matrix
+from familiar_pipeline.storage.passages import long_turn_spans
 from familiar_pipeline.storage.scopes import turn_visible
 from familiar_pipeline.storage.turns import context_windows
 
@@ -407,6 +413,46 @@ class TurnScores:
     blended: bool
     # Rows the nearest-turn searches may return (turns of the reply's visible scopes); None: all.
     visible: np.ndarray | None = None
+    # The turns' best passage cosines (passage vectors on and present), which raise their own.
+    passages: "PassageScores | None" = None
+
+    def _dots(self, rows: Any) -> np.ndarray:
+        """Cosines of ``rows`` (row numbers) not in ``sims``, raised to their best passage's."""
+        dots = row_dots(self.matrix[rows], self.cue)
+        return dots if self.passages is None else np.maximum(dots, self.passages.floor_at(rows))
+
+    def _rows_of(self, turn_ids: Iterable[int]) -> np.ndarray:
+        want = np.fromiter(turn_ids, dtype=np.int64)
+        if len(want) == 0 or len(self.ids) == 0:
+            return np.zeros(0, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.ids, want), len(self.ids) - 1)
+        return np.unique(at[self.ids[at] == want])
+
+    def passage_of(self, turn_id: int) -> int | None:
+        """The index of the passage of ``turn_id`` whose vector matched the cue best (None: none)."""
+        if self.passages is None:
+            return None
+        rows = self._rows_of([turn_id])
+        if len(rows) == 0:
+            return None
+        self.passages.floor_at(rows)
+        best = int(self.passages.best[rows[0]])
+        return best if best >= 0 else None
+
+    def raised_by_passage(self, turn_ids: Iterable[int]) -> dict[int, int]:
+        """``{turn id: passage}`` of the ``turn_ids`` whose cosine is their best passage's (above their own)."""
+        if self.passages is None:
+            return {}
+        rows = self._rows_of(turn_ids)
+        if len(rows) == 0:
+            return {}
+        floor = self.passages.floor_at(rows)
+        raised = rows[floor > row_dots(self.matrix[rows], self.cue)]
+        return {int(self.ids[r]): int(self.passages.best[r]) for r in raised}
+
+    def passage_count(self) -> int:
+        """How many turns have a passage vector in these scores."""
+        return 0 if self.passages is None else self.passages.turns
 
     def _hide(self, sims: np.ndarray, low: int) -> np.ndarray:
         """``sims`` of rows ``low..`` with the rows of other scopes at -inf."""
@@ -432,7 +478,7 @@ class TurnScores:
         split = max(low, min(high, self.start))
         parts = []
         if split > low:
-            parts.append(row_dots(self.matrix[low:split], self.cue))
+            parts.append(self._dots(np.arange(low, split)))
         if high > split:
             parts.append(self.sims[split - self.start:high - self.start])
         sims = self._hide(np.concatenate(parts) if len(parts) > 1 else parts[0], low)
@@ -448,7 +494,7 @@ class TurnScores:
         old, new = rows[rows < self.start], rows[rows >= self.start]
         out = {int(self.ids[r]): float(self.sims[r - self.start]) for r in new}
         if len(old):
-            out.update(zip(self.ids[old].tolist(), row_dots(self.matrix[old], self.cue).tolist()))
+            out.update(zip(self.ids[old].tolist(), self._dots(old).tolist()))
         return out
 
 
@@ -477,7 +523,86 @@ def _turn_similarities(cue: str, memory, embedder, visible: tuple[str, ...] | No
         allowed = memory.scope_turn_ids(visible)
         mask = memory.memo(("turn-scope-mask", snapshot.version, embedder.name, blended, visible),
                            lambda: keep_ids(ids, allowed))
-    return TurnScores(ids, matrix, cue_vec, start, row_dots(matrix[start:], cue_vec), blended, mask)
+    sims = row_dots(matrix[start:], cue_vec)
+    passages = _passage_scores(memory, snapshot, embedder.name, ids, cue_vec, blended, start)
+    if passages is not None:
+        sims = np.maximum(sims, passages.floor[start:])
+    return TurnScores(ids, matrix, cue_vec, start, sims, blended, mask, passages)
+
+
+class PassageScores:
+    """One cue's cosines to the passage vectors, aggregated per turn row (the best passage's).
+
+    ``floor[row]``: ``turn_passage_weight`` x the cosine of the turn's best passage (-inf: no
+    passage vector); ``best[row]``: which passage (-1). Like :class:`TurnScores`, only the
+    passages of the searched rows (``start`` on) are scored at once, one product and one
+    ``np.maximum.at``; an older turn's passages are scored when it is asked for (a BM25 hit).
+    """
+
+    def __init__(self, rows: np.ndarray, matrix: np.ndarray, passages: np.ndarray, cue: np.ndarray,
+                 weight: float, size: int, start: int) -> None:
+        self.rows, self.matrix, self.passages, self.cue, self.weight = rows, matrix, passages, cue, weight
+        self.floor = np.full(size, -np.inf, dtype=np.float32)
+        self.best = np.full(size, -1, dtype=np.int64)
+        self.done = np.zeros(size, dtype=bool)
+        self.done[start:] = True
+        self.turns = int(np.count_nonzero(np.diff(rows))) + 1 if len(rows) else 0
+        self._score(np.arange(int(np.searchsorted(rows, start, side="left")), len(rows)))
+
+    def _score(self, at: np.ndarray) -> None:
+        """Score the passages at positions ``at`` into their turns' floor and best passage."""
+        if len(at) == 0:
+            return
+        sims = row_dots(self.matrix[at], self.cue) * np.float32(self.weight)
+        rows = self.rows[at]
+        np.maximum.at(self.floor, rows, sims)
+        top = sims >= self.floor[rows]  # each turn's best passage (a tie: one of them)
+        self.best[rows[top]] = self.passages[at[top]]
+
+    def floor_at(self, rows: np.ndarray) -> np.ndarray:
+        """``floor`` of these turn rows, their passages scored first if they were not yet."""
+        rows = np.asarray(rows, dtype=np.int64)
+        todo = np.unique(rows[~self.done[rows]])
+        if len(todo):
+            low = np.searchsorted(self.rows, todo, side="left")
+            counts = np.searchsorted(self.rows, todo, side="right") - low
+            starts = np.repeat(low, counts)
+            offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            self._score(starts + offsets)
+            self.done[todo] = True
+        return self.floor[rows]
+
+
+def _passage_scores(memory, snapshot, model: str, ids: np.ndarray, cue_vec: np.ndarray, blended: bool,
+                    start: int) -> PassageScores | None:
+    """The cue's :class:`PassageScores` over the turn rows ``ids``, or None when passage vectors are
+    off (``turn_passage_weight`` 0 or the ``turn_passage_embedding`` projection inactive) or absent.
+
+    The passage matrix and each passage's turn row are built once per snapshot. A long reply's
+    one vector reads its opening only (MiniLM stops at 256-512 word pieces); its passages read the rest.
+    """
+    if not memory.config.memory.is_active("turn_passage_embedding"):
+        return None
+    weight = memory.config.memory.retrieval.turn_passage_weight
+    if weight <= 0:
+        return None
+    found = passage_matrix(snapshot, model)
+    if len(found.turn_ids) == 0 or found.matrix.shape[1] != cue_vec.shape[0]:
+        return None
+
+    def rows_of() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each passage's turn row, its passage matrix rows and passage numbers (passages whose turn
+        has no turn vector yet left out), ascending by turn row."""
+        at = np.minimum(np.searchsorted(ids, found.turn_ids), max(0, len(ids) - 1))
+        keep = ids[at] == found.turn_ids
+        if bool(keep.all()):  # the usual case: the served matrix itself, no copy
+            return at, found.matrix, found.passages
+        return at[keep], np.ascontiguousarray(found.matrix[keep]), found.passages[keep]
+
+    rows, matrix, numbers = snapshot.current().cached(("passage_turn_rows", model, blended, len(ids)), rows_of)
+    if len(rows) == 0:
+        return None
+    return PassageScores(rows, matrix, numbers, cue_vec, weight, len(ids), start)
 
 
 class _TurnRows:
@@ -601,8 +726,14 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
         if len(kept) >= limit or (len(hits) < fetch and len(dense) < fetch) or round_ >= rounds:
             break
         fetch *= 4
+    scores = dense_cache.get("sims")
+    raised = scores.raised_by_passage(f["turn_id"] for f in ranked) if scores is not None else {}
+    for f in ranked:
+        if f["turn_id"] in raised:  # ranked by the passage of it that matched (passage vectors)
+            f["passage"] = raised[f["turn_id"]]
     if scope_counts is not None:
         scope_counts["turns"] = len(out_of_scope)
+        scope_counts["passage_turns"] = scores.passage_count() if scores is not None else 0
     if not kept:
         return [], []
     reach = retrieval.turn_neighbours
@@ -632,13 +763,29 @@ def retrieve_turns(cue: str, memory, ctx, budget, exclude: frozenset[int],
     shown_as = None
     if retrieval.turn_passage_chars > 0:  # a long turn is shown as its passage matching the cue
         tokens, size = cue_tokens(cue), retrieval.turn_passage_chars
-        shown_as = lambda t: shown_part(t, tokens, size)  # noqa: E731
+        matched = _matched_passage(dense_cache.get("sims"), memory)
+        shown_as = lambda t: shown_part(t, tokens, size, lambda: matched(t))  # noqa: E731
     chosen = fit_by_rank(groups, token_budget, shown_as)
     debug = [{k: f[k] for k in ("turn_id", "bm25", "cosine", "total", "speaker", "time", "reply_to", "substance",
-                                "updates", "familiar", "taste")
+                                "updates", "familiar", "taste", "passage")
               if k in f}
              for f in ranked]
     return [chosen[i] for i in sorted(chosen)], debug
+
+
+def _matched_passage(scores: "TurnScores | None", memory) -> Callable[[Any], tuple[int, int] | None]:
+    """For :func:`~familiar_bot.prompt.passages.shown_part`: a turn's offsets of the passage whose
+    vector matched the cue best (cut as the ``turn_passage_embedding`` projector cuts), or None."""
+    if scores is None or scores.passages is None:
+        return lambda turn: None
+    chars = getattr(memory.config.memory.knobs("turn_passage_embedding"), "passage_chars",
+                    memory.config.memory.retrieval.turn_passage_chars)
+
+    def matched(turn: Any) -> tuple[int, int] | None:
+        at = scores.passage_of(turn.id)
+        spans = long_turn_spans(turn.content or "", chars) if at is not None else []
+        return spans[at] if at is not None and at < len(spans) else None
+    return matched
 
 
 def read_cue(cue: str, memory, ctx) -> CueSignals | None:
@@ -887,6 +1034,10 @@ def retrieve(ctx, memory, exclude: frozenset[int]) -> tuple[str, dict[str, Any]]
                                        first_hits=first_hits, scope_counts=scope_counts)
     debug["scope_excluded_turns"] = scope_counts.get("turns", 0)
     debug["turn_genre"] = turn_genre(memory, visible).debug()
+    # Passage vectors (turn_passage_embedding): the long turns that have them, and the ranked turns
+    # whose cosine their best passage raised.
+    debug["turn_passages"] = {"turns_with_vectors": scope_counts.get("passage_turns", 0),
+                              "ranked_by_passage": sum("passage" in f for f in turn_debug)}
     debug["scope_excluded"] = debug["scope_excluded_facts"] + debug["scope_excluded_turns"]
     debug["turns"] = turn_debug
     debug["excluded_recent"] = len(exclude)

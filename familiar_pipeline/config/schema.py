@@ -248,6 +248,13 @@ class RetrievalConfig:
     # the cue (about this long, cut at line or sentence ends), with its time and speaker, not
     # whole: a long reply no longer fills the section (0 = always whole).
     turn_passage_chars: int = knob(600, minimum=0)
+    # When "turn_passage_embedding" is among the projectors, a long turn's cosine becomes the
+    # larger of its own (window-blended) cosine and this x its best passage's: evidence deep
+    # in a long reply is found by the passage that holds it (0 = passage vectors unused). A
+    # 600-character passage matches a cue more closely than a whole reply does, so a plain max
+    # (1.0) lifted long replies over short turns; 0.9 measured best of 0.8-1.0 on lme-dev
+    # (docs/benchmarks.md, "Passage vectors").
+    turn_passage_weight: float = knob(0.9, minimum=0.0, maximum=2.0)
 
 
 # A scope string a reply or a row can carry (see familiar_pipeline.storage.scopes); "familiar"

@@ -34,6 +34,7 @@ from familiar_pipeline.projectors.spec import ProjectorSpec
 from familiar_pipeline.projectors.summary.spec import SPEC as SUMMARY
 from familiar_pipeline.projectors.supersede.spec import SPEC as SUPERSEDE
 from familiar_pipeline.projectors.turn_embeddings.spec import SPEC as TURN_EMBEDDINGS
+from familiar_pipeline.projectors.turn_passage_embeddings.spec import SPEC as TURN_PASSAGES
 from familiar_pipeline.projectors.turn_windows.spec import SPEC as TURN_WINDOWS
 from familiar_pipeline.projectors.turns_index.spec import SPEC as TURNS_INDEX
 from familiar_pipeline.projectors.wishes.spec import SPEC as WISHES
@@ -183,6 +184,7 @@ BUILTIN_SPECS: tuple[ProjectorSpec, ...] = (
     REFLECTIONS,
     TURN_EMBEDDINGS,
     TURN_WINDOWS,
+    TURN_PASSAGES,
 )
 for _spec in BUILTIN_SPECS:
     register_projector(_spec)
