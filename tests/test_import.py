@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
+
+import pytest
 
 from familiar_bot.cli.main import main
 from familiar_bot.cli.commands.import_ import channel_number, import_transcript
-from familiar_pipeline.storage.turns import TurnLog
-from tests.helpers import make_familiar
+from familiar_pipeline.storage.turns import TurnLog, TurnLogError
+from tests.helpers import FAKE_MODEL_TOML, make_familiar
 
 
 def line(**fields) -> str:
@@ -137,3 +140,100 @@ def test_nothing_usable_fails_and_help_shows_the_record_format(tmp_path, monkeyp
     assert main(["import", "--help"]) == 0
     shown = capsys.readouterr().out
     assert '"user_id": "discord:1234"' in shown and "PLATFORM:ID" in shown and "--strict" in shown
+
+
+# --------------------------------------------------------------------------- --familiar-speaker
+
+LONG = ("Here is a fuller answer, with the reasons one by one and a list of options to weigh. " * 6).strip()
+DM = [  # a person and another assistant, migrated here: the assistant's lines become the familiar's own
+    line(speaker="Ana", text="Can you suggest a quiet hotel in Porto?", timestamp="2024-05-01T10:00:00Z"),
+    line(speaker="assistant ", text=LONG, timestamp="2024-05-01T10:00:05Z"),
+    line(speaker="Ana", text="I prefer places near the river", timestamp="2024-05-01T10:01:00Z"),
+    line(speaker="Assistant", text=LONG, timestamp="2024-05-01T10:01:05Z"),
+    line(speaker="Ana", text="Thanks, booked it", timestamp="2024-05-01T10:02:00Z", channel=7),
+    line(speaker="Assistant", text=LONG, timestamp="2024-05-01T10:02:05Z", channel=7),
+    line(speaker="Assistant", text="One more thing: bring an umbrella.", timestamp="2024-05-01T10:03:00Z"),
+]
+
+
+def test_familiar_speaker_lines_become_the_familiars_replies(tmp_path, monkeypatch, capsys):
+    from familiar_bot.prompt.genre import read_genre
+
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    paths = make_familiar(tmp_path, "seed", 'aliases = ["Wren"]\n' + FAKE_MODEL_TOML)
+    transcript = tmp_path / "dm.jsonl"
+    transcript.write_text("\n".join(DM) + "\n")
+
+    assert main(["import", "--familiar", "seed", "--familiar-speaker", "ASSISTANT", str(transcript)]) == 0
+    assert "imported 7 turns (turns 1-7) from 1 speakers and 4 replies of the familiar's own into 'seed'" \
+        in capsys.readouterr().out
+    with TurnLog(paths.turns_db, readonly=True) as log:
+        turns = log.turns_after(0)
+        assert [(t.role, t.author_key, t.author_display, t.reply_to_turn_id) for t in turns] == [
+            ("user", "import:ana", "Ana", None),
+            ("assistant", "ego:seed", "Wren", 1),
+            ("user", "import:ana", "Ana", None),
+            ("assistant", "ego:seed", "Wren", 3),
+            ("user", "import:ana", "Ana", None),
+            ("assistant", "ego:seed", "Wren", 5),  # channel 7's own person line, not channel 1's newest
+            ("assistant", "ego:seed", "Wren", 3),
+        ]
+        assert log.participant("ego:seed") is None  # the familiar is no participant
+        assert read_genre(turns).familiar  # retrieval reads it as a person talking with the familiar
+
+    # Without the flag the same file is two people talking among themselves (the old behaviour).
+    other = make_familiar(tmp_path, "plain")
+    assert main(["import", "--familiar", "plain", str(transcript)]) == 0
+    with TurnLog(other.turns_db, readonly=True) as log:
+        turns = log.turns_after(0)
+        assert {t.role for t in turns} == {"user"} and not read_genre(turns).familiar
+        assert log.participant("import:assistant") is not None
+
+
+def test_replies_across_chunks_answer_by_id_and_follow_an_erasure(tmp_path):
+    paths = make_familiar(tmp_path, "seed")
+    with TurnLog(paths.turns_db) as log:
+        result = import_transcript(log, DM, chunk=3, familiar=("assistant", "seed", "Seed"))
+        assert (result.imported, result.replies, result.participants) == (7, 4, {"import:ana"})
+        # Chunks of 3: turn 4 answers turn 3 in its own chunk, turn 7 answers turn 3 from an earlier one.
+        assert [t.reply_to_turn_id for t in log.turns_after(0)] == [None, 1, None, 3, None, 5, 3]
+        log.request_erasure(kind="person", target="import:ana", requested_by="operator:test")
+        # Forgetting the person takes the replies that answer them (issue 47's rule) with them.
+        assert all(t.deleted_at is not None for t in log.turns_after(0, include_deleted=True))
+
+
+def test_familiar_speaker_must_be_in_the_file_and_its_lines_carry_no_user_id(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
+    paths = make_familiar(tmp_path, "seed")
+    transcript = tmp_path / "dm.jsonl"
+    transcript.write_text("\n".join(DM) + "\n")
+    assert main(["import", "--familiar", "seed", "--familiar-speaker", "Asistant", str(transcript)]) == 2
+    err = capsys.readouterr().err
+    assert "--familiar-speaker 'Asistant': no line of the file has that speaker; did you mean 'assistant'?" in err
+    assert "(speakers: 'Ana', 'assistant'); nothing was imported" in err
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(DM)))
+    assert main(["import", "--familiar", "seed", "--familiar-speaker", "Bob", "-"]) == 2
+    assert "no line of the file has that speaker" in capsys.readouterr().err
+    with TurnLog(paths.turns_db, readonly=True) as log:
+        assert log.count() == 0
+
+    marked = DM[:2] + [line(speaker="Assistant", text="hi", timestamp="2024-05-01T10:00:09Z", user_id="discord:9")]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(marked)))
+    assert main(["import", "--familiar", "seed", "--familiar-speaker", "Assistant", "-"]) == 0
+    captured = capsys.readouterr()
+    assert "line 3: speaker 'Assistant' is the familiar (--familiar-speaker), whose lines carry no user_id" \
+        in captured.err
+    assert "imported 2 turns (turns 1-2) from 1 speakers and 1 replies of the familiar's own" in captured.out
+
+
+def test_reply_to_row_must_name_an_earlier_row(tmp_path):
+    rows = [{"channel_id": 1, "role": "user", "content": "hi", "author_key": "import:ana"},
+            {"channel_id": 1, "role": "assistant", "content": "hello", "reply_to_row": 0}]
+    with TurnLog(tmp_path / "turns.db") as log:
+        for bad in (1, 5, -1, "0", True):
+            with pytest.raises(TurnLogError, match="reply_to_row must be the position of an earlier row"):
+                log.append_turns([rows[0], {**rows[1], "reply_to_row": bad}])
+        with pytest.raises(TurnLogError, match="reply_to_row"):
+            log.append_turns([rows[0], {**rows[1], "reply_to_turn_id": 1}])
+        assert log.count() == 0
+        assert [t.reply_to_turn_id for t in log.append_turns(rows)] == [None, 1]

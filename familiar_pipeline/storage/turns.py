@@ -845,24 +845,43 @@ class TurnLog:
         return self._appended(turn_id, pending)
 
     def append_turns(self, rows: Iterable[dict]) -> list[Turn]:
-        """Bulk import: every row is validated first, then all are written in one transaction."""
+        """Bulk import: every row is validated first, then all are written in one transaction.
+
+        A reply in the batch may name the turn it answers by its position in the batch
+        (``reply_to_row``, an earlier row) rather than by id: an imported transcript's replies
+        answer lines written in the same transaction, whose ids are known only as they are inserted.
+        """
         pending: list[_PendingTurn] = []
+        answers_row: list[int | None] = []
         for index, row in enumerate(rows):
             if not isinstance(row, dict):
                 raise TurnLogError(f"row {index}: expected a dict, got {type(row).__name__}")
+            row = dict(row)
+            reply_to_row = row.pop("reply_to_row", None)
             unknown = set(row) - _APPEND_FIELDS
             if unknown:
                 raise TurnLogError(f"row {index}: unknown field(s) {', '.join(sorted(unknown))}")
+            if reply_to_row is not None and (type(reply_to_row) is not int or not 0 <= reply_to_row < index
+                                             or row.get("reply_to_turn_id") is not None):
+                raise TurnLogError(f"row {index}: reply_to_row must be the position of an earlier row of the batch "
+                                   f"(and no reply_to_turn_id with it), got {reply_to_row!r}")
             try:
                 pending.append(_validate_append(**row))
             except TypeError as exc:  # a required field is missing
                 raise TurnLogError(f"row {index}: {exc}") from None
             except TurnLogError as exc:
                 raise TurnLogError(f"row {index}: {exc}") from None
+            answers_row.append(reply_to_row)
         if not pending:
             return []
         with self._write() as conn:
-            ids = [self._insert(conn, p) for p in pending]
+            ids: list[int] = []
+            for index, p in enumerate(pending):
+                if (row_answered := answers_row[index]) is not None:
+                    params = list(p.params)
+                    params[10] = ids[row_answered]
+                    p = pending[index] = _PendingTurn(tuple(params), p.mentions)
+                ids.append(self._insert(conn, p))
         return [self._appended(i, p) for i, p in zip(ids, pending)]
 
     def _appended(self, turn_id: int, pending: _PendingTurn) -> Turn:
