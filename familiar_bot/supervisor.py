@@ -138,6 +138,34 @@ def start_dagster_dev(host: str, port: int, *, env: dict[str, str], log_path: Pa
     return start_child("dagster dev", dagster_dev_argv(host, port), env=env, log_path=log_path)
 
 
+def dagster_daemon_argv(workspace: Path = REPO_ROOT / "workspace.yaml") -> list[str]:
+    return [sys.executable, "-m", "dagster._daemon", "run", "-w", str(workspace)]
+
+
+# What the daemon logs when the turn sensor is evaluated: the code location loaded and memory is watched.
+DAEMON_READY_LINE = b"Checking for new runs for sensor: turn_watermark_sensor"
+
+
+def start_dagster_daemon(*, env: dict[str, str], log_path: Path) -> tuple[Child, Callable[[], bool]]:
+    """The Dagster daemon alone (sensors, run queue, its code server), without the webserver: the
+    small-host group (`familiar up --no-ui`). With it, a probe that is true once its log (from this
+    start on) shows the turn sensor evaluated: there is no page to ask."""
+    private_dir(env["DAGSTER_HOME"])
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    child = start_child("dagster daemon", dagster_daemon_argv(), env=env, log_path=log_path)
+    return child, lambda: log_shows(log_path, DAEMON_READY_LINE, offset)
+
+
+def log_shows(path: Path, line: bytes, offset: int = 0) -> bool:
+    """Whether the log at `path`, from byte `offset` on, holds `line`."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            return line in log.read()
+    except OSError:
+        return False
+
+
 WILDCARD_HOSTS = ("0.0.0.0", "", "::")
 
 
@@ -187,9 +215,10 @@ def ui_address(host: str, port: int) -> str:
     return _url(host, port)
 
 
-def wait_until_ready(url: str, children: Sequence[Child], timeout: float = READY_TIMEOUT_S,
+def wait_until_ready(url: str | Callable[[], bool], children: Sequence[Child], timeout: float = READY_TIMEOUT_S,
                      should_stop: Callable[[], bool] = lambda: False) -> float:
-    """Poll `url` until it answers 200; seconds waited. Raises if a child dies first."""
+    """Poll `url` until it answers 200 (or, a callable, until it returns true); seconds waited.
+    Raises if a child dies first."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         for child in children:
@@ -197,14 +226,18 @@ def wait_until_ready(url: str, children: Sequence[Child], timeout: float = READY
                 raise ChildExited(child.describe_exit())
         if should_stop():
             raise InterruptedError("stop requested while waiting for the UI")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return time.monotonic() - started
-        except OSError:
-            pass
+        if callable(url):
+            if url():
+                return time.monotonic() - started
+        else:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return time.monotonic() - started
+            except OSError:
+                pass
         time.sleep(0.2)
-    raise ChildExited(f"{url} did not answer within {timeout:.0f}s")
+    raise ChildExited(f"{'the daemon' if callable(url) else url} did not answer within {timeout:.0f}s")
 
 
 def group_alive(pgid: int) -> bool:
@@ -333,13 +366,14 @@ class Backoff:
 class Restarter:
     """Starts one child again, with backoff, whenever it exits on its own, until a stop is asked.
 
-    `start` makes a fresh child; `ready_url` must answer 200 before the new one counts as
+    `start` makes a fresh child; `ready_url` must answer 200 (a callable: return true) before the new one counts as
     back (a start that dies first counts as another failure and waits longer). Whatever
     is left of the dead child's process group is stopped first, so its port is free.
     Every step is said (`say`): a restart is never silent.
     """
 
-    def __init__(self, name: str, start: Callable[[], Child], ready_url: str, *, say: Callable[[str], None],
+    def __init__(self, name: str, start: Callable[[], Child], ready_url: str | Callable[[], bool], *,
+                 say: Callable[[str], None],
                  backoff: Backoff | None = None, ready_timeout: float = READY_TIMEOUT_S):
         self.name, self.start, self.ready_url, self.say = name, start, ready_url, say
         self.backoff = backoff or Backoff()

@@ -28,6 +28,7 @@ QUICK: dict[str, tuple[list[str], str]] = {
     "changes": ([], "edit: seconds p50"),
     "forget": ([], "Cass's markers in 0 files"),
     "freshness": ([], '"freshness_p50_s"'),
+    "idle": (["--no-ui"], '"median_cores"'),
     "load": ([], "OK: nothing lost, fully projected"),
     "pipeline": (["--data", "{data}"], "LLM per 100 turns (whole graph)"),
     "report": (["--parts", "assembly,embedding,pipeline", "--data", "{data}", "--out", "{tmp}/report"], "wrote "),

@@ -492,3 +492,46 @@ def test_up_refuses_while_another_holds_the_home_and_attach_needs_one_running(tm
         finally:
             lock.release()
     assert webserver.running_instance(home, root) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_no_ui_runs_the_daemon_and_memory_without_a_webserver(tmp_path):
+    """Issue 51: a small host's group. `--no-ui` starts the Dagster daemon alone: ready once the turn
+    sensor is evaluated, no port answers, no webserver marker (so `familiar backfill` runs in its own
+    process), the turns of a familiar reach its published snapshot, SIGTERM stops every child;
+    a second `familiar up` is refused naming it."""
+    root, home = tmp_path / "familiars", tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
+    familiar = make_familiar(root, "small")
+    env = {k: v for k, v in os.environ.items() if k not in ("DISCORD_TOKEN", "FAMILIAR_ID")
+           and not k.startswith("FAMILIAR__")}
+    env.update(FAMILIAR_DATA_ROOT=str(root), DAGSTER_HOME=str(home), PYTHONUNBUFFERED="1",
+               FAMILIAR_FAKE_LLM="familiar_pipeline.testing.scripted:careful_model")
+    port = free_port()
+    up, _, err = _up(["--familiar", "small", "--no-bot", "--no-ui", "--port", str(port)], env, tmp_path, "small")
+    try:
+        wait_for(lambda: "ready in" in err.read_text(), 180, "the daemon", up, err)
+        said = err.read_text()
+        assert "no UI (--no-ui)" in said and "starting the daemon..." in said and "webserver" not in said
+        assert not webserver.answers(f"http://127.0.0.1:{port}") and webserver.read_marker(home) is None
+        processes = {Path(f"/proc/{pid}/cmdline").read_bytes() for s in child_sessions(up.pid)
+                     for pid in [s] if Path(f"/proc/{pid}").exists()}
+        assert any(b"dagster._daemon" in c for c in processes) and not any(b"dagster\x00dev" in c for c in processes)
+
+        append_chat(familiar, 10)  # a whole batch: the sensor requests the run, the daemon's queue starts it
+        wait_for(lambda: (read_manifest(familiar.serving_dir) or None) and
+                 read_manifest(familiar.serving_dir).store_watermark["projectors"].get("turns_fts", {}).get("turn_id")
+                 == 10, 240, "the turns to reach the snapshot", up, err)
+
+        second, _, second_err = _up(["--familiar", "small", "--no-bot", "--port", str(free_port())], env, tmp_path,
+                                    "second")
+        assert second.wait(timeout=60) == 1
+        assert f"familiar up (pid {up.pid}, no UI, familiar 'small')" in second_err.read_text()
+    finally:
+        sessions = child_sessions(up.pid)
+        _stop(up)
+    assert up.returncode == 128 + signal.SIGTERM or up.returncode == 0, err.read_text()[-2000:]
+    assert "stopped every child" in err.read_text()
+    assert not any(group_alive(s) for s in sessions)

@@ -30,7 +30,7 @@ import hashlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
@@ -39,7 +39,7 @@ from familiar_pipeline.erasure.due import purge_due
 from familiar_pipeline.projectors import registry
 from familiar_pipeline.projectors.spec import FACTS, TURN_INDEX, TURNS, ProjectorSpec
 from familiar_pipeline.storage import corrupt
-from familiar_pipeline.storage.paths import FamiliarPaths
+from familiar_pipeline.storage.paths import FamiliarPaths, default_dir
 from familiar_pipeline.storage.snapshots import published_manifests
 from familiar_pipeline.storage.turns import TurnLog
 
@@ -234,6 +234,38 @@ EVALUATED = "~evaluated"
 CADENCE_SLACK_S = 1.0
 
 
+# Cursor key of the familiars found settled (`FamiliarState.settled`: nothing due now or ever
+# without a new write) -> the fingerprint of their files then (`files_fingerprint`). While the
+# fingerprint holds, a tick skips the familiar with a few `stat` calls instead of loading its
+# config and opening its turn log: the idle floor of 100 quiet familiars (issue 51).
+QUIET = "~quiet"
+
+# The moment a purge "ever" comes due: a settled familiar has nothing to purge even then.
+NEVER = datetime.max.replace(tzinfo=timezone.utc) - timedelta(days=1)
+
+
+def files_fingerprint(paths: FamiliarPaths, root: Path) -> str:
+    """What a tick's decision about a familiar reads, as file stats: its turn log (and the log's WAL),
+    published manifest, serving folder, rebuild marker, own and default config.
+
+    Any write to those changes a stat (size, mtime or inode); a tick that stats them before it
+    reads them can only see a newer state than the fingerprint says, so it looks again next time.
+    An empty WAL file counts as none: the tick's own read-only open creates one when no writer
+    holds the log open, and a write that reaches the log grows its WAL or changes the file.
+    """
+    stats = []
+    wal = paths.turns_db.with_name(paths.turns_db.name + "-wal")
+    for path in (paths.turns_db, wal, paths.serving_dir / "manifest.json", paths.serving_dir,
+                 corrupt.marker_path(paths), paths.character_toml, default_dir(root) / "character.toml"):
+        try:
+            st = path.stat()
+        except OSError:
+            stats.append("-")
+        else:
+            stats.append("-" if path is wal and not st.st_size else f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("|".join(stats).encode()).hexdigest()[:16]
+
+
 # Dagster's sensor daemon wakes its sensors every 5 s: no tick comes more often, and an interval of
 # 5 s (the least `sensor_interval_s` allows) means every tick.
 DAEMON_LOOP_S = 5
@@ -279,6 +311,7 @@ class FamiliarState:
     rebuilding: bool = False  # a corrupt store was moved aside and is being rebuilt (`storage.corrupt`)
     changed: tuple[str, ...] = ()  # projectors that follow changes, with an edit or deletion of a turn they read
     purge_due: bool = False  # erased or deleted turns whose text is due to go (`erasure.purge`)
+    settled: bool = False  # nothing is or will become due until one of its files changes (`QUIET`)
 
     def turn_watermark(self, projector: str) -> int:
         return int(self.watermarks.get(projector, {}).get("turn_id", 0))
@@ -329,15 +362,35 @@ def read_state(paths: FamiliarPaths, config: FamiliarConfig | None = None) -> Fa
     marks = dict((manifest.store_watermark.get("projectors") or {}) if manifest is not None else {})
     pending = manifest.pending_assets if manifest is not None else ()
     now = datetime.now(timezone.utc)
+    rebuilding = corrupt.rebuilding(paths) is not None
     with TurnLog(paths.turns_db, readonly=True) as turn_log:
         latest, change, log_id = turn_log.latest_id(), turn_log.latest_change_seq(), turn_log.log_id()
         newest = turn_log.turns_by_ids([latest]) if latest else []
         closed = tuple(_closed_early(turn_log, config, latest, marks, now)) if config is not None else ()
         changed = tuple(changed_read(turn_log, marks, change))
         purging = purge_due(turn_log, config) if config is not None else bool(turn_log.erasures(pending_only=True))
+        settled = (config is not None and not (closed or changed or purging or pending or rebuilding or published.problem)
+                   and caught_up(config, marks, latest, change) and not purge_due(turn_log, config, NEVER))
     age = (now - newest[0].created_at).total_seconds() if newest else float("inf")
     return FamiliarState(latest, change, age, version, marks, closed, log_id, pending, published.problem,
-                         rebuilding=corrupt.rebuilding(paths) is not None, changed=changed, purge_due=purging)
+                         rebuilding=rebuilding, changed=changed, purge_due=purging, settled=settled)
+
+
+def caught_up(config: FamiliarConfig, marks: dict, latest: int, latest_change: int) -> bool:
+    """Nothing waits on the clock: the turn index has read every turn and change (else it waits for
+    `index_quiet_s`), and no active turn-driven projector has a short batch that a quiet gap may close
+    (`batch_closed`) or a full one. A short batch of a projector that waits for its size only
+    (the summary's threshold) waits for new turns, which change the turn log's fingerprint."""
+    index = marks.get("turns_fts", {})
+    if int(index.get("turn_id", 0)) < latest or int(index.get("change_seq", 0)) < latest_change:
+        return False
+    for spec in triggered(TURNS):
+        if spec.name not in config.memory.projectors:
+            continue
+        waiting = latest - int(marks.get(spec.name, {}).get("turn_id", 0))
+        if waiting > 0 and (spec.batch_closed is not None or waiting >= batch_size(spec, config.memory.knobs(spec.name))):
+            return False
+    return True
 
 
 def changed_read(turn_log: TurnLog, marks: dict, latest_change: int) -> Iterator[str]:
@@ -481,8 +534,13 @@ def plan_tick(
     order = [f for f in known if f in on_disk] + new_partitions
     plan: dict[str, list[str]] = {}  # familiar -> its due assets, in partition order
     states: dict[str, FamiliarState] = {}
+    quiet = dict(cursor.get(QUIET, {}))
     for familiar_id in order:
         paths = FamiliarPaths.for_id(familiar_id, root)
+        fingerprint = files_fingerprint(paths, root)
+        if quiet.get(familiar_id) == fingerprint and familiar_id not in retries:
+            continue  # settled, and none of its files changed since: nothing can be due
+        quiet.pop(familiar_id, None)
         try:
             config = load_config(familiar_id, root=root)
             interval = config.pipeline.sensor_interval_s
@@ -498,6 +556,8 @@ def plan_tick(
         except (ConfigError, OSError, ValueError) as exc:
             notes.append(f"{familiar_id}: skipped ({exc})")
             continue
+        if state.settled and familiar_id not in in_flight:  # nothing due (`due_assets` is empty), now or later
+            quiet[familiar_id] = fingerprint
         unchanged = cursor.get(familiar_id) == state.signature()
         retry = retries.get(familiar_id)
         if unchanged and (retry is None or now < retry[1] or familiar_id in in_flight):
@@ -534,7 +594,8 @@ def plan_tick(
     told = {f: mark for f, mark in told.items() if f in on_disk}
     retries = {f: retry for f, retry in retries.items() if f in on_disk}
     evaluated = {f: when for f, when in evaluated.items() if f in on_disk}
-    for key, value in ((TOLD_NO_MODEL, told), (RETRIES, retries), (EVALUATED, evaluated)):
+    quiet = {f: mark for f, mark in quiet.items() if f in on_disk}
+    for key, value in ((TOLD_NO_MODEL, told), (RETRIES, retries), (EVALUATED, evaluated), (QUIET, quiet)):
         if value:
             new_cursor[key] = value
         else:

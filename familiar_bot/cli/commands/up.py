@@ -70,6 +70,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(postgresql://user:password@host:port/db; default: $FAMILIAR_INSTANCE_URL, else SQLite "
                              "files in DAGSTER_HOME); its dagster.yaml is written to $DAGSTER_HOME, else dagster_home/postgres")
     parser.add_argument("--no-bot", action="store_true", help="run only Dagster (UI, sensors, runs)")
+    parser.add_argument("--no-ui", action="store_true",
+                        help="a small host: run the Dagster daemon (sensors, run queue, runs) and the bot without the "
+                             "webserver, so no UI; `familiar backfill` and `familiar forget` then run in their own "
+                             "process (docs/running.md, \"Small hosts\")")
     parser.add_argument("--attach", action="store_true",
                         help="a `familiar up` already runs on this DAGSTER_HOME and data root: run only a console "
                              "chat with it (its familiar unless --familiar is given); without this flag a second "
@@ -139,7 +143,8 @@ def take_instance(home: Path, root: Path, args: argparse.Namespace) -> webserver
     of its `dagster dev` still runs on this DAGSTER_HOME is stopped first, so two daemons
     never share one instance.
     """
-    info = {"address": supervisor.local_address(args.host, args.port), "dagster_home": str(home),
+    address = "no UI" if getattr(args, "no_ui", False) else supervisor.local_address(args.host, args.port)
+    info = {"address": address, "dagster_home": str(home),
             "data_root": str(root), "familiar": args.familiar or os.environ.get("FAMILIAR_ID") or None}
     private_dir(home)
     private_dir(root)
@@ -196,7 +201,9 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock, instance_url: 
     lock.update(familiar=familiar_id)
     channel = check_channel(args.channel)
     check_speaker(args.speaker)
-    if supervisor.port_in_use(supervisor.local_host(args.host), args.port):
+    if args.no_ui and args.demo:
+        raise CliError("--no-ui and --demo: the demo is there to be watched in the UI; drop one of them", EXIT_CONFIG)
+    if not args.no_ui and supervisor.port_in_use(supervisor.local_host(args.host), args.port):
         raise CliError(f"port {args.port} is already in use (another `familiar up` or `dagster dev`?); "
                        "stop it or pick another with --port")
     instance_env = postgres_instance(instance_url)
@@ -223,29 +230,39 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock, instance_url: 
 
     terminal = TerminalState.save()
     try:
+        daemon_ready: list = [None]  # --no-ui: the probe of the daemon started last
+
         def start_dagster() -> supervisor.Child:
-            child = supervisor.start_dagster_dev(args.host, args.port, env=env, log_path=log_path)
+            if args.no_ui:
+                child, daemon_ready[0] = supervisor.start_dagster_daemon(env=env, log_path=log_path)
+            else:
+                child = supervisor.start_dagster_dev(args.host, args.port, env=env, log_path=log_path)
             # Named in the lock, so the next `familiar up` can stop it if this one is killed.
             lock.update(children=[*lock.info.get("children", []), child.pgid][-8:])
             return child
 
         children.append(start_dagster())
-        address = supervisor.ui_address(args.host, args.port)
-        say(f"Dagster UI: {address} (DAGSTER_HOME={env['DAGSTER_HOME']}; Dagster's log: {log_path})")
-        if not supervisor.is_loopback(args.host):
-            say(OPEN_UI_WARNING.format(host=args.host or "''", address=address))
-        say("starting the webserver and daemon...")
+        ready = (lambda: daemon_ready[0]()) if args.no_ui else f"{local}/server_info"
+        if args.no_ui:
+            address = "no UI (--no-ui)"
+            say(f"Dagster daemon without the UI (DAGSTER_HOME={env['DAGSTER_HOME']}; Dagster's log: {log_path})")
+            say("starting the daemon...")
+        else:
+            address = supervisor.ui_address(args.host, args.port)
+            say(f"Dagster UI: {address} (DAGSTER_HOME={env['DAGSTER_HOME']}; Dagster's log: {log_path})")
+            if not supervisor.is_loopback(args.host):
+                say(OPEN_UI_WARNING.format(host=args.host or "''", address=address))
+            say("starting the webserver and daemon...")
         try:
-            waited = supervisor.wait_until_ready(f"{local}/server_info", children,
-                                                 should_stop=lambda: stop.requested)
+            waited = supervisor.wait_until_ready(ready, children, should_stop=lambda: stop.requested)
         except supervisor.ChildExited as exc:
             say(f"not ready: {exc}")
             return EXIT_CHILD_DIED
         except InterruptedError:
             return stop.status
         say(f"ready in {waited:.1f}s: {address} (familiar {familiar_id!r}, bot: {transport})")
-        # Lets `familiar backfill` tell this webserver from one of another checkout or data root.
-        webserver.write_marker(env["DAGSTER_HOME"], local, data_root_dir=env["FAMILIAR_DATA_ROOT"])
+        if not args.no_ui:  # lets `familiar backfill` tell this webserver from one of another checkout or data root
+            webserver.write_marker(env["DAGSTER_HOME"], local, data_root_dir=env["FAMILIAR_DATA_ROOT"])
 
         if transport == "discord":
             argv = [sys.executable, "-m", "familiar_bot.cli.main", "bot", "--familiar", familiar_id]
@@ -253,7 +270,8 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock, instance_url: 
             lock.update(children=[*lock.info.get("children", []), children[-1].pgid][-8:])
         elif transport == "console":
             console = start_console(familiar_id, config, args.speaker, channel, stop)
-        watch(children, stop, supervisor.Restarter("dagster dev", start_dagster, f"{local}/server_info", say=say))
+        watch(children, stop, supervisor.Restarter("dagster daemon" if args.no_ui else "dagster dev", start_dagster,
+                                                   ready, say=say))
         say(f"stopping ({stop.reason})")
         return stop.status
     finally:
