@@ -103,6 +103,32 @@ def cpu_seconds(pids: set[int]) -> float:
     return total * TICKS
 
 
+def label(pid: int) -> str:
+    """What a process of the group is, from its command line."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    text = " ".join(a.decode(errors="replace") for a in argv)
+    for needle, name in (("familiar_bot.cli.main up", "supervisor"), ("dagster._daemon", "daemon"),
+                         ("dagster-daemon", "daemon"), ("dagster_webserver", "webserver"),
+                         ("dagster-webserver", "webserver"), ("code-server start", "code server proxy"),
+                         ("api grpc", "code server"), ("run_worker", "run worker"), ("dagster dev", "dagster dev")):
+        if needle in text:
+            return name
+    return text[:40]
+
+
+def cpu_by_process(pids: set[int]) -> dict[str, float]:
+    """CPU-seconds so far of each process of the group, summed by what it is (`label`)."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        spent = cpu_seconds({pid})
+        if spent:
+            out[label(pid)] = out.get(label(pid), 0.0) + spent
+    return out
+
+
 def sensor_ticks(instance, since: float) -> tuple[int, int]:
     """(ticks of the turn sensor since `since` (epoch s), of which requested at least one run)."""
     sensors = [s for s in instance.all_instigator_state() if s.instigator_name == "turn_watermark_sensor"]
@@ -166,6 +192,7 @@ def measure(familiars: int, turns: int, window: float, interval: int, no_ui: boo
                 runs = instance.get_runs_count()
                 pids = group_pids(process.pid)
                 cpu0, since, t0 = cpu_seconds(pids), time.time(), time.monotonic()
+                parts0 = cpu_by_process(pids)
                 rss = []
                 while time.monotonic() - t0 < window:
                     time.sleep(min(5.0, window / 4))
@@ -173,6 +200,8 @@ def measure(familiars: int, turns: int, window: float, interval: int, no_ui: boo
                     rss.append(tree_rss_bytes(process.pid))
                 elapsed = time.monotonic() - t0
                 cpu = cpu_seconds(group_pids(process.pid)) - cpu0
+                parts = {name: round(spent - parts0.get(name, 0.0), 2)
+                         for name, spent in cpu_by_process(group_pids(process.pid)).items()}
                 ticks, requested = sensor_ticks(instance, since)
                 runs_in_window = instance.get_runs_count() - runs
             tick_ms, settled, due = tick_cpu_ms(tmp / "familiars", names, interval)
@@ -185,7 +214,7 @@ def measure(familiars: int, turns: int, window: float, interval: int, no_ui: boo
     resident, processes = max(rss)
     return {"familiars": familiars, "no_ui": no_ui, "ready_s": round(ready, 1), "caught_up_s": round(caught_up, 1),
             "window_s": round(elapsed, 1), "cpu_s": round(cpu, 2), "cores": round(cpu / elapsed, 4),
-            "rss_mib": round(resident / 2**20), "processes": processes, "sensor_ticks": ticks,
+            "rss_mib": round(resident / 2**20), "processes": processes, "cpu_s_by_process": parts, "sensor_ticks": ticks,
             "ticks_with_runs": requested, "runs_in_window": runs_in_window, "tick_cpu_ms": round(tick_ms, 1), "settled": settled,
             "due_on_a_fresh_cursor": due, "load": os.getloadavg()[0]}
 

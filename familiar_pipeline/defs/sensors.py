@@ -23,6 +23,14 @@ for again on its own, with backoff (`schedule.RETRY_FIRST_S` doubling to
 `RETRY_MAX_S`), while it is still due and no run of it is queued: memory catches up
 once the cause is gone, without waiting for someone to speak.
 
+A familiar found settled (nothing due, and nothing the clock alone can make due: no short
+batch waiting to close for quiet, no index waiting for quiet, no purge waiting for its
+retention) is remembered in the cursor with a fingerprint of its files (`schedule.QUIET`,
+`files_fingerprint`: the turn log and its WAL, the manifest, the serving folder, the rebuild
+marker, its own and the default config). While the fingerprint holds, a tick skips it with
+seven `stat` calls instead of loading its config and opening its turn log, so a hundred quiet
+familiars cost a tick next to nothing (`benchmarks/idle.py`).
+
 Each familiar has its own cadence, `[pipeline].sensor_interval_s` in its character.toml: the
 sensor ticks at the smallest among the familiars (read when the code location loads) and, at
 each tick, looks only at the familiars whose own interval has passed since it last looked

@@ -232,9 +232,22 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock, instance_url: 
     try:
         daemon_ready: list = [None]  # --no-ui: the probe of the daemon started last
 
+        workspace = None
+        if args.no_ui:  # the code location served as `dagster dev` serves it; the daemon connects to it
+            say("starting the code server...")
+            try:
+                code_server, workspace = supervisor.start_code_server(env=env, log_path=log_path, folder=private_tmp)
+            except supervisor.ChildExited as exc:
+                say(f"not ready: {exc}")
+                return EXIT_CHILD_DIED
+            children.append(code_server)
+            lock.update(children=[*lock.info.get("children", []), code_server.pgid][-8:])
+
         def start_dagster() -> supervisor.Child:
             if args.no_ui:
-                child, daemon_ready[0] = supervisor.start_dagster_daemon(env=env, log_path=log_path)
+                assert workspace is not None
+                child, daemon_ready[0] = supervisor.start_dagster_daemon(env=env, log_path=log_path,
+                                                                         workspace=workspace)
             else:
                 child = supervisor.start_dagster_dev(args.host, args.port, env=env, log_path=log_path)
             # Named in the lock, so the next `familiar up` can stop it if this one is killed.
