@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.freshness import stop_up, wait_ready  # noqa: E402
 from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
 from familiar_bot.supervisor import child_sessions, free_port, processes_in_sessions, tree_rss_bytes  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
@@ -76,15 +76,6 @@ def start_up(tmp: Path, familiar: str, no_ui: bool) -> subprocess.Popen:
             "--port", str(free_port())] + (["--no-ui"] if no_ui else [])
     return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=(tmp / "up.err").open("wb"), start_new_session=True)
-
-
-def wait_ready(process: subprocess.Popen, err: Path, timeout: float = 300) -> float:
-    started = time.monotonic()
-    while "ready in" not in err.read_text():
-        if process.poll() is not None or time.monotonic() - started > timeout:
-            raise RuntimeError("familiar up did not become ready:\n" + err.read_text()[-2000:])
-        time.sleep(0.1)
-    return time.monotonic() - started
 
 
 def group_pids(root_pid: int) -> set[int]:
@@ -185,7 +176,7 @@ def measure(familiars: int, turns: int, window: float, interval: int, no_ui: boo
         names = prepare(tmp, familiars, turns, interval)
         process = start_up(tmp, names[0], no_ui)
         try:
-            ready = wait_ready(process, tmp / "up.err")
+            ready = wait_ready(process, tmp / "up.err", timeout=300)
             os.environ["DAGSTER_HOME"] = str(tmp / "dagster_home")
             with dg.DagsterInstance.get() as instance:
                 caught_up = settle(instance, interval, timeout)
@@ -206,11 +197,7 @@ def measure(familiars: int, turns: int, window: float, interval: int, no_ui: boo
                 runs_in_window = instance.get_runs_count() - runs
             tick_ms, settled, due = tick_cpu_ms(tmp / "familiars", names, interval)
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_up(process)  # and whatever of its group outlived it
     resident, processes = max(rss)
     return {"familiars": familiars, "no_ui": no_ui, "ready_s": round(ready, 1), "caught_up_s": round(caught_up, 1),
             "window_s": round(elapsed, 1), "cpu_s": round(cpu, 2), "cores": round(cpu / elapsed, 4),
