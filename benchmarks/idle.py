@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.freshness import stop_up, wait_ready  # noqa: E402
 from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
-from familiar_bot.supervisor import child_sessions, free_port, processes_in_sessions, tree_rss_bytes  # noqa: E402
+from familiar_bot.supervisor import free_port, group_pids, tree_rss_bytes  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 from tests.helpers import LINES, PEOPLE  # noqa: E402
@@ -76,10 +76,6 @@ def start_up(tmp: Path, familiar: str, no_ui: bool) -> subprocess.Popen:
             "--port", str(free_port())] + (["--no-ui"] if no_ui else [])
     return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=(tmp / "up.err").open("wb"), start_new_session=True)
-
-
-def group_pids(root_pid: int) -> set[int]:
-    return {root_pid, *processes_in_sessions(child_sessions(root_pid))}
 
 
 def cpu_seconds(pids: set[int]) -> float:

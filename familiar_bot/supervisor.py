@@ -494,5 +494,10 @@ def tree_rss_bytes(root_pid: int) -> tuple[int, int]:
     """
     if _proc_stat(root_pid) is None:
         return 0, 0
-    pids = {root_pid, *processes_in_sessions(child_sessions(root_pid))}
+    pids = group_pids(root_pid)
     return sum(rss_bytes(p) for p in pids), len(pids)
+
+
+def group_pids(root_pid: int) -> set[int]:
+    """`root_pid` and every process in a session led by one of its children: a `familiar up` group."""
+    return {root_pid, *processes_in_sessions(child_sessions(root_pid))}

@@ -14,7 +14,7 @@ except with `--familiar-speaker NAME`: that speaker's lines are the familiar's o
 (role `assistant`, its own key and display name, each answering the person's line before
 it in its channel), as the bot records a DM. A conversation migrated from another bot
 then reads as a person talking with the familiar, which retrieval treats as its own genre
-(docs/memory.md), instead of as two people talking among themselves.
+(`familiar_bot/prompt/genre.py`), instead of as two people talking among themselves.
 
 Bad lines are reported with their line number and skipped; the good ones are kept
 and the command exits 0 with a summary ("skipped 2 bad lines: 4, 9"), or 1 when no
@@ -324,14 +324,14 @@ def run(args: argparse.Namespace) -> int:
     lines: Iterable[str] = stream
     if familiar_speaker is not None:
         # A mistyped name would quietly record the familiar's replies as a person's: check it is a
-        # speaker of the file before anything is written.
+        # speaker of the file before anything is written (standard input is read once, kept).
         if stream is sys.stdin:
             lines = list(stream)
+            speakers = _speakers(lines)
         else:
             with open(args.file, encoding="utf-8", errors="replace") as reading:
                 speakers = _speakers(reading)
-        check_speaker(familiar_speaker[0], args.familiar_speaker,
-                      _speakers(lines) if stream is sys.stdin else speakers)
+        check_speaker(familiar_speaker[0], args.familiar_speaker, speakers)
     try:
         turn_log = TurnLog(familiar.turns_db)
     except TurnLogError as exc:
