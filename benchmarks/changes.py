@@ -37,7 +37,7 @@ import dagster as dg  # noqa: E402
 from familiar_pipeline.config.loading import load_config  # noqa: E402
 from familiar_pipeline.defs.jobs import materialize_in_process  # noqa: E402
 from familiar_pipeline.projectors.facts.changes import facts_citing  # noqa: E402
-from familiar_pipeline.projectors.schedule import due_assets, read_state  # noqa: E402
+from familiar_pipeline.engine.schedule import due_assets, read_state  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
 from familiar_pipeline.storage.store import ProjectionStore  # noqa: E402

@@ -34,7 +34,7 @@ import dagster as dg  # noqa: E402
 
 from familiar_pipeline.config.loading import load_config  # noqa: E402
 from familiar_pipeline.defs.jobs import materialize_in_process  # noqa: E402
-from familiar_pipeline.projectors.schedule import due_assets, read_state  # noqa: E402
+from familiar_pipeline.engine.schedule import due_assets, read_state  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
 from benchmarks.changes import PEOPLE, build, synthetic_turns  # noqa: E402

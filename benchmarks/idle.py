@@ -132,8 +132,8 @@ def tick_cpu_ms(root: Path, names: list[str], interval: int, ticks: int = 10) ->
     this process, a tick every `interval` s of simulated time, each starting from the last one's cursor),
     how many familiars the ticks found settled (skipped on their files' fingerprint), and how many a
     fresh cursor finds due (a caught-up root: 0)."""
-    from familiar_pipeline.projectors import schedule
-    from familiar_pipeline.projectors.schedule import plan_tick
+    from familiar_pipeline.engine import schedule
+    from familiar_pipeline.engine.schedule import plan_tick
 
     cursor: dict = {}
     now, spent, due = time.time(), [], 0

@@ -35,7 +35,7 @@ from familiar_pipeline.defs.partitions import PROJECTION_QUEUE_TAG
 from familiar_pipeline.defs.sensors import in_flight_runs
 from familiar_pipeline.shards import key_prefix, location_name, queue_value
 from familiar_pipeline.webserver import UnverifiedWebserver, read_control_plane_marker, verified_webserver
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.storage.paths import REPO_ROOT, FamiliarPaths, validate_familiar_id
 
 class BackfillError(RuntimeError):

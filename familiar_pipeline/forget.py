@@ -25,7 +25,7 @@ from familiar_pipeline.config import load_config
 from familiar_pipeline.defs.jobs import materialize_in_process
 from familiar_pipeline.defs.sensors import in_flight_runs
 from familiar_pipeline.erasure.verify import summary
-from familiar_pipeline.projectors.schedule import due_assets, read_state
+from familiar_pipeline.engine.schedule import due_assets, read_state
 from familiar_pipeline.storage.paths import FamiliarPaths, validate_familiar_id
 from familiar_pipeline.storage.turns import Erasure, TurnLog, TurnLogError
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from familiar_pipeline.defs.assets import FACT_DRIVEN, TURN_DRIVEN
 from familiar_pipeline.defs.jobs import materializations, materialize_in_process
 from familiar_pipeline.models.llm import LlmUsage
-from familiar_pipeline.projectors.report import ProjectionReport
+from familiar_pipeline.engine.report import ProjectionReport
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.projectors.facts.store import FactDraft
 from familiar_pipeline.storage.store import ProjectionStore
@@ -95,7 +95,7 @@ def populate_every_table(store: ProjectionStore) -> tuple:
     from familiar_pipeline.projectors.dossiers import tables as dossier_db
     from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors
     from familiar_pipeline.projectors.reflections import tables as reflection_db
-    from familiar_pipeline.projectors.registry import BUILTIN_PROJECTORS
+    from familiar_pipeline.projectors.builtin import BUILTIN_PROJECTORS
     from familiar_pipeline.projectors.summary import tables as summary_db
     from familiar_pipeline.projectors.supersede import tables as supersede_db
     from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS

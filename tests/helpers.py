@@ -155,7 +155,7 @@ def long_line(n: int, size: int = FullDisk.BIG) -> str:
 def sensor_tick(cursor: dict, familiars: list[str], known, **kwargs):
     """One sensor tick's decisions as run requests: (requests, new partitions, cursor, notes)."""
     from familiar_pipeline.defs.sensors import run_requests
-    from familiar_pipeline.projectors.schedule import plan_tick
+    from familiar_pipeline.engine.schedule import plan_tick
 
     plan = plan_tick(cursor, familiars, known, **kwargs)
     return run_requests(plan), plan.new_partitions, plan.cursor, plan.notes

@@ -11,7 +11,7 @@ import pytest
 from familiar_pipeline.storage import paths
 
 from familiar_pipeline.config import DEFAULT_PROJECTORS
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.config import validation
 from familiar_pipeline.config import (
     DEFAULT_BUDGETS,

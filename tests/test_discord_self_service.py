@@ -38,7 +38,7 @@ from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.responder import Responder
 from familiar_bot.transports.discord_adapter import FamiliarClient
 from familiar_pipeline.models.llm import client_for
-from familiar_pipeline.projectors import registry  # noqa: F401 - every built-in table declared before a store opens
+from familiar_pipeline.projectors import builtin  # noqa: F401 - every built-in table declared before a store opens
 from familiar_pipeline.projectors.dossiers import tables as dossier_db
 from familiar_pipeline.storage.turns import TurnLogUnavailable
 from tests.test_assembly import World

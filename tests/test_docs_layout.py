@@ -35,7 +35,7 @@ def _find(folder: Path, name: str) -> Path:
 
 
 def _rooted(name: str) -> Path:
-    """A path with folders: from the repository root, else from a package's (`projectors/schedule.py`)."""
+    """A path with folders: from the repository root, else from a package's (`engine/schedule.py`)."""
     for base in (REPO, REPO / "familiar_pipeline", REPO / "familiar_bot"):
         if (base / name).exists():
             return base / name

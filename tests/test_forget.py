@@ -241,7 +241,7 @@ from pathlib import Path
 from familiar_pipeline.defs.assets import project_familiar
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
 from familiar_pipeline.erasure import purge
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.storage.turns import TurnLog
 
 def die(*args, **kwargs):
@@ -333,7 +333,7 @@ def test_a_new_fact_about_a_forgotten_person_is_not_kept():
 
 def test_rows_still_holding_an_erased_word_go_by_their_prose_only():
     from familiar_pipeline.erasure.purge import delete_holding
-    from familiar_pipeline.projectors import registry
+    from familiar_pipeline.engine import registry
     from familiar_pipeline.projectors.summary.tables import put_summary
 
     with ProjectionStore(None, tables=registry.tables()) as store:

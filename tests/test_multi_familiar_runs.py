@@ -18,7 +18,7 @@ import familiar_pipeline.defs.assets as assets_module
 from familiar_pipeline.defs.assets import MEMORY
 from familiar_pipeline.defs.jobs import execute_request, materialize_in_process
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
-from familiar_pipeline.projectors.runtime import FamiliarBusy, WriterLock
+from familiar_pipeline.engine.runtime import FamiliarBusy, WriterLock
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.testing.fake_llm import fake_llm
@@ -246,7 +246,7 @@ def test_a_run_over_many_familiars_publishes_every_familiars_facts_before_any_fo
     The bot sees every familiar's new facts after the first pass over the run; a run of one
     familiar keeps one pass: one open for all its projections and one publish.
     """
-    import familiar_pipeline.projectors.runtime as runtime_module
+    import familiar_pipeline.engine.runtime as runtime_module
     import familiar_pipeline.storage.store as store_module
 
     root, instance = env
@@ -416,7 +416,7 @@ def test_a_failed_blocking_check_holds_back_only_that_familiars_followers(env):
 
 def test_the_step_refuses_projectors_listed_before_what_they_read():
     from familiar_pipeline.defs.assets import projection_assets
-    from familiar_pipeline.projectors import registry
+    from familiar_pipeline.engine import registry
 
     specs = [registry.get_projector("fact_supersede"), registry.get_projector("rich_note")]
     with pytest.raises(ValueError, match="reads \\['facts'\\], which its step runs after it"):
@@ -493,10 +493,10 @@ def test_a_ui_backfill_through_dagsters_backfill_daemon_is_one_run_over_the_rang
 
 
 def test_passes_put_the_facts_and_what_they_read_first():
-    from familiar_pipeline.projectors import registry
-    from familiar_pipeline.projectors.schedule import passes
+    from familiar_pipeline.engine.schedule import passes
+    from familiar_pipeline.projectors import builtin
 
-    specs = list(registry.BUILTIN_SPECS)
+    specs = list(builtin.BUILTIN_SPECS)
     first, rest = passes(specs)
     assert [s.asset for s in first] == ["facts"]
     assert [s.asset for s in rest] == [s.asset for s in specs if s.asset != "facts"]

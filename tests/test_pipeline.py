@@ -335,7 +335,7 @@ def test_whole_graph_incremental_build_equals_rebuild(tmp_path, instance, fake_l
 def assert_provenance_in_the_log(paths):
     """Every registered table: each row says which turns it came from, and those turns are in the log
     (a summary's "every turn of its scope up to" is a negative id: its bound must be a turn too)."""
-    from familiar_pipeline.projectors import registry
+    from familiar_pipeline.engine import registry
     from familiar_pipeline.storage.tables import provenance_sql
 
     with TurnLog(paths.turns_db, readonly=True) as log:

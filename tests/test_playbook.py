@@ -22,7 +22,7 @@ from familiar_bot.cli.main import main
 from familiar_pipeline.defs.assets import MEMORY
 from familiar_pipeline.config import load_config
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, run_requests
-from familiar_pipeline.projectors.schedule import plan_tick
+from familiar_pipeline.engine.schedule import plan_tick
 from tests.fact_helpers import ALL_ASSETS, familiar, materialize, metadata
 from tests.helpers import append_chat
 

@@ -8,7 +8,7 @@ This is the documented example: a tiny projector counting words per speaker.
 import dagster as dg
 import pytest
 
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.defs.assets import MEMORY, turns
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.defs.jobs import plugin_assets

@@ -12,8 +12,9 @@ from familiar_bot.cli import main as cli
 from familiar_pipeline.config import MemoryConfig
 from familiar_pipeline.backfill import BackfillError, resolve_asset
 from familiar_pipeline.definitions import defs
-from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.spec import FACTS, NoKnobs, ProjectorSpec
+from familiar_pipeline.engine import registry
+from familiar_pipeline.projectors import builtin
+from familiar_pipeline.engine.spec import FACTS, NoKnobs, ProjectorSpec
 from familiar_pipeline.storage.store import ProjectionStore
 
 from .fact_helpers import populate_every_table
@@ -23,8 +24,8 @@ SPECS = registry.specs()
 
 
 def test_the_builtins_are_the_registered_specs():
-    assert [s.name for s in SPECS] == list(registry.BUILTIN_PROJECTORS)
-    assert registry.BUILTIN_PROJECTORS == (
+    assert [s.name for s in SPECS] == list(builtin.BUILTIN_PROJECTORS)
+    assert builtin.BUILTIN_PROJECTORS == (
         "turns_fts", "rolling_summary", "rich_note", "fact_embedding", "fact_supersede", "standing_wish", "people_dossier",
         "reflection", "turn_embedding", "turn_window_embedding", "turn_passage_embedding")
 

@@ -89,7 +89,7 @@ def child_pipeline(root: str) -> None:
 
     from familiar_pipeline.storage import fts
 
-    from familiar_pipeline.projectors import runtime
+    from familiar_pipeline.engine import runtime
 
     from familiar_pipeline.storage import snapshots
 

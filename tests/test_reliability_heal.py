@@ -63,7 +63,7 @@ def test_a_full_disk_loses_no_message_and_memory_catches_up_by_itself(tmp_path, 
     from familiar_bot.transports.console import console_person, run_console
     from familiar_pipeline.config import load_config
     from familiar_pipeline.defs.jobs import execute_request
-    from familiar_pipeline.projectors.schedule import RETRY_FIRST_S
+    from familiar_pipeline.engine.schedule import RETRY_FIRST_S
     from tests.helpers import sensor_tick
     from familiar_pipeline.storage.snapshots import publish as snapshots
     from familiar_pipeline.storage.snapshots import SnapshotReader

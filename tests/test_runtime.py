@@ -1,10 +1,10 @@
-"""Snapshot publishing inside one projection run (familiar_pipeline.projectors.runtime)."""
+"""Snapshot publishing inside one projection run (familiar_pipeline.engine.runtime)."""
 
 from __future__ import annotations
 
-import familiar_pipeline.projectors.runtime as runtime_mod
+import familiar_pipeline.engine.runtime as runtime_mod
 from familiar_pipeline.config import load_config
-from familiar_pipeline.projectors.runtime import FamiliarRuntime
+from familiar_pipeline.engine.runtime import FamiliarRuntime
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.projectors.summary import tables as summary_db
 

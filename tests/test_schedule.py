@@ -1,6 +1,6 @@
 """The scheduling decisions, called directly: no Dagster run, no instance, no model.
 
-`familiar_pipeline.projectors.schedule` decides the projection step's work order (passes,
+`familiar_pipeline.engine.schedule` decides the projection step's work order (passes,
 a busy familiar requeued, blocked followers, yielding to a waiting run) and the turn
 sensor's due assets and runs; `tests/test_multi_familiar_runs.py` and `tests/test_sensor.py`
 check the same through Dagster.
@@ -17,16 +17,16 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from familiar_pipeline.config import load_config
-from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.schedule import (
+from familiar_pipeline.engine.schedule import (
     MIN_FAMILIARS_PER_LANE, TOLD_NO_MODEL, FamiliarState, InFlightRun, QueueWatch, Visit, WorkOrder, blocks,
     config_fingerprint, due_assets, held_for_no_model, hold_followers, passes, plan_tick, read_state, split_lanes,
 )
+from familiar_pipeline.projectors import builtin
 from familiar_pipeline.storage.turns import TurnLog
 
 from .helpers import append_chat, make_familiar
 
-SPECS = list(registry.BUILTIN_SPECS)
+SPECS = list(builtin.BUILTIN_SPECS)
 ASSETS = [s.asset for s in SPECS]
 FACT_DRIVEN = ["fact_supersessions", "people_dossiers", "reflections"]  # the active ones by default
 MARKS_AT = {"rich_note": 0, "rolling_summary": 0}  # turn watermarks; the index is given on its own
@@ -55,7 +55,7 @@ def trace(order: WorkOrder, react=lambda order, visit: None) -> list[tuple[str, 
 
 
 def test_the_scheduling_module_loads_without_dagster():
-    code = "import sys, familiar_pipeline.projectors.schedule; print(sorted(m for m in sys.modules if m.split('.')[0] == 'dagster'))"
+    code = "import sys, familiar_pipeline.engine.schedule; print(sorted(m for m in sys.modules if m.split('.')[0] == 'dagster'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -224,7 +224,7 @@ def test_the_index_alone_waits_for_index_quiet_s(config):
 def test_an_edit_or_deletion_of_a_turn_already_read_makes_its_readers_due_at_once(tmp_path, config):
     """Facts and the summary follow changes (`follows_changes`): a change to a turn they read is due
     now, without new turns or a quiet wait; one to a turn they have not read yet waits for its batch."""
-    from familiar_pipeline.projectors.schedule import changed_read
+    from familiar_pipeline.engine.schedule import changed_read
 
     paths = make_familiar(tmp_path, "changed")
     append_chat(paths, 25)
@@ -328,7 +328,7 @@ def test_a_tick_remembers_who_was_told_there_is_no_model(tmp_path):
 def test_a_familiar_gathered_for_a_waiting_queue_is_looked_at_again_at_the_next_tick_whatever_its_cadence(tmp_path):
     """While a projection run waits for a lane, the due familiars wait for the next tick (their cursor
     is not advanced); one with a 30 s cadence must not then wait 30 s more for its next look."""
-    from familiar_pipeline.projectors.schedule import EVALUATED, cadence_due
+    from familiar_pipeline.engine.schedule import EVALUATED, cadence_due
 
     slow = make_familiar(tmp_path, "slow", extra_toml="[pipeline]\nsensor_interval_s = 30\n")
     append_chat(slow, 12)

@@ -19,7 +19,7 @@ from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.responder import Responder
 from familiar_bot.spool import SpooledWrite
 from familiar_pipeline.models.llm import client_for
-from familiar_pipeline.projectors import registry  # noqa: F401 - every built-in table declared before a store opens
+from familiar_pipeline.projectors import builtin  # noqa: F401 - every built-in table declared before a store opens
 from familiar_pipeline.projectors.dossiers import tables as dossier_db
 from familiar_pipeline.projectors.supersede import tables as supersede_db
 from familiar_pipeline.storage.turns import Turn, TurnLogUnavailable

@@ -9,7 +9,7 @@ import pytest
 
 from familiar_pipeline.defs.assets import MEMORY
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, run_lanes
-from familiar_pipeline.projectors.schedule import MAX_RANGE_GAP, blocks, due_assets, read_state, split_lanes
+from familiar_pipeline.engine.schedule import MAX_RANGE_GAP, blocks, due_assets, read_state, split_lanes
 
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.snapshots import Manifest
@@ -442,7 +442,7 @@ def test_due_familiars_wait_while_a_projection_run_is_queued_and_gather_into_the
 def test_a_familiar_whose_run_published_nothing_is_asked_for_again_with_backoff(env):
     """A run that failed (a full disk, a broken store) leaves the familiar looking unchanged: it is
     asked for again by itself, with backoff, and not while a run of it is queued."""
-    from familiar_pipeline.projectors.schedule import RETRIES, RETRY_FIRST_S, InFlightRun, retry_wait
+    from familiar_pipeline.engine.schedule import RETRIES, RETRY_FIRST_S, InFlightRun, retry_wait
     from tests.helpers import sensor_tick
 
     root, _ = env

@@ -17,8 +17,8 @@ import dagster as dg
 import pytest
 
 from familiar_pipeline.config import load_config
-from familiar_pipeline.projectors import registry, schedule
-from familiar_pipeline.projectors.schedule import QUIET, InFlightRun, plan_tick, read_state
+from familiar_pipeline.engine import registry, schedule
+from familiar_pipeline.engine.schedule import QUIET, InFlightRun, plan_tick, read_state
 from familiar_pipeline.storage import corrupt
 from familiar_pipeline.storage.paths import FamiliarPaths, default_dir
 from familiar_pipeline.storage.snapshots import Manifest

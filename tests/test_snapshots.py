@@ -34,7 +34,7 @@ from familiar_pipeline.projectors.facts import store as facts_db
 from familiar_pipeline.projectors.reflections import tables as reflection_db
 from familiar_pipeline.projectors.summary import tables as summary_db
 from familiar_pipeline.projectors.supersede import tables as supersede_db
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.storage.snapshots import served_schema, served_tables
 
 SERVING_TABLES = served_tables(registry.tables())

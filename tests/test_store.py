@@ -10,8 +10,8 @@ from datetime import date, datetime, timedelta, timezone
 import duckdb
 import pytest
 
-from familiar_pipeline.projectors.registry import BUILTIN_PROJECTORS as PROJECTIONS
-from familiar_pipeline.projectors.registry import drop_projection
+from familiar_pipeline.projectors.builtin import BUILTIN_PROJECTORS as PROJECTIONS
+from familiar_pipeline.engine.registry import drop_projection
 from familiar_pipeline.storage.times import as_utc
 from familiar_pipeline.projectors.dossiers import tables as dossier_db
 from familiar_pipeline.projectors.fact_embeddings import tables as fact_vectors

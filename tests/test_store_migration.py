@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.projectors.dossiers import tables as dossier_db
 from familiar_pipeline.projectors.facts import store as facts_db
 from familiar_pipeline.projectors.facts.store import FactDraft

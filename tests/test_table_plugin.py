@@ -17,7 +17,7 @@ import pytest
 
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.defs.jobs import import_plugins, materialize_in_process, plugin_assets
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.storage import tables as declarations
 from familiar_pipeline.storage.snapshots import SnapshotReader, read_manifest
 from familiar_pipeline.storage.store import ProjectionStore

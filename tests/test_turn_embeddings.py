@@ -16,9 +16,9 @@ from familiar_pipeline.storage import store_schema
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.models.embedders import HashEmbedder
 from familiar_pipeline.projectors.turn_embeddings import run as turn_embeddings
-from familiar_pipeline.projectors.registry import drop_projection
-from familiar_pipeline.projectors.report import ProjectionReport
-from familiar_pipeline.projectors.schedule import FamiliarState, due_assets
+from familiar_pipeline.engine.registry import drop_projection
+from familiar_pipeline.engine.report import ProjectionReport
+from familiar_pipeline.engine.schedule import FamiliarState, due_assets
 from familiar_pipeline.storage.snapshots import Snapshot, SnapshotReader
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog

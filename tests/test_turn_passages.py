@@ -16,7 +16,7 @@ import pytest
 from familiar_bot.prompt import passages
 from familiar_bot.prompt.retrieval import _dense_turns, _matched_passage, _turn_similarities
 from familiar_pipeline.models.embedders import HashEmbedder
-from familiar_pipeline.projectors.registry import drop_projection
+from familiar_pipeline.engine.registry import drop_projection
 from familiar_pipeline.projectors.turn_passage_embeddings import run as turn_passages
 from familiar_pipeline.projectors.turn_passage_embeddings.tables import TURN_PASSAGE_EMBEDDINGS, passage_matrix
 from familiar_pipeline.projectors.vectors import vector_count

@@ -17,7 +17,7 @@ from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDI
 from familiar_pipeline.models.embedders import HashEmbedder
 from familiar_pipeline.projectors.turn_windows import run as turn_windows
 from familiar_pipeline.projectors.turn_windows.tables import context_matrix
-from familiar_pipeline.projectors.registry import drop_projection
+from familiar_pipeline.engine.registry import drop_projection
 from familiar_pipeline.storage import snapshots as snapshots_module
 from familiar_pipeline.storage.snapshots import (
     TURN_CONTEXT_SHARE,

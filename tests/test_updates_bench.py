@@ -15,8 +15,8 @@ from familiar_bot.eval import updates_chats as gen
 from familiar_bot.eval import evaluation
 from familiar_bot.eval.updates import (_reusable, import_chat, newest_above_older, rank_of, turn_only_projectors,
                                        wish_turns)
-from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.spec import ProjectorSpec
+from familiar_pipeline.engine import registry
+from familiar_pipeline.engine.spec import ProjectorSpec
 
 REPO = Path(__file__).resolve().parents[1]
 HEADLINE = ("newest_above_older", "wishes_in_prompt", "ordering_any@10")

@@ -15,7 +15,7 @@ import pytest
 from familiar_bot import self_service as ss
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_pipeline.config import ConfigError, DEFAULT_PROJECTORS, LAYER_NAMES, load_config
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.projectors.wishes import tables as wishes_db
 from familiar_pipeline.projectors.wishes.run import drafts
 from familiar_pipeline.projectors.wishes.spec import wish_conflicts

@@ -57,12 +57,12 @@ from familiar_pipeline.defs.jobs import materializations, materialize_in_process
 from familiar_pipeline.config import load_config
 from familiar_pipeline.defs import assets
 from familiar_pipeline.models.embedders import create_embedder
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, FamiliarPaths, default_dir
 from familiar_pipeline.projectors.facts.store import FactDraft, append_facts
 from familiar_pipeline.projectors.facts.tables import Subject
-from familiar_pipeline.projectors.runtime import publish_store
+from familiar_pipeline.engine.runtime import publish_store
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.turns import TurnLog

@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterable, Mapping
 from dagster import DagsterInstance
 
 from familiar_pipeline.config import load_config
-from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.spec import ProjectorSpec
+from familiar_pipeline.engine import registry
+from familiar_pipeline.engine.spec import ProjectorSpec
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, FamiliarPaths, default_dir
 from familiar_pipeline.storage.turns import Turn, TurnLog

@@ -3,7 +3,7 @@
 Config sits at the bottom of the pipeline's imports: it never imports a projector or a
 model. Those register here instead, from above:
 
-* `projectors.registry.register_projector` records each projector's name, its knob
+* `engine.registry.register_projector` records each projector's name, its knob
   dataclass and whether `[providers.memory].projectors` may list it;
 * `models.embedders.register_embedder` adds a backend to the built-in ones below.
 
@@ -66,20 +66,21 @@ def unregister_embedding_backend(name: str) -> None:
             _backends.discard(name)
 
 
-def _discover() -> None:
-    """Load the installed projector entry points once (each registers what it provides)."""
+def discover() -> None:
+    """Load the installed projector entry points once (each registers what it provides), the
+    built-ins first. The engine's registry asks too: it sits below the projectors as well."""
     global _discovered
     with _lock:
         if _discovered:
             return
         _discovered = True
-        for point in entry_points(group=ENTRY_POINT_GROUP):
+        for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name != "builtin"):
             point.load()
 
 
 def projectors() -> dict[str, ProjectorEntry]:
     """Every registered projector, in registration order."""
-    _discover()
+    discover()
     with _lock:
         return dict(_projectors)
 

@@ -3,7 +3,7 @@
 `projection_assets` builds, from the projectors' specs, one multi-asset whose assets
 (name, group, kinds, deps, tags, automation condition, description: all from each
 spec) stay separate in the UI and can be selected one at a time; a run materializes
-any subset of them in one step (`familiar_pipeline.projectors.spec`).
+any subset of them in one step (`familiar_pipeline.engine.spec`).
 
 Each asset is partitioned per familiar and watermark-driven: materializing it
 processes what is new past its watermark (or says "no-op"). A run may cover a range
@@ -16,7 +16,7 @@ turn log. LLM replies are cached by prompt, so a rebuild of unchanged prompts co
 no tokens and yields the same rows.
 
 The order of that work (two passes, a busy familiar requeued, blocked followers, yielding
-to a waiting run) is decided in `familiar_pipeline.projectors.schedule`, without Dagster;
+to a waiting run) is decided in `familiar_pipeline.engine.schedule`, without Dagster;
 this module runs it and reports it as Dagster events.
 """
 
@@ -33,11 +33,12 @@ from familiar_pipeline.defs.partitions import asset_key, familiars_partitions, p
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
 from familiar_pipeline.erasure.purge import purge
 from familiar_pipeline.models.llm import LlmUsage
-from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.report import ProjectionReport
-from familiar_pipeline.projectors.runtime import FamiliarBusy, NoModelConfigured
-from familiar_pipeline.projectors.schedule import BUSY_WAIT_S, QueueWatch, WorkOrder, hold_followers
-from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec
+from familiar_pipeline.engine import registry
+from familiar_pipeline.projectors import builtin
+from familiar_pipeline.engine.report import ProjectionReport
+from familiar_pipeline.engine.runtime import FamiliarBusy, NoModelConfigured
+from familiar_pipeline.engine.schedule import BUSY_WAIT_S, QueueWatch, WorkOrder, hold_followers
+from familiar_pipeline.engine.spec import FACTS, ProjectorSpec
 
 PREVIEW_ROWS = 20
 
@@ -350,7 +351,7 @@ def materialize_projections(
 
 # The assets whose changes the followers' automation condition watches (FOLLOWS_FACTS): the
 # inputs of the fact-driven projectors. Their materializations carry a data version.
-VERSIONED_ASSETS = frozenset(i for s in registry.BUILTIN_SPECS if s.trigger == FACTS for i in s.inputs) - {"turns"}
+VERSIONED_ASSETS = frozenset(i for s in builtin.BUILTIN_SPECS if s.trigger == FACTS for i in s.inputs) - {"turns"}
 
 
 def data_version_tags(context: dg.AssetExecutionContext, asset: str, familiar_id: str, *, changed: bool) -> dict:
@@ -453,12 +454,12 @@ def projection_asset(spec: ProjectorSpec) -> dg.AssetsDefinition:
 
 
 # The built-in projectors: one step, each asset selectable on its own.
-MEMORY = projection_assets(list(registry.BUILTIN_SPECS), MEMORY_OP)
-ASSET_KEYS: dict[str, dg.AssetKey] = {spec.asset: asset_key(spec.asset) for spec in registry.BUILTIN_SPECS}
+MEMORY = projection_assets(list(builtin.BUILTIN_SPECS), MEMORY_OP)
+ASSET_KEYS: dict[str, dg.AssetKey] = {spec.asset: asset_key(spec.asset) for spec in builtin.BUILTIN_SPECS}
 
-TURN_DRIVEN = [ASSET_KEYS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger != FACTS and not s.needs_embedder]
-FACT_DRIVEN = [ASSET_KEYS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger == FACTS]
-TURN_EMBEDDING = [ASSET_KEYS[s.asset] for s in registry.BUILTIN_SPECS if s.trigger != FACTS and s.needs_embedder]
+TURN_DRIVEN = [ASSET_KEYS[s.asset] for s in builtin.BUILTIN_SPECS if s.trigger != FACTS and not s.needs_embedder]
+FACT_DRIVEN = [ASSET_KEYS[s.asset] for s in builtin.BUILTIN_SPECS if s.trigger == FACTS]
+TURN_EMBEDDING = [ASSET_KEYS[s.asset] for s in builtin.BUILTIN_SPECS if s.trigger != FACTS and s.needs_embedder]
 
 
 def op_name(asset: str) -> str:

@@ -29,8 +29,9 @@ from familiar_pipeline.dagster_internals import (
     previous_check_evaluations,
 )
 from familiar_pipeline.defs.partitions import asset_key, familiars_partitions
-from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec
+from familiar_pipeline.engine import registry
+from familiar_pipeline.projectors import builtin
+from familiar_pipeline.engine.spec import TURN_INDEX, ProjectorSpec
 from familiar_pipeline.storage import corrupt
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.snapshot_lag import snapshot_lag
@@ -162,7 +163,7 @@ def store_result(paths: FamiliarPaths) -> dg.AssetCheckResult:
 
 
 # The built-in projectors' checks (a plugin's come from its own spec: `memory_checks`).
-CHECKS: tuple[MemoryCheck, ...] = tuple(c for spec in registry.BUILTIN_SPECS for c in spec_checks(spec))
+CHECKS: tuple[MemoryCheck, ...] = tuple(c for spec in builtin.BUILTIN_SPECS for c in spec_checks(spec))
 
 
 def memory_checks(assets: Iterable[str]) -> tuple[MemoryCheck, ...]:

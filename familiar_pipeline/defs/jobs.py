@@ -10,7 +10,8 @@ import dagster as dg
 from familiar_pipeline.defs.assets import MEMORY, op_name, projection_asset, turns
 from familiar_pipeline.defs.partitions import asset_key
 from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
+from familiar_pipeline.projectors import builtin
 
 PROJECTION_JOB = "project_memory"
 
@@ -34,7 +35,7 @@ def plugin_assets() -> list[dg.AssetsDefinition]:
     import_plugins()
     assets: list[dg.AssetsDefinition] = []
     for spec in registry.specs():
-        if spec.name in registry.BUILTIN_PROJECTORS:
+        if spec.name in builtin.BUILTIN_PROJECTORS:
             continue
         if spec.factory is not None:
             made = spec.factory()

@@ -20,7 +20,7 @@ def asset_key(name: str) -> dg.AssetKey:
 # backfill's) carry this tag, and the run queue (dagster_home/dagster.yaml) starts a fixed
 # number of them at a time (`sensors.run_lanes` reads it): a run over a range of familiars has
 # no `dagster/partition` tag, so the per-partition limit cannot keep two of them off one
-# familiar. The familiar's writer lock does (projectors.runtime.WriterLock): a run that finds
+# familiar. The familiar's writer lock does (engine.runtime.WriterLock): a run that finds
 # it held leaves that familiar to its end and waits for it there.
 PROJECTION_QUEUE_TAG = {"familiar/queue": shards.queue_value(SHARD)}  # one value per shard
 

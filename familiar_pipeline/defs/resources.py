@@ -10,7 +10,7 @@ from familiar_pipeline.config import FamiliarConfig, load_config
 from familiar_pipeline.models.embedders import create_embedder
 from familiar_pipeline.models.llm import client_for
 from familiar_pipeline.storage.paths import FamiliarPaths, data_root
-from familiar_pipeline.projectors.runtime import FamiliarRuntime
+from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 
 class FamiliarData(dg.ConfigurableResource):

@@ -38,7 +38,7 @@ each tick, looks only at the familiars whose own interval has passed since it la
 an interval made shorter than the tick is said, in the tick's log, to need a reload).
 
 What is due and how the due familiars are cut into runs is decided in
-`familiar_pipeline.projectors.schedule` (`plan_tick`), without Dagster; this module reads
+`familiar_pipeline.engine.schedule` (`plan_tick`), without Dagster; this module reads
 the instance (partitions, runs in flight, the run queue's lanes) and turns that plan into
 run requests.
 """
@@ -58,10 +58,10 @@ from familiar_pipeline import shards
 from familiar_pipeline.config import ConfigError, PipelineConfig, load_config
 from familiar_pipeline.defs.assets import FOLLOWERS_INCLUDED_TAG, op_name
 from familiar_pipeline.defs.partitions import FAMILIARS, PROJECTION_QUEUE_TAG, WAITING_STATUSES, asset_key, familiars_partitions
-from familiar_pipeline.projectors.schedule import (
+from familiar_pipeline.engine.schedule import (
     MAX_RANGE_GAP, FamiliarState, InFlightRun, TickPlan, plan_tick, triggered,
 )
-from familiar_pipeline.projectors.spec import FACTS
+from familiar_pipeline.engine.spec import FACTS
 from familiar_pipeline.storage.paths import data_root, list_familiars
 
 log = logging.getLogger(__name__)

@@ -52,8 +52,8 @@ from familiar_pipeline.erasure.due import due_prior_texts, due_turns
 from familiar_pipeline.erasure.verify import Leftovers, check_familiar
 from familiar_pipeline.erasure.words import ScrubReport, Scrubber, distinctive_words, scrub_tree
 from familiar_pipeline.models.llm import ResponseCache
-from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.schedule import changed_read
+from familiar_pipeline.engine import registry
+from familiar_pipeline.engine.schedule import changed_read
 from familiar_pipeline.storage import corrupt
 from familiar_pipeline.storage.fts import analyze
 from familiar_pipeline.storage.identity import CONSOLE_PLATFORM, console_slug
@@ -64,7 +64,7 @@ from familiar_pipeline.storage.turns import Erasure, TurnLog, kept_prose
 from familiar_pipeline.storage.words import SQL_WORD_TABLE, sql_rows_holding
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 log = logging.getLogger(__name__)
 

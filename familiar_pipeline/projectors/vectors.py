@@ -13,7 +13,7 @@ from dataclasses import make_dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from familiar_pipeline.projectors.spec import ProjectorRun, ProjectorSpec
+from familiar_pipeline.engine.spec import ProjectorRun, ProjectorSpec
 from familiar_pipeline.storage import values
 from familiar_pipeline.storage.scopes import FAMILIAR_WIDE
 from familiar_pipeline.storage.store import ProjectionStore
@@ -21,8 +21,8 @@ from familiar_pipeline.storage.tables import Table, col
 from familiar_pipeline.storage.times import now_or
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 def vector_record(key: str) -> type:
     """The record of a vector table keyed by ``key`` (``fact_id`` or ``turn_id``) and the model:

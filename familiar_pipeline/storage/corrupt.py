@@ -9,7 +9,7 @@ prompt), so a store DuckDB cannot read is never patched: the run that finds it
 warning line. The next store it opens is empty. While the marker is there:
 
 * the turn sensor asks for every active projection of the familiar
-  (`projectors.schedule.due_assets`), and again with backoff if a run fails;
+  (`engine.schedule.due_assets`), and again with backoff if a run fails;
 * runs publish no snapshot until the new store has caught up with the last
   published one (`caught_up`): the bot keeps serving that one, the last good;
 * the run that catches up publishes and removes the marker (one info line).

@@ -4,7 +4,7 @@ A run commits to `memory.duckdb`, then publishes the snapshot the bot reads. Whe
 publish fails (a full disk, a kill between the two), the store is ahead of what the
 bot sees; a snapshot file lost or cut short leaves it damaged. The
 `serving_snapshot_in_step` check reports either, and the next run of the familiar
-republishes because of it (`projectors.runtime.FamiliarRuntime.flush`), even
+republishes because of it (`engine.runtime.FamiliarRuntime.flush`), even
 when it has nothing new to project.
 """
 

@@ -398,7 +398,7 @@ class ProjectionStore:
         Runs each of `before`, empties `tables` in the order given (dependants
         first), restarts `sequences` at 1 and deletes the `watermarks` rows.
         What each projection drops is declared by its projector
-        (`familiar_pipeline.projectors.registry.drop_projection` resolves it).
+        (`familiar_pipeline.engine.registry.drop_projection` resolves it).
         """
         tables, sequences, watermarks = list(tables), list(sequences), list(watermarks)
         unknown = [t for t in tables if t not in self.tables]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.projectors.prompting import first_sentence, messages_text
 
 # character.toml lines that point both model slots at the in-process fake, with no

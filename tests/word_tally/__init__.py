@@ -8,7 +8,7 @@ back through the snapshot reader, dropped by a rebuild and covered by the proven
 checks, all from its declaration; nothing outside this folder names it.
 """
 
-from familiar_pipeline.projectors.registry import register_projector
+from familiar_pipeline.engine.registry import register_projector
 
 from .spec import SPEC
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from familiar_pipeline.projectors.report import ProjectionReport
-from familiar_pipeline.projectors.runtime import FamiliarRuntime
+from familiar_pipeline.engine.report import ProjectionReport
+from familiar_pipeline.engine.runtime import FamiliarRuntime
 from familiar_pipeline.storage.scopes import scope_of_turns
 
 from .tables import WordTally, write_tallies

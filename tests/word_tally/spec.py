@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from familiar_pipeline.projectors.spec import TURNS, ProjectorSpec, knob
+from familiar_pipeline.engine.spec import TURNS, ProjectorSpec, knob
 
 from .run import PROJECTOR, run
 from .tables import WORD_TALLIES

@@ -57,8 +57,8 @@ from . import prompt
 from .tables import DOSSIERS, delete_dossier_rows, get_dossier, put_dossier
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 PROJECTOR = "people_dossier"
 EGO_MIN_IMPORTANCE = 5

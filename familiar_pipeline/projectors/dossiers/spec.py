@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from familiar_pipeline.projectors.facts.store import latest_fact_id
-from familiar_pipeline.projectors.spec import FACTS, ProjectorSpec, invariant, knob
+from familiar_pipeline.engine.spec import FACTS, ProjectorSpec, invariant, knob
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 

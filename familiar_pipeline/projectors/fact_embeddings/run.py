@@ -18,8 +18,8 @@ from familiar_pipeline.projectors.vectors import embed_all, embedder_or_skip
 from .tables import set_fact_embeddings, unembedded_facts
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 PROJECTOR = "fact_embedding"
 

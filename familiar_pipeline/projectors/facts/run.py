@@ -34,8 +34,8 @@ from .store import FactDraft, append_facts, fact_texts
 from .tables import Subject
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 PROJECTOR = "rich_note"
 ACTIVITY_RETURN = "activity_return"

@@ -29,8 +29,8 @@ from familiar_pipeline.storage.scopes import FAMILIAR_WIDE
 from .tables import delete_summaries, get_summary, put_summary, stored_summaries
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 PROJECTOR = "rolling_summary"
 WRITE_GROUP_BATCHES = 20  # see projections.facts: short grouped writes, never across a model call

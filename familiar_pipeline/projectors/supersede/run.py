@@ -37,8 +37,8 @@ from . import prompt
 from .tables import record_supersede_decisions, supersede
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 
 PROJECTOR = "fact_supersede"

@@ -36,8 +36,8 @@ from familiar_pipeline.storage.turns import Turn
 from .tables import TURN_PASSAGE_EMBEDDINGS
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 PROJECTOR = "turn_passage_embedding"
 

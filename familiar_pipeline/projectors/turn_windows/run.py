@@ -34,8 +34,8 @@ from familiar_pipeline.storage.turns import TurnLog, context_windows
 from .tables import TURN_WINDOW_EMBEDDINGS
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 PROJECTOR = "turn_window_embedding"
 ID_REACH_PER_SPAN = 3  # how far (in ids, per neighbour) a window looks for same-channel turns

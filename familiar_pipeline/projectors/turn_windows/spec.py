@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from familiar_pipeline.projectors.spec import TURN_INDEX, knob
+from familiar_pipeline.engine.spec import TURN_INDEX, knob
 from familiar_pipeline.projectors.vectors import vector_spec
 
 from .run import PROJECTOR, run

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from familiar_pipeline.storage.turns import Turn
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 PROJECTOR = "turns_fts"
 CHUNK = 5000

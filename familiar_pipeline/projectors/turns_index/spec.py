@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec
+from familiar_pipeline.engine.spec import TURN_INDEX, ProjectorSpec
 
 from .run import PROJECTOR, run, search_rows
 

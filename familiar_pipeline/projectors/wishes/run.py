@@ -28,8 +28,8 @@ from .detect import detect, said_in
 from .tables import WishDraft, delete_resting_on, insert_wishes, retire, said_points
 
 if TYPE_CHECKING:
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 PROJECTOR = "standing_wish"
 

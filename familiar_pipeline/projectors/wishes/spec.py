@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from familiar_pipeline.projectors.spec import TURN_INDEX, ProjectorSpec, invariant, knob
+from familiar_pipeline.engine.spec import TURN_INDEX, ProjectorSpec, invariant, knob
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 

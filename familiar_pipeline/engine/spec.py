@@ -6,7 +6,7 @@ the parser, its table declarations (``tables.py``) with their SQL, its invariant
 answers for the scripted offline model. The registry, the Dagster asset factory, the
 turn sensor, backfill, config loading (knob tables), the store (its tables), the
 snapshot publisher and the scripted model read the spec, so a new projector is its own
-folder plus one line in `registry.BUILTIN_SPECS` (or one `register_projector` call from a
+folder plus one line in `builtin.BUILTIN_SPECS` (or one `register_projector` call from a
 plugin), and a bot layer if the prompt shows it (docs/architecture.md §2).
 """
 
@@ -23,8 +23,8 @@ from familiar_pipeline.storage.tables import Table
 
 if TYPE_CHECKING:
     from familiar_pipeline.config import FamiliarConfig
-    from familiar_pipeline.projectors.report import ProjectionReport
-    from familiar_pipeline.projectors.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.report import ProjectionReport
+    from familiar_pipeline.engine.runtime import FamiliarRuntime
     from familiar_pipeline.storage.store import ProjectionStore
     from familiar_pipeline.storage.turns import TurnLog
 

@@ -36,8 +36,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from familiar_pipeline.config import ConfigError, FamiliarConfig, load_config, render_config
 from familiar_pipeline.erasure.due import purge_due
-from familiar_pipeline.projectors import registry
-from familiar_pipeline.projectors.spec import FACTS, TURN_INDEX, TURNS, ProjectorSpec
+from familiar_pipeline.engine import registry
+from familiar_pipeline.engine.spec import FACTS, TURN_INDEX, TURNS, ProjectorSpec
 from familiar_pipeline.storage import corrupt
 from familiar_pipeline.storage.paths import FamiliarPaths, default_dir
 from familiar_pipeline.storage.snapshots import published_manifests

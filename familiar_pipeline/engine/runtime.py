@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from familiar_pipeline.config import FamiliarConfig
-from familiar_pipeline.projectors import registry
+from familiar_pipeline.engine import registry
 from familiar_pipeline.storage import corrupt
 from familiar_pipeline.storage.fts import FtsIndex
 from familiar_pipeline.storage.paths import FamiliarPaths

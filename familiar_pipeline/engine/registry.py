@@ -9,9 +9,11 @@ table against the spec's knob dataclass. The asset factory
 `drop_projection` all read the specs registered here.
 
 Registering also tells config (`config.catalogue`) the projector's name and knob
-dataclass: config sits below the projectors and imports none of them. A process that
-loads a config first finds the built-ins through the ``familiar.projectors`` entry
-point (pyproject.toml), which imports this module.
+dataclass: config sits below the projectors and imports none of them. The engine
+sits below them too: the built-ins (`familiar_pipeline.projectors.builtin`) are the
+``familiar.projectors`` entry point (pyproject.toml), which this registry, like
+config, loads on first use (`catalogue.discover`), before anything registers or is
+read, so the built-ins come first and in their order in every process.
 
 A plugin module (named in FAMILIAR_PLUGINS) calls `register_projector` at import
 time. A spec with a `run` function gets the same asset shell as a built-in; a
@@ -26,18 +28,7 @@ import re
 from typing import Any, Callable
 
 from familiar_pipeline.config import catalogue
-from familiar_pipeline.projectors.dossiers.spec import SPEC as DOSSIERS
-from familiar_pipeline.projectors.fact_embeddings.spec import SPEC as FACT_EMBEDDINGS
-from familiar_pipeline.projectors.facts.spec import SPEC as FACTS
-from familiar_pipeline.projectors.reflections.spec import SPEC as REFLECTIONS
-from familiar_pipeline.projectors.spec import ProjectorSpec
-from familiar_pipeline.projectors.summary.spec import SPEC as SUMMARY
-from familiar_pipeline.projectors.supersede.spec import SPEC as SUPERSEDE
-from familiar_pipeline.projectors.turn_embeddings.spec import SPEC as TURN_EMBEDDINGS
-from familiar_pipeline.projectors.turn_passage_embeddings.spec import SPEC as TURN_PASSAGES
-from familiar_pipeline.projectors.turn_windows.spec import SPEC as TURN_WINDOWS
-from familiar_pipeline.projectors.turns_index.spec import SPEC as TURNS_INDEX
-from familiar_pipeline.projectors.wishes.spec import SPEC as WISHES
+from familiar_pipeline.engine.spec import ProjectorSpec
 from familiar_pipeline.storage.paths import checked_name, did_you_mean
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage import tables as tables_module
@@ -53,6 +44,12 @@ class UnknownProjectorError(LookupError, ValueError):
 
 
 _PROJECTORS: dict[str, ProjectorSpec] = {}
+
+
+def _registered() -> dict[str, ProjectorSpec]:
+    """The registered specs, the installed entry points' (the built-ins) loaded first."""
+    catalogue.discover()
+    return _PROJECTORS
 
 
 def _check_name(name: str) -> str:
@@ -71,6 +68,7 @@ def register_projector(
     Pass a `ProjectorSpec`, or (the older plugin form) a name and an asset
     `factory`, which registers a spec with no knobs, run or trigger of its own.
     """
+    _registered()
     if not isinstance(spec, ProjectorSpec):
         _check_name(spec)
         spec = ProjectorSpec(name=spec, factory=factory, description=description, needs_llm=needs_llm)
@@ -92,7 +90,7 @@ def register_projector(
 
 def unregister_projector(name: str) -> None:
     """Forget a projector (a plugin unloading, tests cleaning up); config forgets it too."""
-    spec = _PROJECTORS.pop(name, None)
+    spec = _registered().pop(name, None)
     if spec is not None:
         catalogue.unregister_projector(name)
         for table in spec.tables:
@@ -101,18 +99,18 @@ def unregister_projector(name: str) -> None:
 
 def known_projectors() -> tuple[str, ...]:
     """The names valid in `[providers.memory].projectors` (every projector but the always-on ones)."""
-    return tuple(sorted(name for name, spec in _PROJECTORS.items() if not spec.always_on))
+    return tuple(sorted(name for name, spec in _registered().items() if not spec.always_on))
 
 
 def specs() -> tuple[ProjectorSpec, ...]:
     """Every registered spec, always-on ones included, in registration order."""
-    return tuple(_PROJECTORS.values())
+    return tuple(_registered().values())
 
 
 def get_projector(name: str) -> ProjectorSpec:
     """The spec registered under a projector name."""
     try:
-        return _PROJECTORS[name]
+        return _registered()[name]
     except (KeyError, TypeError):
         raise UnknownProjectorError(
             f"unknown memory projector {name!r}; valid: {', '.join(known_projectors())}"
@@ -121,7 +119,7 @@ def get_projector(name: str) -> ProjectorSpec:
 
 def resolve(name: str) -> ProjectorSpec:
     """The spec for a projector name or an asset name (`rich_note` and `facts` are the same projector)."""
-    if name in _PROJECTORS:
+    if name in _registered():
         return _PROJECTORS[name]
     for spec in _PROJECTORS.values():
         if spec.asset == name:
@@ -166,27 +164,4 @@ def drop_projection(store: ProjectionStore, name: str) -> None:
 
 def tables() -> tuple[Table, ...]:
     """Every registered projector's tables: what a familiar's store holds and its snapshot serves."""
-    return tuple(t for spec in _PROJECTORS.values() for t in spec.tables)
-
-
-# The built-in projectors, in the order a run executes them for each familiar (each after
-# what it reads). A new built-in is one line here. Fact embeddings come straight after the
-# facts, before supersession retires any: every fact then gets its vector whether the facts
-# arrive batch by batch or all at once in a rebuild, so the two build the same rows.
-BUILTIN_SPECS: tuple[ProjectorSpec, ...] = (
-    TURNS_INDEX,
-    SUMMARY,
-    FACTS,
-    FACT_EMBEDDINGS,
-    SUPERSEDE,
-    WISHES,  # after the facts and their supersession: it pins the facts of kind "wish" too
-    DOSSIERS,
-    REFLECTIONS,
-    TURN_EMBEDDINGS,
-    TURN_WINDOWS,
-    TURN_PASSAGES,
-)
-for _spec in BUILTIN_SPECS:
-    register_projector(_spec)
-
-BUILTIN_PROJECTORS: tuple[str, ...] = tuple(spec.name for spec in BUILTIN_SPECS)
+    return tuple(t for spec in _registered().values() for t in spec.tables)
