@@ -224,18 +224,19 @@ def test_the_index_alone_waits_for_index_quiet_s(config):
 def test_an_edit_or_deletion_of_a_turn_already_read_makes_its_readers_due_at_once(tmp_path, config):
     """Facts and the summary follow changes (`follows_changes`): a change to a turn they read is due
     now, without new turns or a quiet wait; one to a turn they have not read yet waits for its batch."""
-    from familiar_pipeline.engine.schedule import changed_read
+    from familiar_pipeline.engine.registry import specs
+    from familiar_pipeline.erasure.due import changed_read
 
     paths = make_familiar(tmp_path, "changed")
     append_chat(paths, 25)
     marks = {"rich_note": {"turn_id": 20, "change_seq": 0}, "rolling_summary": {"turn_id": 20, "change_seq": 0}}
     with TurnLog(paths.turns_db) as log:
         log.record_deletion(turn_id=23)  # not read yet by either
-        assert list(changed_read(log, marks, log.latest_change_seq())) == []
+        assert list(changed_read(specs(), log, marks, log.latest_change_seq())) == []
         log.record_edit(turn_id=7, new_content="said differently now")
-        assert list(changed_read(log, marks, log.latest_change_seq())) == ["rolling_summary", "rich_note"]
+        assert list(changed_read(specs(), log, marks, log.latest_change_seq())) == ["rolling_summary", "rich_note"]
         followed = {**marks, "rich_note": {"turn_id": 20, "change_seq": 2}}
-        assert list(changed_read(log, followed, log.latest_change_seq())) == ["rolling_summary"]
+        assert list(changed_read(specs(), log, followed, log.latest_change_seq())) == ["rolling_summary"]
     changed = dataclasses.replace(state(25, marks={"rich_note": 20, "rolling_summary": 20}), changed=("rich_note",))
     assert due_assets(config, changed)[:1] == ["facts"] and "people_dossiers" in due_assets(config, changed)
 

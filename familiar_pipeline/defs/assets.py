@@ -223,7 +223,7 @@ def project_familiar(
             host = next((s.asset for s in specs if s.search_index == "turns" and s.asset in out.results),
                         next(iter(out.results)))
             try:
-                erased = purge(runtime, dagster_home=dagster_home)
+                erased = purge(runtime, registry.specs(), dagster_home=dagster_home)
             except Exception as exc:  # the erasure stays pending; the turn sensor asks again
                 out.failed[host] = exc
                 del out.results[host]

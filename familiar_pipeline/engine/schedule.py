@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from familiar_pipeline.config import ConfigError, FamiliarConfig, load_config, render_config
-from familiar_pipeline.erasure.due import purge_due
+from familiar_pipeline.erasure.due import changed_read, purge_due
 from familiar_pipeline.engine import registry
 from familiar_pipeline.engine.spec import FACTS, TURN_INDEX, TURNS, ProjectorSpec
 from familiar_pipeline.storage import corrupt
@@ -367,7 +367,7 @@ def read_state(paths: FamiliarPaths, config: FamiliarConfig | None = None) -> Fa
         latest, change, log_id = turn_log.latest_id(), turn_log.latest_change_seq(), turn_log.log_id()
         newest = turn_log.turns_by_ids([latest]) if latest else []
         closed = tuple(_closed_early(turn_log, config, latest, marks, now)) if config is not None else ()
-        changed = tuple(changed_read(turn_log, marks, change))
+        changed = tuple(changed_read(triggered(TURNS), turn_log, marks, change))
         purging = purge_due(turn_log, config) if config is not None else bool(turn_log.erasures(pending_only=True))
         settled = (config is not None and not (closed or changed or purging or pending or rebuilding or published.problem)
                    and caught_up(config, marks, latest, change) and not purge_due(turn_log, config, NEVER))
@@ -391,21 +391,6 @@ def caught_up(config: FamiliarConfig, marks: dict, latest: int, latest_change: i
         if waiting > 0 and (spec.batch_closed is not None or waiting >= batch_size(spec, config.memory.knobs(spec.name))):
             return False
     return True
-
-
-def changed_read(turn_log: TurnLog, marks: dict, latest_change: int) -> Iterator[str]:
-    """Projectors that follow changes (`spec.follows_changes`) with an edit or deletion, past their
-    `change_seq`, of a turn they have already read. One that only touched turns not read yet
-    waits: the batch that reads them reads them as they are now."""
-    for spec in triggered(TURNS):
-        if not spec.follows_changes:
-            continue
-        mark = marks.get(spec.name, {})
-        seq, upto = int(mark.get("change_seq", 0)), int(mark.get("turn_id", 0))
-        if latest_change > seq:
-            first = turn_log.first_changed_turn(seq)
-            if first is not None and first <= upto:
-                yield spec.name
 
 
 def batch_size(spec: ProjectorSpec, knobs: Any) -> int:

@@ -156,6 +156,12 @@ class ProjectorSpec:
         """Every asset it reads: its inputs, then its soft inputs (the asset's deps)."""
         return self.inputs + tuple(i for i in self.soft_inputs if i not in self.inputs)
 
+    @property
+    def follows_turn_changes(self) -> bool:
+        """Requested as soon as the turn log changes under what it read: `follows_changes` on a
+        turn-driven projector (what `erasure.due.changed_read` looks at, without the trigger names)."""
+        return self.follows_changes and self.trigger == TURNS
+
     def __post_init__(self) -> None:
         if not self.asset:
             object.__setattr__(self, "asset", self.name)

@@ -44,16 +44,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 import duckdb
 
-from familiar_pipeline.erasure.due import due_prior_texts, due_turns
+from familiar_pipeline.erasure.due import changed_read, due_prior_texts, due_turns
 from familiar_pipeline.erasure.verify import Leftovers, check_familiar
 from familiar_pipeline.erasure.words import ScrubReport, Scrubber, distinctive_words, scrub_tree
 from familiar_pipeline.models.llm import ResponseCache
-from familiar_pipeline.engine import registry
-from familiar_pipeline.engine.schedule import changed_read
 from familiar_pipeline.storage import corrupt
 from familiar_pipeline.storage.fts import analyze
 from familiar_pipeline.storage.identity import CONSOLE_PLATFORM, console_slug
@@ -65,6 +63,7 @@ from familiar_pipeline.storage.words import SQL_WORD_TABLE, sql_rows_holding
 
 if TYPE_CHECKING:
     from familiar_pipeline.engine.runtime import FamiliarRuntime
+    from familiar_pipeline.engine.spec import ProjectorSpec
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +103,14 @@ class Purge:
                 **({"erasure_scrub_failed": len(self.scrub_failed)} if self.scrub_failed else {})}
 
 
-def purge(rt: FamiliarRuntime, *, dagster_home: Path | None = None, now: datetime | None = None) -> Purge | None:
+def purge(rt: FamiliarRuntime, specs: Sequence[ProjectorSpec], *, dagster_home: Path | None = None,
+          now: datetime | None = None) -> Purge | None:
     """Purge the familiar's due turns and edits' earlier texts from every file (module doc); None when
     nothing is due. ErasureIncomplete when the check afterwards still finds an erased word.
 
-    Runs with the familiar's writer lock held (the runtime's); it opens the turn log for writing.
+    `specs`: every registered projector's (`engine.registry.specs()`, which the run loop hands in:
+    this package sits below the engine and imports none of it). Runs with the familiar's writer lock
+    held (the runtime's); it opens the turn log for writing.
     """
     started = time.perf_counter()
     cfg = rt.config
@@ -119,7 +121,7 @@ def purge(rt: FamiliarRuntime, *, dagster_home: Path | None = None, now: datetim
         if not ids and not pending and not edits:
             return None
         out = Purge()
-        active = [s for s in registry.specs() if s.always_on or s.name in cfg.memory.projectors]
+        active = [s for s in specs if s.always_on or s.name in cfg.memory.projectors]
         everywhere = {e.target for e in pending if e.kind == "person" and e.scope is None}
         if cfg.memory.privacy.after_forget == "opt_out":  # a profile they showed again since is not kept either
             everywhere |= {key for key, scope, _ in turn_log.forgotten_people() if scope == "*"}
@@ -128,8 +130,7 @@ def purge(rt: FamiliarRuntime, *, dagster_home: Path | None = None, now: datetim
         if ids or edits or any(e.kind == "person" for e in pending):
             with rt.store() as store:
                 marks = store.serving_watermark()["projectors"]
-            behind = [n for n in changed_read(turn_log, marks, turn_log.latest_change_seq())
-                      if n in {s.name for s in active}]
+            behind = list(changed_read(active, turn_log, marks, turn_log.latest_change_seq()))
             if behind:
                 out.waiting = f"{', '.join(behind)} must follow the changes first"
                 return out
@@ -139,7 +140,7 @@ def purge(rt: FamiliarRuntime, *, dagster_home: Path | None = None, now: datetim
             out.words = len(scrubber.words)
             rested_on = set(ids) | _remove_rows(rt, active, pending, ids, scrubber, out)
             tokens = {t for w in scrubber.words for t in analyze(w)}
-            index_sources = _rebuild_search_indexes(rt, tokens)
+            index_sources = _rebuild_search_indexes(rt, specs, tokens)
             with rt.store() as store:  # the current and the previous snapshot both clean; older versions deleted
                 rt.publish(store, force=True)
                 rt.publish(store, force=True)
@@ -155,7 +156,7 @@ def purge(rt: FamiliarRuntime, *, dagster_home: Path | None = None, now: datetim
             if dagster_home is not None:
                 report = scrub_tree(dagster_home, scrubber)
                 out.scrubbed, out.scrub_failed = report.values, sorted(report.failed)
-            out.check = check_familiar(rt.paths, scrubber.words, tables={t.name: t for t in registry.tables()},
+            out.check = check_familiar(rt.paths, scrubber.words, tables={t.name: t for s in specs for t in s.tables},
                                        index_sources=index_sources, turn_log_keeps=keeps)
             out.check.files += report.files  # the run history and logs, read again by the scrub itself
             for where in (*report.failed, *report.left):
@@ -258,12 +259,12 @@ def delete_holding(store: ProjectionStore, table: Table, scrubber: Scrubber) -> 
                          "RETURNING 1").fetchall())
 
 
-def _rebuild_search_indexes(rt: FamiliarRuntime, tokens: set[str]) -> dict[str, set[str]]:
+def _rebuild_search_indexes(rt: FamiliarRuntime, specs: Sequence[ProjectorSpec], tokens: set[str]) -> dict[str, set[str]]:
     """Rebuild every registered full-text index from its sources (a deleted document stays in a tantivy
     segment until a merge; an inactive projector's index still holds what it indexed); per index,
     which of `tokens` its sources still produce (for the check: a term that is not an erased copy)."""
     produced: dict[str, set[str]] = {}
-    for spec in registry.specs():
+    for spec in specs:
         if spec.search_index is None or spec.search_rows is None:
             continue
         with rt.store() as store:
