@@ -238,10 +238,10 @@ def test_the_scrub_rewrites_free_text_only_never_structure():
 KILLED_CHILD = """
 import os, signal, sys
 from pathlib import Path
-from familiar_pipeline.defs.assets import project_familiar
-from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource
-from familiar_pipeline.erasure import purge
+from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, runtime_opener
 from familiar_pipeline.engine import registry
+from familiar_pipeline.engine.run_loop import project_familiar
+from familiar_pipeline.erasure import purge
 from familiar_pipeline.storage.turns import TurnLog
 
 def die(*args, **kwargs):
@@ -252,8 +252,9 @@ if where == "compact":
     TurnLog.compact = die
 else:
     setattr(purge, where, die)
-project_familiar(list(registry.specs()), "fam", rebuild=False, familiar_data=FamiliarData(data_root=root),
-                 llm=LlmResource(), embedder=EmbedderResource(), dagster_home=Path(home))
+project_familiar(list(registry.specs()), "fam", rebuild=False,
+                 open_runtime=runtime_opener(FamiliarData(data_root=root), LlmResource(), EmbedderResource()),
+                 dagster_home=Path(home))
 raise SystemExit("the purge was not reached")
 """
 

@@ -15,6 +15,7 @@ import dagster as dg
 import pytest
 
 import familiar_pipeline.defs.assets as assets_module
+import familiar_pipeline.engine.run_loop as run_loop
 from familiar_pipeline.defs.assets import MEMORY
 from familiar_pipeline.defs.jobs import execute_request, materialize_in_process
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor
@@ -176,14 +177,14 @@ def test_a_familiar_another_writer_holds_is_taken_up_after_the_others_once_free(
     fams = familiars(root, instance, [("a1", 10), ("a2", 10), ("a3", 10)])
     other = WriterLock(fams["a1"])
     other.acquire()
-    real = assets_module.project_familiar
+    real = run_loop.project_familiar
 
     def the_other_run_finishes_a1_meanwhile(specs, familiar_id, **kwargs):
         if familiar_id == "a3":  # this run does a2 and a3 while the other one still holds a1
             other.release()
         return real(specs, familiar_id, **kwargs)
 
-    monkeypatch.setattr(assets_module, "project_familiar", the_other_run_finishes_a1_meanwhile)
+    monkeypatch.setattr(run_loop, "project_familiar", the_other_run_finishes_a1_meanwhile)
     result = run_range(root, instance, ["facts"], "a1", "a3")
     assert result.success
     facts = by_partition(result, "facts")
@@ -253,7 +254,7 @@ def test_a_run_over_many_familiars_publishes_every_familiars_facts_before_any_fo
     familiars(root, instance, [("a1", 10), ("a2", 10)])
     published, opened, ran = [], [], []
     real_publish, real_init = runtime_module.publish_snapshot, store_module.ProjectionStore.__init__
-    real_run = assets_module.run_projector
+    real_run = run_loop.run_projector
 
     def counting_publish(conn, serving_dir, **kwargs):
         published.append(serving_dir.parent.name)
@@ -269,7 +270,7 @@ def test_a_run_over_many_familiars_publishes_every_familiars_facts_before_any_fo
 
     monkeypatch.setattr(runtime_module, "publish_snapshot", counting_publish)
     monkeypatch.setattr(store_module.ProjectionStore, "__init__", counting_init)
-    monkeypatch.setattr(assets_module, "run_projector", recording_run)
+    monkeypatch.setattr(run_loop, "run_projector", recording_run)
     everything = ["turns_fts", "rolling_summary", "facts", "fact_supersessions", "people_dossiers", "reflections"]
     result = run_range(root, instance, everything, "a1", "a2")
     assert result.success
@@ -383,14 +384,14 @@ def test_a_run_that_dies_between_passes_leaves_its_followers_pending(env, monkey
     """The snapshot says what the run had not reached: the turn sensor takes it up after a crash too."""
     root, instance = env
     fams = familiars(root, instance, [("a1", 10), ("a2", 10)])
-    real = assets_module.project_familiar
+    real = run_loop.project_familiar
 
     def dies_in_the_second_pass(specs, familiar_id, **kwargs):
         if specs[0].asset != "facts":
             raise KeyboardInterrupt("killed")
         return real(specs, familiar_id, **kwargs)
 
-    monkeypatch.setattr(assets_module, "project_familiar", dies_in_the_second_pass)
+    monkeypatch.setattr(run_loop, "project_familiar", dies_in_the_second_pass)
     assert not run_range(root, instance, EVERYTHING, "a1", "a2").success  # Dagster records the interrupted step
     assert [pending(p) for p in fams.values()] == [tuple(FOLLOWERS)] * 2
 

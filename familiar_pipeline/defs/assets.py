@@ -8,37 +8,33 @@ any subset of them in one step (`familiar_pipeline.engine.spec`).
 Each asset is partitioned per familiar and watermark-driven: materializing it
 processes what is new past its watermark (or says "no-op"). A run may cover a range
 of familiars; each is processed in turn through every selected projector with one
-writer lock, one store connection and one snapshot publish (`project_familiar`), and
-reported on its own partition of each asset (`materialize_projections`). The checks
-run inside that step, on the connection that wrote. The run config `rebuild: true`
+writer lock, one store connection and one snapshot publish (the engine's run loop,
+`familiar_pipeline.engine.run_loop`), and reported here on its own partition of each
+asset (`materialize_projections`). The checks run inside that step, on the connection
+that wrote. The run config `rebuild: true`
 drops the selected projections' rows and watermarks first and rebuilds them from the
 turn log. LLM replies are cached by prompt, so a rebuild of unchanged prompts costs
 no tokens and yields the same rows.
 
 The order of that work (two passes, a busy familiar requeued, blocked followers, yielding
-to a waiting run) is decided in `familiar_pipeline.engine.schedule`, without Dagster;
-this module runs it and reports it as Dagster events.
+to a waiting run) is decided in `familiar_pipeline.engine.schedule` and run by
+`engine.run_loop`, without Dagster; this module builds the step from the specs and
+reports what the loop yields as Dagster events.
 """
 
-import dataclasses
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
-from familiar_pipeline.defs.checks import INVARIANT, MemoryCheck, memory_checks, partition_evaluations
+from familiar_pipeline.defs.checks import memory_checks, partition_evaluations
 from familiar_pipeline.defs.partitions import asset_key, familiars_partitions, projection_run_queued
-from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, build_runtime
-from familiar_pipeline.erasure.purge import purge
-from familiar_pipeline.models.llm import LlmUsage
-from familiar_pipeline.engine import registry
-from familiar_pipeline.projectors import builtin
-from familiar_pipeline.engine.report import ProjectionReport
-from familiar_pipeline.engine.runtime import FamiliarBusy, NoModelConfigured
-from familiar_pipeline.engine.schedule import BUSY_WAIT_S, QueueWatch, WorkOrder, hold_followers
+from familiar_pipeline.defs.resources import EmbedderResource, FamiliarData, LlmResource, runtime_opener
+from familiar_pipeline.engine.run_loop import ProjectorResult, run_familiars
+from familiar_pipeline.engine.schedule import BUSY_WAIT_S, QueueWatch, WorkOrder
 from familiar_pipeline.engine.spec import FACTS, ProjectorSpec
+from familiar_pipeline.projectors import builtin
 
 PREVIEW_ROWS = 20
 
@@ -84,7 +80,9 @@ turns = dg.AssetSpec(
 
 
 
-def report_metadata(report: ProjectionReport, usage, knobs: dict) -> dict:
+def result_metadata(result: ProjectorResult) -> dict:
+    """A projector's materialization metadata: its report's figures, its model usage, then what the step added."""
+    report = result.report
     metadata: dict = {
         "status": report.status if not report.reason else f"{report.status}: {report.reason}",
         "turns_read": report.turns_read,
@@ -95,16 +93,16 @@ def report_metadata(report: ProjectionReport, usage, knobs: dict) -> dict:
         "dropped_reasons": dg.MetadataValue.json(dict(report.dropped)),
         "watermark_before": dg.MetadataValue.json(report.watermark_before),
         "watermark_after": dg.MetadataValue.json(report.watermark_after),
-        "effective_config": dg.MetadataValue.json(knobs),
-        "duration_s": round(report.duration_s, 3),
+        "effective_config": dg.MetadataValue.json(result.knobs),
+        "duration_s": round(result.duration_s, 3),
         "llm_seconds": round(report.llm_seconds, 3),
     }
-    if usage is not None:
-        metadata.update(usage.as_metadata())
+    metadata.update(result.usage)
     for key, value in report.extra.items():
         metadata[key] = value if isinstance(value, (int, float, str)) else dg.MetadataValue.json(value)
     if report.preview:
         metadata["preview"] = dg.MetadataValue.md(markdown_table(report.preview[:PREVIEW_ROWS]))
+    metadata.update(result.extra)
     return metadata
 
 
@@ -120,137 +118,10 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-@dataclass
-class FamiliarPass:
-    """What one familiar's part of a step produced: per asset its report and metadata, or its error."""
-
-    results: dict[str, dict] = field(default_factory=dict)  # asset -> {"report", "metadata"}
-    failed: dict[str, Exception] = field(default_factory=dict)  # asset -> what its projector raised
-    checks: dict[dg.AssetCheckKey, dg.AssetCheckResult] = field(default_factory=dict)
-    published: bool = False  # a snapshot was published for the familiar (its manifest changed)
-
-
-def run_projector(spec: ProjectorSpec, runtime, cfg, *, rebuild: bool) -> dict:
-    """One projector over one familiar's open runtime: drop first on `rebuild`, run; its report and metadata."""
-    knobs_obj = cfg.memory.knobs(spec.name) if not spec.always_on else None
-    knobs = dataclasses.asdict(knobs_obj) if dataclasses.is_dataclass(knobs_obj) and not isinstance(knobs_obj, type) else {}
-    knobs["max_batches_per_run"] = cfg.pipeline.max_batches_per_run
-    report = ProjectionReport(spec.name)
-    usage = None
-    if not spec.always_on and spec.name not in cfg.memory.projectors:
-        report.status = "disabled"
-        report.reason = f"'{spec.name}' is not listed in [providers.memory].projectors"
-    elif spec.needs_llm and runtime.llm_client is None:
-        report.status = "skipped"
-        try:
-            _ = runtime.llm  # raises NoModelConfigured, whose message names the setting to change
-        except NoModelConfigured as exc:
-            report.reason = str(exc)
-    else:
-        if spec.needs_llm:  # this projector's calls and tokens, apart from the others' in the step
-            usage = runtime.llm_client.usage = LlmUsage()
-        if rebuild and not (spec.needs_embedder and runtime.embedder is None):
-            with runtime.store() as store:
-                registry.drop_projection(store, spec.name)
-        assert spec.run is not None, f"projector {spec.name!r} has a factory of its own, not the step's shell"
-        spec.run(runtime, report, rebuild=rebuild)
-    return {"report": report, "metadata": report_metadata(report, usage, knobs)}
-
-
-def project_familiar(
-    specs: list[ProjectorSpec],
-    familiar_id: str,
-    *,
-    rebuild: bool,
-    familiar_data: FamiliarData,
-    llm: LlmResource,
-    embedder: EmbedderResource | None = None,
-    checks: tuple[MemoryCheck, ...] = (),
-    embedders: dict | None = None,
-    lock_wait_s: float = 0.0,
-    blocked: dict[str, str] | None = None,
-    later: tuple[str, ...] = (),
-    dagster_home: Path | None = None,
-) -> FamiliarPass:
-    """One familiar through `specs` (dependency order) with one writer lock, one store connection, one publish.
-
-    The writer lock is taken first (FamiliarBusy, after up to `lock_wait_s`, if another
-    process holds it), so a familiar is either worked on whole or not opened. Each
-    projector's invariants (`checks` on its asset) are checked right after it, on the
-    same connection; a failed blocking check, or a projector that raised, holds back
-    what is built on that asset for this familiar (reported "skipped: blocked ..."), as
-    Dagster would between steps. `blocked` (asset -> why) carries that from an earlier
-    pass over the familiar and is updated. The snapshot check runs after the publish.
-    Each publish records what is still to run for the familiar (the specs after the one
-    running, then `later`: the assets of the run's later passes) as the snapshot's
-    pending assets, so a run that stops before them leaves them to the turn sensor.
-    Erased and deleted turns due to go are purged from every file at the end of the familiar's
-    last pass (`erasure.purge`); the turn index's materialization (else the pass's first asset's)
-    says what went (counts and ids), or carries the failure.
-    """
-    out = FamiliarPass()
-    blocked = {} if blocked is None else blocked  # asset -> why its projector does not run for this familiar
-    if all(spec.asset in blocked for spec in specs):  # nothing to run: not opened
-        for spec in specs:
-            _skip_blocked(out, spec, blocked)
-        return out
-    cfg = familiar_data.config(familiar_id)
-    needs_embedder = embedder is not None and any(s.needs_embedder for s in specs)
-    runtime = build_runtime(familiar_data, llm, familiar_id, config=cfg,
-                            embedder=embedder if needs_embedder else None, embedders=embedders)
-    try:
-        runtime.hold_writer_lock(lock_wait_s)
-        for i, spec in enumerate(specs):
-            runtime.pending_assets = (*(s.asset for s in specs[i + 1:]), *later)
-            if spec.asset in blocked:
-                _skip_blocked(out, spec, blocked)
-                continue
-            try:
-                out.results[spec.asset] = run_projector(spec, runtime, cfg, rebuild=rebuild)
-            except Exception as exc:  # this familiar's followers of the asset wait; its other projectors run
-                out.failed[spec.asset] = exc
-                hold_followers(blocked, spec, f"blocked: {spec.asset} failed for this familiar ({type(exc).__name__})")
-                continue
-            for check in checks:
-                if check.asset == spec.asset and check.kind == INVARIANT:
-                    result = check.evaluate(runtime, familiar_id)
-                    out.checks[check.key] = result
-                    if check.blocking and not result.passed and result.severity == dg.AssetCheckSeverity.ERROR:
-                        hold_followers(blocked, spec, f"blocked: check {check.name} on {spec.asset} failed")
-        runtime.pending_assets = later
-        if out.results and not later and not out.failed:  # the familiar's last pass, whole
-            # Its figures go on the turn index's materialization when in this pass, else on the first asset's.
-            host = next((s.asset for s in specs if s.search_index == "turns" and s.asset in out.results),
-                        next(iter(out.results)))
-            try:
-                erased = purge(runtime, registry.specs(), dagster_home=dagster_home)
-            except Exception as exc:  # the erasure stays pending; the turn sensor asks again
-                out.failed[host] = exc
-                del out.results[host]
-            else:
-                if erased is not None:
-                    out.results[host]["metadata"].update(erased.metadata())
-        runtime.flush()
-        kernel: dict[str, dg.AssetCheckResult] = {}  # the kernel's checks: one evaluation each, for all assets
-        for check in checks:
-            if check.kind != INVARIANT and check.asset in out.results:
-                kernel[check.kind] = kernel.get(check.kind) or check.evaluate(runtime, familiar_id)
-                out.checks[check.key] = kernel[check.kind]
-    finally:
-        runtime.close()
-    out.published = bool(runtime.published_version)
-    return out
-
-
 def dagster_home(instance: dg.DagsterInstance) -> Path | None:
     """The instance's home folder, whose run storage and logs an erasure scrubs (None: none on disk)."""
     root = getattr(instance, "root_directory", None)
     return Path(root) if root else None
-
-
-def _skip_blocked(out: FamiliarPass, spec: ProjectorSpec, blocked: dict[str, str]) -> None:
-    report = ProjectionReport(spec.name, status="skipped", reason=blocked[spec.asset])
-    out.results[spec.asset] = {"report": report, "metadata": report_metadata(report, None, {})}
 
 
 def materialize_projections(
@@ -261,7 +132,7 @@ def materialize_projections(
     llm: LlmResource,
     embedder: EmbedderResource | None = None,
 ):
-    """Every familiar of the run's partitions in turn, each through the selected projectors.
+    """Every familiar of the run's partitions in turn, each through the selected projectors (`engine.run_loop`).
 
     A run may cover a range of familiars (the turn sensor's one run per tick, a
     single-run backfill). Each familiar gets its own writer lock, store connection,
@@ -289,31 +160,16 @@ def materialize_projections(
     specs = [s for s in specs if s.asset in selected]
     selected_checks = set(context.selected_asset_check_keys)
     checks = tuple(c for c in memory_checks(s.asset for s in specs) if c.key in selected_checks)
-    embedders: dict = {}  # one embedder per embedding config for the whole step
+    # One embedder per embedding config for the whole step.
+    open_runtime = runtime_opener(familiar_data, llm, embedder, embedders={})
     done: dict[str, int] = {s.asset: 0 for s in specs}
     failed: dict[str, dict[str, Exception]] = {s.asset: {} for s in specs}
     check_results: dict[dg.AssetCheckKey, dict[str, dg.AssetCheckResult]] = {c.key: {} for c in checks}
     # A rebuild never yields: its followers must be rebuilt in the same run.
     waiting = None if config.rebuild else QueueWatch(lambda: projection_run_queued(context.instance)).run_waiting
     order = WorkOrder(specs, context.partition_keys, planned=config.due, run_waiting=waiting, busy_wait_s=BUSY_WAIT_S)
-    for visit in order:
-        familiar_id = visit.familiar_id
-        outcome = None
-        if visit.specs:
-            try:
-                outcome = project_familiar(visit.specs, familiar_id, rebuild=config.rebuild, familiar_data=familiar_data,
-                                           llm=llm, embedder=embedder, checks=checks, embedders=embedders,
-                                           lock_wait_s=visit.lock_wait_s, blocked=visit.blocked, later=visit.later,
-                                           dagster_home=dagster_home(context.instance))
-            except Exception as exc:  # the familiar could not be opened at all (config, lock, storage)
-                if isinstance(exc, FamiliarBusy) and order.busy(visit):
-                    context.log.info(f"[{familiar_id}] another writer holds it; back to it at the end of this run")
-                    continue
-                outcome = FamiliarPass(failed={s.asset: exc for s in visit.specs})
-                order.not_opened(visit, exc)
-        order.done(visit, published=outcome is not None and outcome.published)
-        if outcome is None:
-            continue
+    for familiar_id, outcome in run_familiars(order, rebuild=config.rebuild, open_runtime=open_runtime, checks=checks,
+                                              dagster_home=dagster_home(context.instance), note=context.log.info):
         for asset, error in outcome.failed.items():
             failed[asset][familiar_id] = error
             context.log.error(f"[{familiar_id}] {asset} failed: {type(error).__name__}: {error}", exc_info=error)
@@ -322,12 +178,12 @@ def materialize_projections(
                                           tags=data_version_tags(context, asset, familiar_id, changed=False))
         for asset, result in outcome.results.items():
             done[asset] += 1
-            changed = config.rebuild or result["report"].rows_written > 0
-            yield dg.AssetMaterialization(asset_key(asset), partition=familiar_id, metadata=result["metadata"],
+            changed = config.rebuild or result.report.rows_written > 0
+            yield dg.AssetMaterialization(asset_key(asset), partition=familiar_id, metadata=result_metadata(result),
                                           tags=data_version_tags(context, asset, familiar_id, changed=changed))
         # One line per familiar that did something (each is an event the run's log stores: the
         # per-asset details are on each partition's materialization).
-        worked = [r["report"] for r in outcome.results.values() if r["report"].status not in ("no-op", "disabled")]
+        worked = [r.report for r in outcome.results.values() if r.report.status not in ("no-op", "disabled")]
         if worked:
             context.log.info(f"[{familiar_id}] " + "; ".join(r.summary_line() for r in worked))
         for key, check_result in outcome.checks.items():

@@ -30,6 +30,7 @@ from familiar_pipeline.dagster_internals import (
 )
 from familiar_pipeline.defs.partitions import asset_key, familiars_partitions
 from familiar_pipeline.engine import registry
+from familiar_pipeline.engine.run_loop import INVARIANT
 from familiar_pipeline.projectors import builtin
 from familiar_pipeline.engine.spec import TURN_INDEX, ProjectorSpec
 from familiar_pipeline.storage import corrupt
@@ -49,7 +50,7 @@ warnings.filterwarnings("ignore", message="Specifying a partitions_def on an Ass
 
 SNAPSHOT_CHECK = "serving_snapshot_in_step"
 STORE_CHECK = "memory_store_intact"
-INVARIANT, SNAPSHOT, STORE = "invariant", "snapshot", "store"
+SNAPSHOT, STORE = "snapshot", "store"  # the kernel's checks' kinds (INVARIANT: a projector's, the run loop's)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,10 @@ class MemoryCheck:
     def spec(self) -> dg.AssetCheckSpec:
         return dg.AssetCheckSpec(self.name, asset=asset_key(self.asset), description=self.description,
                                  blocking=self.blocking, partitions_def=familiars_partitions)
+
+    def holds_back(self, result: dg.AssetCheckResult) -> bool:
+        """A failed blocking check (an error, not a check that could not run) holds back what is built on its asset."""
+        return self.blocking and not result.passed and result.severity == dg.AssetCheckSeverity.ERROR
 
     def evaluate(self, runtime, familiar_id: str) -> dg.AssetCheckResult:
         """This familiar's result, on the runtime's open store (none yet: nothing to check)."""

@@ -10,6 +10,7 @@ from familiar_pipeline.config import FamiliarConfig, load_config
 from familiar_pipeline.models.embedders import create_embedder
 from familiar_pipeline.models.llm import client_for
 from familiar_pipeline.storage.paths import FamiliarPaths, data_root
+from familiar_pipeline.engine.run_loop import OpenRuntime
 from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 
@@ -67,3 +68,14 @@ def build_runtime(data: FamiliarData, llm: LlmResource, familiar_id: str, *, usa
                 embedders[config.embedding] = embedder.embedder(config)
             model = embedders[config.embedding]
     return FamiliarRuntime(paths=paths, config=config, llm_client=llm.client(config, paths, usage=usage), embedder=model)
+
+
+def runtime_opener(data: FamiliarData, llm: LlmResource, embedder: EmbedderResource | None = None, *,
+                   embedders: dict | None = None) -> OpenRuntime:
+    """How the engine's run loop opens each familiar (`engine.run_loop.OpenRuntime`): its runtime over
+    these resources, its effective config loaded, the embedder only for a pass with a projector that embeds."""
+
+    def open_runtime(familiar_id: str, *, needs_embedder: bool) -> FamiliarRuntime:
+        return build_runtime(data, llm, familiar_id, embedder=embedder if needs_embedder else None, embedders=embedders)
+
+    return open_runtime

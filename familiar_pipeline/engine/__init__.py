@@ -5,8 +5,10 @@ trigger, run function and checks); `registry.py` holds the registered specs (the
 come through an entry point, `projectors/builtin.py`, so the engine imports no projector);
 `runtime.py` is what a projector runs with for one familiar (writer lock, store, model,
 indexes, publish); `report.py` what it reports; `schedule.py` decides what runs when (the
-step's work order, the turn sensor's due assets). `defs/` turns those decisions into
-Dagster assets, checks and run requests.
+step's work order, the turn sensor's due assets); `run_loop.py` runs the step's work order
+(each familiar through its projectors, their checks, the erasure purge, the publish). `defs/`
+turns those into Dagster assets, check evaluations and run requests, and hands the loop what
+only it has (the resources that open a familiar, the checks) through small protocols.
 
 The helpers only projectors use stay with them in `projectors/`: `prompting.py` (prompt
 rendering and the scripted model's parsing), `vectors.py` (the embedding projectors' shared

@@ -1,8 +1,8 @@
 """What runs when: the projection step's work order and the turn sensor's due assets, without Dagster.
 
-Both halves decide, neither talks to Dagster; `defs/assets.py` and `defs/sensors.py` turn
-these decisions into Dagster events and run requests, and `tests/test_schedule.py` calls
-them directly.
+Both halves decide, neither talks to Dagster: `run_loop.py` runs the step's work order
+(`defs/assets.py` reports it as Dagster events), `defs/sensors.py` turns the tick plan into
+run requests, and `tests/test_schedule.py` calls them directly.
 
 The step (one run over a range of familiars, `WorkOrder`):
 

@@ -125,7 +125,7 @@ class ProjectionStore:
     """One familiar's projection store (``memory.duckdb``); ``path=None`` is in-memory.
 
     ``tables``: the declared tables it holds (default: every table declared in this
-    process, which is every registered projector's once the registry is imported).
+    process, which is every registered projector's once the built-ins are registered).
     """
 
     def __init__(self, path: str | Path | None, *, read_only: bool = False, tables: Sequence[Table] | None = None):
