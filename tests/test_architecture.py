@@ -8,9 +8,11 @@ Rules:
   packages and the projectors' table declarations and reads (`projectors.<name>.tables`/`.reads`):
   what the bot reads, not how it is produced;
 * the pipeline's packages are layered, each importing only those below it: `storage` (the kernel),
-  `config`, `models`, `projectors`, then `testing` and `defs`, then the code location and what runs it;
-  so config sits at the bottom of everything with settings (it imports no projector: they register
-  with it), and there is no loop between packages;
+  `config`, `models`, `erasure`, `engine`, `projectors`, then `testing` and `defs`, then the code
+  location and what runs it; so config sits at the bottom of everything with settings (it imports no
+  projector: they register with it), the engine imports no projector (they plug in through its spec
+  and registry, the built-ins through an entry point), erasure imports no engine (the run loop hands
+  it the specs), and there is no loop between packages;
 * production code never imports `familiar_pipeline.testing` (the scripted models are plugged in from
   outside: test fixtures, an entry point, `familiar up --demo`), except the CLI's demo flag;
 * an import inside a function that reaches a project module is either under `if TYPE_CHECKING:` or
@@ -237,6 +239,26 @@ def test_only_the_adapter_imports_private_dagster_modules():
     assert private[DAGSTER_ADAPTER], "the adapter is where they are"
     users = sorted(m for m, targets in GRAPH.items() if DAGSTER_ADAPTER in targets)
     assert users == sorted(INSTANCE_PIECES)
+
+
+def test_the_engine_imports_no_projector_and_nothing_above_it():
+    # The projectors plug in (ProjectorSpec, register_projector); the registry finds the built-ins
+    # through the `familiar.projectors` entry point, never by importing them.
+    engine = {m: sorted(t for t in targets if _layer(t) is not None and _layer(t) > _layer("familiar_pipeline.engine"))
+              for m, targets in GRAPH.items() if m.startswith("familiar_pipeline.engine")}
+    assert {m: t for m, t in engine.items() if t} == {}
+    assert "familiar_pipeline.engine.run_loop" in GRAPH, "the per-familiar run loop is the engine's"
+
+
+def test_no_package_loop_between_the_pipeline_packages():
+    # Module cycles are forbidden above; this is the same rule one level up (type-only imports aside).
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    packages: dict[str, set[str]] = {}
+    for module, targets in GRAPH.items():
+        packages.setdefault(package(module), set()).update(package(t) for t in targets if package(t) != package(module))
+    assert cycles(packages) == []
 
 
 def test_config_imports_no_projector_and_no_model():
