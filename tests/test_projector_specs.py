@@ -13,8 +13,8 @@ from familiar_pipeline.config import MemoryConfig
 from familiar_pipeline.backfill import BackfillError, resolve_asset
 from familiar_pipeline.definitions import defs
 from familiar_pipeline.engine import registry
-from familiar_pipeline.projectors import builtin
 from familiar_pipeline.engine.spec import FACTS, NoKnobs, ProjectorSpec
+from familiar_pipeline.projectors import builtin
 from familiar_pipeline.storage.store import ProjectionStore
 
 from .fact_helpers import populate_every_table

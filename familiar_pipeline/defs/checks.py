@@ -31,8 +31,8 @@ from familiar_pipeline.dagster_internals import (
 from familiar_pipeline.defs.partitions import asset_key, familiars_partitions
 from familiar_pipeline.engine import registry
 from familiar_pipeline.engine.run_loop import INVARIANT
-from familiar_pipeline.projectors import builtin
 from familiar_pipeline.engine.spec import TURN_INDEX, ProjectorSpec
+from familiar_pipeline.projectors import builtin
 from familiar_pipeline.storage import corrupt
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.snapshot_lag import snapshot_lag
