@@ -40,6 +40,8 @@ from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.testing.scripted import careful_model  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 
+# Model calls per 100 turns the whole graph may make on LoCoMo (issue 51; docs/benchmarks.md).
+CALLS_TARGET = 25.0
 ALL_ASSETS = ["turns_fts", "rolling_summary", "facts", *(k.path[-1] for k in FACT_DRIVEN)]
 GRAPH_TOML = """
 [llm.background]
@@ -155,7 +157,8 @@ def main() -> None:
               f"{a['llm_calls']:>11}{a['prompt_tokens']:>12}{a['llm_calls'] * per100:>12.1f}{a['prompt_tokens'] * per100:>10.0f}")
     calls = sum(a["llm_calls"] for a in result["assets"])
     tokens = sum(a["prompt_tokens"] for a in result["assets"])
-    print(f"LLM per 100 turns (whole graph): {calls * per100:.1f} calls, {tokens * per100:.0f} prompt tokens")
+    print(f"LLM per 100 turns (whole graph): {calls * per100:.1f} calls, {tokens * per100:.0f} prompt tokens "
+          f"(target <= {CALLS_TARGET:g} calls: {'met' if calls * per100 <= CALLS_TARGET else 'NOT met'})")
     print(f"full rebuild (whole graph, cached replies): {result['rebuild_s']:.2f} s, "
           f"new provider calls: {result['rebuild_new_calls']}")
 

@@ -32,7 +32,8 @@ LINES = [
 # fold per 3 batches): the shipped defaults are coarser (20, 20, 4) to stay under 40 model calls
 # per 100 turns, which benchmarks/pipeline.py measures; the mechanisms tested are the same.
 TEST_CADENCE = {("rolling_summary", "turns_threshold"): 10, ("rich_note", "batch_size"): 10,
-                ("people_dossier", "batches_per_fold"): 3}
+                ("people_dossier", "batches_per_fold"): 3, ("people_dossier", "fold_min_weight"): 0,
+                ("reflection", "turns_threshold"): 20}
 
 
 def pin_test_cadence(root: Path) -> None:

@@ -70,9 +70,10 @@ def test_defaults_are_the_documented_values(tmp_path):
     assert mem.projectors == DEFAULT_PROJECTORS
     assert (mem.rolling_summary.turns_threshold, mem.rolling_summary.backfill_cap) == (20, 200)
     assert (mem.rich_note.batch_size, mem.rich_note.participants_max) == (20, 30)
-    assert mem.people_dossier.max_facts_per_prompt == 50
+    assert (mem.people_dossier.max_facts_per_prompt, mem.people_dossier.fold_min_weight) == (50, 100)
+    assert (mem.fact_supersede.new_facts_per_call, mem.people_dossier.batches_per_fold) == (30, 4)
     assert dataclasses.asdict(mem.reflection) == {
-        "turns_threshold": 20, "max_reflections_per_tick": 3, "max_turns_per_tick": 50,
+        "turns_threshold": 40, "max_reflections_per_tick": 3, "max_turns_per_tick": 50,
         "recent_facts_limit": 20}
     assert mem.fact_supersede.priors_max == 20
     assert mem.fact_embedding.batch_size == 32
@@ -363,7 +364,7 @@ def test_non_utf8_file(tmp_path):
     ("[pipeline]\ntick = 5", "unknown key 'tick' in [pipeline]; valid: index_quiet_s, max_batches_per_run,"),
     ("[providers.voice]\nx = 1", "unknown key 'voice' in [providers]; valid: embedding, history, memory"),
     ("[providers.memory.people_dossier]\nmax_facts = 5",
-     "unknown key 'max_facts' in [providers.memory.people_dossier]; valid: batches_per_fold, max_facts_per_prompt "
+     "unknown key 'max_facts' in [providers.memory.people_dossier]; valid: batches_per_fold, fold_min_weight, max_facts_per_prompt "
      "(did you mean 'max_facts_per_prompt'?)"),
     ("[providers.memory.dreams]\nx = 1", "unknown key 'dreams' in [providers.memory]; valid: fact_embedding,"),
     ("[providers.embedding]\nmodel = \"x\"", "unknown key 'model' in [providers.embedding]"),

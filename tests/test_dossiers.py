@@ -10,6 +10,7 @@ from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.projectors.facts.tables import Subject
 from familiar_pipeline.projectors.dossiers import tables as dossier_db
 from familiar_pipeline.projectors.facts import store as facts_db
+from familiar_pipeline.projectors.supersede import tables as supersede_db
 
 from .fact_helpers import BO, CASS, add_facts, fact, familiar, run_projector
 from .helpers import FAKE_MODEL_TOML, append_chat
@@ -156,3 +157,38 @@ def test_folds_every_batches_per_fold_batches(tmp_path, fake_llm):
     assert dossier(paths, "discord:111").last_fact_id == 6, "turn 7 waits for two more batches"
     with ProjectionStore(paths.memory_db, read_only=True) as store:
         assert store.get_watermark(dossiers.PROJECTOR).turn_id == 6
+
+
+def test_an_existing_dossier_waits_until_what_changed_weighs_fold_min_weight(tmp_path, fake_llm):
+    """A new person's dossier is written at once; after that, small facts wait (no call) until their
+    importance adds up to `fold_min_weight`, and then every waiting fact is folded in one call. A retired
+    fact rebuilds the dossier at once, whatever it weighs."""
+    paths = setup(tmp_path, [fact("Cass lives in Berlin.", CASS, turn=1)], turns=1)
+    paths.character_toml.write_text(paths.character_toml.read_text() + "fold_min_weight = 12\n")
+    run_projector(dossiers, tmp_path)
+    assert len(dossier_calls(fake_llm)) == 1 and dossier(paths, "discord:111").last_fact_id == 1
+    append_chat(paths, 2, start=1)
+    add_facts(paths, [fact("Cass likes tea.", CASS, turn=2, importance=3),
+                      fact("Cass likes jazz.", CASS, turn=3, importance=4)], rich_note_turn=3)
+    with ProjectionStore(paths.memory_db) as store:
+        store.set_watermark(supersede.PROJECTOR, fact_id=3)
+    report = run_projector(dossiers, tmp_path)
+    assert len(dossier_calls(fake_llm)) == 1, "3 + 4 < 12: no call"
+    assert report.extra["folds_waiting"] == 2 and dossier(paths, "discord:111").last_fact_id == 1
+    append_chat(paths, 1, start=3)
+    add_facts(paths, [fact("Cass keeps bees.", CASS, turn=4, importance=5)], rich_note_turn=4)
+    with ProjectionStore(paths.memory_db) as store:
+        store.set_watermark(supersede.PROJECTOR, fact_id=4)
+    run_projector(dossiers, tmp_path)
+    assert len(dossier_calls(fake_llm)) == 2, "3 + 4 + 5 >= 12: one call"
+    prompt = dossier_calls(fake_llm)[-1]["messages"][1]["content"].split("New facts:")[1]
+    assert all(word in prompt for word in ("tea", "jazz", "bees")) and "Berlin" not in prompt
+    assert dossier(paths, "discord:111").last_fact_id == 4
+    # A small fact that retires one: the dossier still holds the retired fact, so it is rebuilt now.
+    append_chat(paths, 1, start=4)
+    add_facts(paths, [fact("Cass moved to Lisbon.", CASS, turn=5, importance=2)], rich_note_turn=5)
+    with ProjectionStore(paths.memory_db) as store:
+        supersede_db.supersede(store, [1], 5)
+        store.set_watermark(supersede.PROJECTOR, fact_id=5)
+    run_projector(dossiers, tmp_path)
+    assert len(dossier_calls(fake_llm)) == 3 and "Lisbon" in dossier(paths, "discord:111").dossier_text

@@ -432,3 +432,47 @@ def test_familiar_speaker_imports_its_turns_as_the_familiars_replies(tmp_path, c
     assert sorted(results["by_type"]) == ["single-session-assistant", "single-session-user"]
     assert results["by_type"]["single-session-user"]["n"] == 1 and results["setup"]["familiar_speaker"] == "Assistant"
     assert "| type single-session-user |" in capsys.readouterr().out
+
+
+def test_reuse_resumes_a_stopped_preparation_and_imports_anew_what_changed(tmp_path, capsys, monkeypatch):
+    """--reuse keeps a familiar an earlier run left in --workdir for the same turns and config: a run
+    stopped before its projections were built resumes them and scores exactly as a fresh run; a file
+    or flag that changed is imported anew."""
+    from familiar_pipeline.storage.turns import TurnLog
+
+    data = tmp_path / "dm.json"
+    data.write_text(json.dumps(dm_fixture()))
+    fresh = evaluation.prepare_all(data, tmp_path / "fresh", embedder="hash", familiar_speaker="Assistant")
+    expected = evaluation.evaluate(fresh)
+
+    def stopped(*args, **kwargs):
+        raise RuntimeError("stopped halfway")
+
+    work = tmp_path / "work"
+    monkeypatch.setattr(evaluation, "materialize_projections", stopped)
+    with pytest.raises(RuntimeError, match="stopped halfway"):
+        evaluation.prepare_all(data, work, embedder="hash", familiar_speaker="Assistant", reuse=True)
+    monkeypatch.undo()
+    lines: list[str] = []
+    conv, = evaluation.prepare_all(data, work, embedder="hash", familiar_speaker="Assistant", reuse=True,
+                                   progress=lines.append)
+    assert conv.timings.get("reused") and any("reused the familiar" in line for line in lines)
+    with TurnLog(work / conv.familiar_id / "turns.db", readonly=True) as log:
+        assert log.latest_id() == 4  # kept, not appended again
+    def scores(records):
+        return [{k: v for k, v in r.items() if k != "latency_ms"} for r in records]
+
+    assert scores(evaluation.evaluate([conv])) == scores(expected)
+    # Another text, or another speaker read as the familiar, is another familiar: imported anew.
+    changed = dm_fixture()
+    changed[0]["conversation"]["session_1"][0]["text"] = "My cat is called Tofu"
+    data.write_text(json.dumps(changed))
+    again, = evaluation.prepare_all(data, work, embedder="hash", familiar_speaker="Assistant", reuse=True)
+    assert not again.timings.get("reused")
+    with TurnLog(work / again.familiar_id / "turns.db", readonly=True) as log:
+        assert log.turns_after(0)[0].content == "My cat is called Tofu" and log.latest_id() == 4
+    people, = evaluation.prepare_all(data, work, embedder="hash", reuse=True)
+    assert not people.timings.get("reused")
+    # The CLI says what --reuse needs.
+    assert main(["eval", "locomo", "--data", str(data), "--reuse"]) == 2
+    assert "--reuse needs --workdir" in capsys.readouterr().err

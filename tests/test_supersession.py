@@ -281,8 +281,9 @@ def test_suite_has_at_least_thirty_cases():
 # --------------------------------------------------------------------------- batching
 
 
-def test_new_facts_of_one_person_share_a_call(tmp_path, fake_llm):
-    """The facts one write brought about one person share a call (at most `new_facts_per_call`), not one per fact."""
+def test_new_facts_of_one_batch_share_a_call_of_at_most_new_facts_per_call(tmp_path, fake_llm):
+    """The facts one write brought share a call whoever they are about (at most `new_facts_per_call`
+    facts), not one call per fact or per person."""
     paths = familiar(tmp_path)
     paths.character_toml.write_text(paths.character_toml.read_text() + "\n[providers.memory.fact_supersede]\nnew_facts_per_call = 4\n")
     cities = ["Berlin", "Paris", "Rome", "Oslo", "Riga", "Kyiv", "Porto"]
@@ -290,14 +291,57 @@ def test_new_facts_of_one_person_share_a_call(tmp_path, fake_llm):
         facts_db.append_facts(store, [fact(f"Cass moved to {c}.", CASS, turn=i + 1) for i, c in enumerate(cities)]
                            + [fact("Bo lives in Oslo.", BO, turn=20), fact("Bo moved to Riga.", BO, turn=21)])
     run_projector(supersede, tmp_path)
-    calls = supersede_calls(fake_llm)
-    # Cass: facts 1-4 and 5-7 (fact 1 has no prior, so it is only shown); Bo: one group.
+    calls = [c["messages"][1]["content"] for c in supersede_calls(fake_llm)]
+    # Facts 1-4, 5-8 and 9: fact 1 and Bo's fact 8 have no prior, so they decide nothing where they are new.
     assert len(calls) == 3
     facts, decisions, mark = state(paths)
     assert [f.id for f in facts.values() if f.current] == [7, 9] and mark == 9
     assert all(facts[i].superseded_by == i + 1 for i in range(1, 7)) and facts[8].superseded_by == 9
-    first = calls[0]["messages"][1]["content"]
-    assert "- id=1:" in first and all(f"NEW fact (id={i})" in first for i in (2, 3, 4)) and "id=5" not in first
+    assert "- id=1:" in calls[0] and all(f"NEW fact (id={i})" in calls[0] for i in (2, 3, 4)) and "id=5" not in calls[0]
+    assert calls[1].count("Person: ") == 1 and "NEW fact (id=8)" not in calls[1]
+    assert calls[2].startswith('Person: "Bo"') and "- id=8:" in calls[2] and "Cass" not in calls[2]
+
+
+def test_one_batch_about_two_people_is_one_call_with_a_section_each(tmp_path, fake_llm):
+    """Two people's new facts from one batch: one call, a section per person, each section showing only
+    that person's priors; a fact naming both is judged in both sections."""
+    paths = familiar(tmp_path)
+    add_facts(paths, [fact("Cass lives in Berlin.", CASS), fact("Bo lives in Oslo.", BO, turn=2),
+                      fact("Cass and Bo love hiking.", CASS, BO, turn=3)])
+    run_projector(supersede, tmp_path)
+    before = len(supersede_calls(fake_llm))
+    with ProjectionStore(paths.memory_db) as store:  # one extraction batch
+        facts_db.append_facts(store, [fact("Cass moved to Lisbon.", CASS, turn=4), fact("Bo moved to Riga.", BO, turn=5),
+                                      fact("Cass and Bo now hate hiking.", CASS, BO, turn=6)])
+    run_projector(supersede, tmp_path)
+    calls = supersede_calls(fake_llm)[before:]
+    assert len(calls) == 1
+    text = calls[0]["messages"][1]["content"]
+    cass, bo = text.split('\n\nPerson: "Bo"')
+    assert cass.startswith('Person: "Cass"') and "Berlin" in cass and "Oslo" not in cass and "Riga" not in cass
+    assert "Oslo" in bo and "Berlin" not in bo and "Lisbon" not in bo
+    assert "NEW fact (id=6)" in cass and "NEW fact (id=6)" in bo
+    facts, decisions, _ = state(paths)
+    assert facts[1].superseded_by == 4 and facts[2].superseded_by == 5 and facts[3].superseded_by == 6
+    assert all(facts[i].current for i in (4, 5, 6))
+    assert {(new, key) for new, key, *_ in decisions if new > 3} == {
+        (4, CASS.canonical_key), (5, BO.canonical_key), (6, CASS.canonical_key), (6, BO.canonical_key)}
+
+
+def test_an_id_shown_in_another_persons_section_is_not_retired(tmp_path, fake_llm):
+    """The model sees both sections at once; a new fact may still retire only what its own section showed."""
+    paths = familiar(tmp_path)
+    add_facts(paths, [fact("Cass lives in Berlin.", CASS), fact("Bo lives in Oslo.", BO, turn=2)])
+    run_projector(supersede, tmp_path)
+    with ProjectionStore(paths.memory_db) as store:
+        facts_db.append_facts(store, [fact("Cass likes tea.", CASS, turn=3), fact("Bo moved to Riga.", BO, turn=4)])
+    fake_llm.script(lambda messages: {"decisions": [{"new_id": 4, "superseded_ids": [1, 2]},
+                                                    {"new_id": 3, "superseded_ids": [2]}]})
+    report = run_projector(supersede, tmp_path)
+    facts, decisions, _ = state(paths)
+    assert facts[1].current and facts[2].superseded_by == 4
+    assert report.dropped["ids_not_shown"] == 2  # Cass's 1 named by Bo's fact, Bo's 2 by Cass's
+    assert [(new, retired) for new, _key, _shown, retired, _ in decisions] == [(3, []), (4, [2])]
 
 
 @pytest.mark.parametrize(

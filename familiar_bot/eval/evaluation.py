@@ -65,7 +65,7 @@ from familiar_pipeline.projectors.facts.tables import Subject
 from familiar_pipeline.engine.runtime import publish_store
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.identity import ego_key
-from familiar_pipeline.storage.turns import TurnLog
+from familiar_pipeline.storage.turns import Turn, TurnLog
 
 from familiar_bot.eval import locomo
 from familiar_bot.eval.modes import EMBEDDER_MODES, FACT_MODES
@@ -232,6 +232,19 @@ def turn_rows(turns: list, familiar_id: str, familiar_speaker: str | None, first
     return rows
 
 
+def reusable_turns(paths: FamiliarPaths, toml: str, rows: list[dict]) -> list[Turn] | None:
+    """The turns of a familiar an earlier run prepared with config ``toml`` and exactly ``rows``
+    (numbered from 1, as a fresh familiar numbers them), else None: anything else is imported anew."""
+    if not paths.turns_db.is_file() or not paths.character_toml.is_file() or paths.character_toml.read_text() != toml:
+        return None
+    with TurnLog(paths.turns_db) as log:
+        stored = log.turns_in_range(0, log.latest_id())
+    keys = ("role", "content", "author_key", "author_display", "created_at", "reply_to_turn_id")
+    same = [(t.role, t.content, t.author_key, t.author_display, t.created_at, t.reply_to_turn_id) for t in stored] \
+        == [tuple(row.get(k) for k in keys) for row in rows]
+    return stored if same and [t.id for t in stored] == list(range(1, len(rows) + 1)) else None
+
+
 def load_gold_facts(sample: dict, paths, turn_of: Mapping[str, int], turns: list) -> int:
     """The file's observations written as facts through the store API (mode ``gold``, the oracle)."""
     drafts = []
@@ -309,12 +322,16 @@ def materialize_projections(familiar_id: str, root: Path, instance, *, embedder:
 
 def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
                          instance, facts: str = "none", background_model: str | None = None,
-                         max_turns: int | None = None, familiar_speaker: str | None = None) -> PreparedConversation:
+                         max_turns: int | None = None, familiar_speaker: str | None = None,
+                         reuse: bool = False) -> PreparedConversation:
     """Import one conversation, give it the facts its mode asks for, and materialize the projections.
 
     ``max_turns`` keeps only the conversation's first turns (a quick run with a slow model);
     questions then keep the evidence among them, and those with none left are skipped.
     ``familiar_speaker``: that speaker's turns are the familiar's own replies (see :func:`turn_rows`).
+    ``reuse`` (facts mode ``none`` only): a familiar an earlier run left under ``root`` with this very
+    config and these very turns keeps them, and the materialization only catches up, so a run that
+    was stopped halfway (a long history takes minutes to embed) loses nothing it had finished.
     """
     if facts not in FACT_MODES:
         raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
@@ -326,21 +343,27 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     if familiar_speaker is not None and familiar_speaker not in {t.speaker for t in turns}:
         raise ValueError(f"{sample_id}: no speaker {familiar_speaker!r} to read as the familiar "
                          f"(speakers: {', '.join(sorted({t.speaker for t in turns}))})")
-    paths = new_familiar(familiar_id, root, embedder=embedder, model_path=model_path, facts=facts,
-                         background_model=background_model, familiar_name=familiar_speaker)
     timings: dict[str, float] = {}
-
     started = time.perf_counter()
-    with TurnLog(paths.turns_db) as log:
-        for speaker in sorted({t.speaker for t in turns if t.speaker != familiar_speaker}):
-            first = min(t.timestamp for t in turns if t.speaker == speaker)
-            log.upsert_participant(locomo.speaker_key(speaker), global_name=speaker, seen_at=first)
-        first_id = log.latest_id() + 1
-        rows = turn_rows(turns, familiar_id, familiar_speaker, first_id)
-        written = log.append_turns(rows)
-        if [w.id for w in written] != list(range(first_id, first_id + len(rows))):
-            raise RuntimeError(f"{familiar_id}: turn ids were not assigned in order; replies would answer "
-                               "the wrong turns")
+    toml = familiar_toml(embedder, model_path, facts, background_model, familiar_name=familiar_speaker)
+    paths = FamiliarPaths.for_id(familiar_id, root)
+    written = reusable_turns(paths, toml, turn_rows(turns, familiar_id, familiar_speaker, 1)) \
+        if reuse and facts == "none" else None
+    if written is None:
+        paths = new_familiar(familiar_id, root, embedder=embedder, model_path=model_path, facts=facts,
+                             background_model=background_model, familiar_name=familiar_speaker)
+        with TurnLog(paths.turns_db) as log:
+            for speaker in sorted({t.speaker for t in turns if t.speaker != familiar_speaker}):
+                first = min(t.timestamp for t in turns if t.speaker == speaker)
+                log.upsert_participant(locomo.speaker_key(speaker), global_name=speaker, seen_at=first)
+            first_id = log.latest_id() + 1
+            rows = turn_rows(turns, familiar_id, familiar_speaker, first_id)
+            written = log.append_turns(rows)
+            if [w.id for w in written] != list(range(first_id, first_id + len(rows))):
+                raise RuntimeError(f"{familiar_id}: turn ids were not assigned in order; replies would answer "
+                                   "the wrong turns")
+    else:
+        timings["reused"] = 1.0
     turn_of = {t.dia_id: w.id for t, w in zip(turns, written)}
     session_of_turn = {w.id: t.session for t, w in zip(turns, written)}
     timings["import_s"] = time.perf_counter() - started
@@ -663,12 +686,12 @@ def write_outputs(results: Mapping[str, Any], out: Path) -> list[str]:
 def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | None = None,
                 facts: str = "none", background_model: str | None = None, only: Iterable[str] | None = None,
                 max_turns: int | None = None, progress: Callable[[str], None] | None = None,
-                familiar_speaker: str | None = None) -> list[PreparedConversation]:
+                familiar_speaker: str | None = None, reuse: bool = False) -> list[PreparedConversation]:
     """Every conversation of ``data`` (or those ``only`` names) as a throwaway familiar under ``workdir``.
 
     ``only`` holds indices into the file ("0" is the first) or sample ids; one that
     matches nothing is an error, so a typo never silently measures nothing.
-    ``workdir`` gets the shipped defaults.
+    ``workdir`` gets the shipped defaults. ``reuse``: see :func:`prepare_conversation`.
     """
     if embedder not in EMBEDDER_MODES:
         raise ValueError(f"unknown embedder {embedder!r}; valid: {', '.join(EMBEDDER_MODES)}")
@@ -695,7 +718,10 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
                 progress(f"preparing {sample.get('sample_id', index)}")
             prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder, model_path=model_path,
                                                  max_turns=max_turns, familiar_speaker=familiar_speaker,
-                                                 instance=instance, facts=facts, background_model=background_model))
+                                                 instance=instance, facts=facts, background_model=background_model,
+                                                 reuse=reuse))
+            if progress is not None and prepared[-1].timings.get("reused"):
+                progress(f"  {prepared[-1].familiar_id}: reused the familiar an earlier run prepared")
     return prepared
 
 

@@ -30,6 +30,7 @@ DEMO_SETTINGS: dict[tuple[str, ...], Any] = {
     ("providers", "memory", "rich_note", "batch_size"): 4,
     ("providers", "memory", "rich_note", "quiet_s"): 20,
     ("providers", "memory", "people_dossier", "batches_per_fold"): 1,
+    ("providers", "memory", "people_dossier", "fold_min_weight"): 0,
     ("providers", "memory", "rolling_summary", "turns_threshold"): 4,
     ("providers", "memory", "reflection", "turns_threshold"): 8,
 }

@@ -52,6 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         loc.add_argument(f"--{study}", action="store_true",
                          help=f"also {does}; writes {study}.json and {study}.md into --out")
     loc.add_argument("--workdir", metavar="DIR", help="keep the throwaway familiars here instead of a temporary folder")
+    loc.add_argument("--reuse", action="store_true",
+                     help="with --workdir (and --facts none): keep a familiar an earlier run prepared there for the same "
+                          "turns and config; its projections only catch up, so a stopped run resumes")
     loc.add_argument("--conversations", metavar="LIST",
                      help="only these conversations: comma-separated indices (0 is the file's first) or sample ids")
     loc.add_argument("--turns", type=int, metavar="N",
@@ -103,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
             model_path = ensure_local_minilm(args.model_path, progress=lambda line: print(line, file=sys.stderr))
         except MinilmUnavailable as exc:
             raise CliError(str(exc), EXIT_CONFIG) from None
+    if args.reuse and not args.workdir:
+        raise CliError("--reuse needs --workdir (the folder an earlier run prepared its familiars in)", EXIT_CONFIG)
+    if args.reuse and args.facts != "none":
+        raise CliError("--reuse works with --facts none only (facts are loaded or extracted anew each run)",
+                       EXIT_CONFIG)
     only = [part.strip() for part in (args.conversations or "").split(",") if part.strip()] or None
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="familiar-eval-") as scratch:
@@ -111,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             prepared = evaluation.prepare_all(
                 data, workdir, embedder=args.embedder, model_path=model_path,
                 facts=args.facts, background_model=args.background_model, only=only,
-                max_turns=args.turns, familiar_speaker=args.familiar_speaker,
+                max_turns=args.turns, familiar_speaker=args.familiar_speaker, reuse=args.reuse,
                 progress=lambda message: print(message, file=sys.stderr),
             )
         except (ValueError, KeyError) as exc:

@@ -110,6 +110,12 @@ def plan_subject(store: ProjectionStore, key: str, scope: str, step: Step, *, in
                 frozenset(prior_turns), not whole)
 
 
+def change_weight(facts: list[Fact]) -> int:
+    """How much unfolded facts change a dossier: their importance summed, an unknown one counting as
+    `EGO_MIN_IMPORTANCE` (the middle of the 1-10 scale)."""
+    return sum(f.importance if f.importance is not None else EGO_MIN_IMPORTANCE for f in facts)
+
+
 def _label(facts: list[Fact], key: str) -> str:
     for fact in reversed(facts):
         for subject in fact.subjects:
@@ -284,6 +290,12 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
                 if (p := plan_subject(store, key, scope, step, invalidated=(key, scope) in invalidated,
                                       ego_label=ego_label))
             ]
+        # What changed decides the call: a new or rebuilt dossier folds now, an existing one once its
+        # unfolded facts weigh enough; until then they wait (its last_fact_id stays) for a later step.
+        waiting = [p for p in plans if not p.rebuild and change_weight(p.facts) < cfg.memory.people_dossier.fold_min_weight]
+        if waiting:
+            report.extra["folds_waiting"] = report.extra.get("folds_waiting", 0) + len(waiting)
+            plans = [p for p in plans if p not in waiting]
         writes: dict[tuple[str, str], tuple[str, Plan]] = {}
         for plan in plans:
             text = fold(rt, report, plan, cfg.memory.people_dossier.max_facts_per_prompt)

@@ -21,6 +21,9 @@ class PeopleDossierConfig:
     max_facts_per_prompt: int = knob(50, minimum=1)
     # Fold every N extraction batches: one fold per touched person per batch cost 20 calls per 100 turns.
     batches_per_fold: int = knob(4, minimum=1)
+    # A dossier that exists is folded only once its unfolded facts weigh this much (importance summed,
+    # unknown counting 5): a few small facts wait for more instead of costing a call each time (issue 51).
+    fold_min_weight: int = knob(100, minimum=0)
 
 
 

@@ -18,7 +18,7 @@ from .tables import REFLECTIONS, all_reflections
 class ReflectionConfig:
     """[providers.memory.reflection]"""
 
-    turns_threshold: int = knob(20, minimum=1)
+    turns_threshold: int = knob(40, minimum=1)
     max_reflections_per_tick: int = knob(3, minimum=1)
     max_turns_per_tick: int = knob(50, minimum=1)
     recent_facts_limit: int = knob(20, minimum=0)  # 0 leaves facts out of the prompt

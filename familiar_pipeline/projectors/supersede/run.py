@@ -6,13 +6,17 @@ restart or a crash never skips a fact. (A watermark held in process memory and
 primed to the newest fact at start would silently skip every fact written while
 the process was down.)
 
-For each subject, the new facts about it that one extraction batch wrote are
-judged together (at most `new_facts_per_call` per call), one model call per group: each new fact may retire the
-newest `priors_max` current facts about that subject with a *smaller* id (earlier
-new facts of the group included): a fact can only be retired by a newer one, and
-never by one about someone else or said in another scope (a group holds one scope's
-facts, and its pool only that scope's current facts). What may be retired is decided in code, not by
-the model: only ids in that fact's own pool, never the new fact itself.
+The new facts one extraction batch wrote (one write, one scope) are judged in
+one model call (at most `new_facts_per_call` facts per call), whoever they are
+about: the prompt holds one section per subject. Within its section each new fact
+may retire the newest `priors_max` current facts about that subject with a
+*smaller* id (earlier new facts of the section included): a fact can only be
+retired by a newer one, and never by one about someone else or said in another
+scope (a call holds one scope's facts, and each section's pool only that scope's
+current facts). What may be retired is decided in code, not by the model: only ids
+shown in that fact's own section and in its own pool, never the new fact itself.
+One call per batch rather than one per subject and batch halves the calls of a
+chat between two people (issue 51).
 Retirement uses the existing-id form of `ProjectionStore.supersede` (nothing
 minted; an already-retired prior lands in `skipped`), which also drops the
 affected subjects' dossiers so they rebuild clean. Every judged (new fact,
@@ -77,20 +81,13 @@ def select_priors(new: Fact, key: str, candidates: list[Fact], retired: set[int]
     return kept[-priors_max:]
 
 
-def accepted_ids(named: list[int], shown: list[Fact], new_id: int) -> tuple[list[int], int]:
-    """(ids that may be retired, how many named ids were refused): only shown ids, never the new fact."""
-    allowed = {f.id for f in shown} - {new_id}
-    keep = [i for i in named if i in allowed]
-    return keep, len(named) - len(keep)
-
-
 @dataclass
 class Group:
-    """New facts about one subject judged in one call (those that still have a candidate when it is made)."""
+    """New facts about one subject judged in one call: a section of the prompt."""
 
     key: str
     label: str
-    facts: list[Fact]  # the subject's new facts of this group, ascending by id
+    facts: list[Fact]  # the subject's new facts of this call, ascending by id
     candidates: list[Fact]  # every fact naming `key` up to the chunk's end (select_priors filters)
 
 
@@ -102,28 +99,32 @@ def whole_writes(facts: list[Fact], limit: int) -> list[Fact]:
     return facts[:end]
 
 
-def plan_groups(chunk: list[Fact], by_subject: dict[str, list[Fact]], per_call: int) -> list[Group]:
-    """Per subject, its current new facts of the chunk in runs of `per_call`, in the order they are judged.
+def plan_calls(chunk: list[Fact], by_subject: dict[str, list[Fact]], per_call: int) -> list[list[Group]]:
+    """The calls that judge the chunk, in order: each the current new facts of one write and scope, in runs
+    of `per_call` facts, as one section (`Group`) per subject they name.
 
     Which of them decide, and what the prompt shows, is settled right before each
-    call (`evaluate`), after the retirements of the groups before it. With
-    Groups never span two writes (facts of one extraction batch share their
-    `created_at`, and a chunk never splits a write), so grouping, and with it every
-    prompt, depends only on the logs: a rebuild asks exactly what the incremental
-    runs asked, whatever the runs' boundaries were.
+    call (`evaluate`), after the retirements of the calls before it. Calls never
+    span two writes (facts of one extraction batch share their `created_at`, and a
+    chunk never splits a write), so the calls, and with them every prompt, depend
+    only on the logs: a rebuild asks exactly what the incremental runs asked,
+    whatever the runs' boundaries were.
     """
-    groups: list[Group] = []
-    for key in sorted({k for f in chunk for k in f.subject_keys}):
-        written: dict[object, list[Fact]] = {}  # facts written together (one extraction batch), per scope
-        for f in chunk:
-            if f.superseded_at is None and key in f.subject_keys:
-                written.setdefault((f.created_at, f.scope), []).append(f)
-        for mine in written.values():
-            for i in range(0, len(mine), per_call):
-                part = mine[i : i + per_call]
-                label = next(s.display_at_write for s in part[-1].subjects if s.canonical_key == key)
-                groups.append(Group(key, label, part, by_subject.get(key, [])))
-    return sorted(groups, key=lambda g: (g.facts[0].id, g.facts[0].subject_keys.index(g.key)))
+    written: dict[object, list[Fact]] = {}  # facts written together (one extraction batch), per scope
+    for f in chunk:
+        if f.superseded_at is None and f.subjects:
+            written.setdefault((f.created_at, f.scope), []).append(f)
+    calls: list[list[Group]] = []
+    for facts in written.values():
+        for i in range(0, len(facts), per_call):
+            run_facts = facts[i : i + per_call]
+            groups = []
+            for key in dict.fromkeys(k for f in run_facts for k in f.subject_keys):
+                mine = [f for f in run_facts if key in f.subject_keys]
+                label = next(s.display_at_write for s in mine[-1].subjects if s.canonical_key == key)
+                groups.append(Group(key, label, mine, by_subject.get(key, [])))
+            calls.append(sorted(groups, key=lambda g: (g.facts[0].id, g.facts[0].subject_keys.index(g.key))))
+    return sorted(calls, key=lambda call: min(f.id for g in call for f in g.facts))
 
 
 def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:
@@ -150,16 +151,16 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
             elif not new.subjects:
                 report.drop("no_subjects")
         retired: set[int] = set()
-        groups = plan_groups(chunk, by_subject, knobs.new_facts_per_call)
+        calls = plan_calls(chunk, by_subject, knobs.new_facts_per_call)
         decisions: list[Decision] = []
-        undecided = {f.id for g in groups for f in g.facts}
-        for group in groups:
+        undecided = {f.id for call in calls for g in call for f in g.facts}
+        for call in calls:
             try:
-                decisions.extend(evaluate(rt, report, group, retired, knobs.priors_max))
+                decisions.extend(evaluate(rt, report, call, retired, knobs.priors_max))
             except Exception as exc:  # the model call failed for good: keep what was decided
                 failure = exc
                 break
-            undecided -= {f.id for f in group.facts}
+            undecided -= {f.id for g in call for f in g.facts}
         # Facts are done in id order up to the first one still waiting for its call.
         first_open = min(undecided, default=None) if failure is not None else None
         done = [f for f in chunk if first_open is None or f.id < first_open]
@@ -182,44 +183,54 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
         report.no_op("no new facts")
 
 
-def evaluate(rt: FamiliarRuntime, report: ProjectionReport, group: Group, retired: set[int],
+def evaluate(rt: FamiliarRuntime, report: ProjectionReport, call: list[Group], retired: set[int],
              priors_max: int) -> list[Decision]:
-    """One call for the group's deciders, then each in id order retires only from its own pool; marks `retired`.
+    """One call for the deciders of every section, then each section in order, each decider in id order,
+    retires only from its own pool among the ids its section showed; marks `retired`.
 
     A decider is a new fact with at least one candidate now. Its pool is taken
     after the earlier deciders' retirements, as `select_priors` gives it: the
-    ids a one-call-per-fact judge would have been shown, so grouping never
+    ids a one-call-per-fact judge would have been shown, so batching never
     changes which ids may retire. No decider, no call.
     """
-    deciders = [f for f in group.facts if select_priors(f, group.key, group.candidates, retired, priors_max)]
-    if not deciders:
+    sections: list[tuple[Group, list[Fact], dict[int, Fact]]] = []
+    for group in call:
+        deciders = [f for f in group.facts if select_priors(f, group.key, group.candidates, retired, priors_max)]
+        if not deciders:
+            continue
+        wide = priors_max + len(deciders) - 1  # earlier deciders may retire some of a later one's priors
+        shown = {f.id: f for d in deciders for f in select_priors(d, group.key, group.candidates, retired, wide)}
+        sections.append((group, deciders, shown))
+    if not sections:
         return []
-    ids = {d.id for d in deciders}
-    wide = priors_max + len(deciders) - 1  # earlier deciders may retire some of a later one's priors
-    shown = {f.id: f for d in deciders for f in select_priors(d, group.key, group.candidates, retired, wide)}
-    messages = prompt.build_messages(
-        subject_key=group.key,
-        subject_label=group.label,
-        new_facts=[(d.id, d.text) for d in deciders],
-        priors=[(i, shown[i].text) for i in sorted(shown) if i not in ids],
-    )
+    ids = {d.id for _, deciders, _ in sections for d in deciders}
+    messages = prompt.build_messages([
+        prompt.Section(group.key, group.label, [(d.id, d.text) for d in deciders],
+                       [(i, shown[i].text) for i in sorted(shown) if i not in {d.id for d in deciders}])
+        for group, deciders, shown in sections
+    ])
+    seen = {f.id: f for _, deciders, shown in sections for f in [*deciders, *shown.values()]}
     # rests on the turns every fact shown (new and prior) was extracted from
-    with llm_sources(turns=source_turns([*deciders, *shown.values()])):
+    with llm_sources(turns=source_turns(list(seen.values()))):
         reply = rt.llm.complete(messages, json_schema=prompt.REPLY_SCHEMA)
     report.llm_seconds += reply.latency_s
-    named, malformed = prompt.parse_reply(reply.text, [d.id for d in deciders])
+    named, malformed = prompt.parse_reply(reply.text, sorted(ids))
     report.drop("malformed_reply", malformed)
     report.drop("unknown_new_ids", len(set(named) - ids))
     decisions = []
-    for new in deciders:
-        pool = select_priors(new, group.key, group.candidates, retired, priors_max)
-        if not pool:
-            continue  # everything it could retire was retired by an earlier decider
-        wanted = [i for i in named.get(new.id, []) if i not in retired]  # retired earlier in this call
-        keep, refused = accepted_ids(wanted, pool, new.id)
-        report.drop("ids_not_shown", refused)
-        retired.update(keep)
-        decisions.append(Decision(new.id, group.key, [f.id for f in pool], keep, reply.model or None, new.scope))
+    refused: dict[int, set[int]] = {}  # per decider: named ids no section of it could retire
+    for group, deciders, shown in sections:
+        for new in deciders:
+            pool = select_priors(new, group.key, group.candidates, retired, priors_max)
+            if not pool:
+                continue  # everything it could retire was retired by an earlier decider
+            here = {f.id for f in pool if f.id in shown} - {new.id}
+            wanted = [i for i in named.get(new.id, []) if i not in retired]  # retired earlier is no error
+            keep = [i for i in wanted if i in here]
+            refused[new.id] = {i for i in wanted if i not in here} & refused.get(new.id, set(wanted))
+            retired.update(keep)
+            decisions.append(Decision(new.id, group.key, [f.id for f in pool], keep, reply.model or None, new.scope))
+    report.drop("ids_not_shown", sum(len(named_ids) for named_ids in refused.values()))
     return decisions
 
 

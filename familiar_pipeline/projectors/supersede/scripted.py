@@ -127,11 +127,14 @@ def retires(new_text: str, prior_text: str) -> bool:
 
 
 def decide_supersession(user_text: str) -> dict:
-    """Each NEW fact retires the earlier facts (PRIOR, or NEW above it) that `retires` says it replaces."""
-    earlier: list[tuple[int, str]] = []  # (fact id, text)
+    """Each NEW fact retires the earlier facts of its person's section (PRIOR, or NEW above it) that
+    `retires` says it replaces."""
+    earlier: list[tuple[int, str]] = []  # (fact id, text) of the current section
     decisions: list[dict] = []
     for line in user_text.splitlines():
-        if match := _NEW_FACT.match(line):
+        if line.startswith("Person: "):
+            earlier = []
+        elif match := _NEW_FACT.match(line):
             new_id, new_text = int(match.group(1)), json.loads(match.group(2))
             named = [pid for pid, text in earlier if retires(new_text, text)]
             if named:

@@ -18,9 +18,9 @@ class FactSupersedeConfig:
     """[providers.memory.fact_supersede]"""
 
     priors_max: int = knob(20, minimum=1)
-    # Most new facts about one person, from one extraction batch, judged in one call (one call
-    # per fact cost 68 calls per 100 turns).
-    new_facts_per_call: int = knob(15, minimum=1)
+    # Most new facts of one extraction batch judged in one call, whoever they name (one call per
+    # fact, then per person, cost many times more calls).
+    new_facts_per_call: int = knob(30, minimum=1)
 
 
 
