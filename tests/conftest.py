@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,23 @@ def pytest_configure(config) -> None:
     suite starts inherits an empty ENV_FILE_VAR, and the tests of .env point it at a file of their own.
     Tests that build a clean environment keep this variable (`host_free_env`)."""
     os.environ[ENV_FILE_VAR] = ""
+    honour_interrupts()
+
+
+def honour_interrupts() -> None:
+    """Give SIGINT its usual handler when the suite was started with it ignored.
+
+    A shell that starts the suite in the background (`nohup .ci/run &`) hands it SIGINT ignored.
+    After its first in-process run, Dagster maps SIGTERM to whatever SIGINT does
+    (`dagster._utils.interrupts`), so SIGTERM became ignored too, and so did it in every process
+    the suite started afterwards: Dagster's compute-log `tail`s then outlived `terminate()`, and
+    each in-process materialization from a worker thread waited 2 x 30 s for them (the suite took
+    an hour instead of forty minutes). An ignored SIGTERM is put back as well.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def host_free(name: str) -> bool:
