@@ -19,7 +19,9 @@ def test_step_benchmark_runs_two_familiars_and_reports_per_familiar_figures(tmp_
     assert figures["cpu_ms_per_familiar"] > 0 and figures["wall_ms_per_familiar"] > 0
     profile = figures["profile"]["calls_per_familiar"]
     # Each familiar's steady batch in a run over both: two passes (its facts, then the rest), each with one
-    # store open and one publish; model calls; the two index commits.
+    # store open and one publish; model calls (at least the summary, the facts and one supersession call
+    # for the batch: a reflection comes every other 20-turn batch, a dossier once its facts weigh
+    # fold_min_weight); the two index commits.
     assert profile["store open"] == 2 and profile["snapshot publish"] == 2
-    assert profile["model calls (LlmClient.complete)"] >= 4 and profile["tantivy commit"] == 2
+    assert profile["model calls (LlmClient.complete)"] >= 3 and profile["tantivy commit"] == 2
     assert not list(tmp_path.glob("tmp*")), "the benchmark left its temporary folder behind"
