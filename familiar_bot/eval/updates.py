@@ -70,32 +70,32 @@ def turn_only_projectors(root: Path) -> list[ProjectorSpec]:
             and (s.always_on or s.name in shipped)]
 
 
+def chat_rows(chat: Chat, display: str) -> list[dict]:
+    """The TurnLog rows of a chat: the person's as ``user`` turns, the familiar's as ``assistant`` turns
+    under its ego key and display name, as the responder records them."""
+    return [{"channel_id": EVAL_CHANNEL, "role": t.role, "content": t.text, "created_at": t.at,
+             "author_key": chat.person_key if t.role == "user" else ego_key(chat.id),
+             "author_display": chat.person_name if t.role == "user" else display}
+            for t in chat.turns]
+
+
 def _reusable(chat: Chat, root: Path, toml: str) -> list[Turn] | None:
     """The turns of a familiar an earlier run prepared for this very chat and config, else None."""
     paths = FamiliarPaths.for_id(chat.id, root)
-    if not paths.turns_db.is_file() or not paths.character_toml.is_file() or paths.character_toml.read_text() != toml:
+    if not paths.character_toml.is_file() or paths.character_toml.read_text() != toml:
         return None
-    with TurnLog(paths.turns_db) as log:
-        turns = log.turns_in_range(0, log.latest_id())
-    same = [(t.role, t.content, t.created_at) for t in turns] == [(t.role, t.text, t.at) for t in chat.turns]
-    return turns if same else None
+    return evaluation.reusable_turns(paths, toml, chat_rows(chat, load_config(chat.id, root=root).display_name))
 
 
 def import_chat(chat: Chat, root: Path, *, embedder: str, model_path: Path | None,
                 extra_projectors: list[str]) -> list[Turn]:
-    """A fresh familiar holding the chat's turns: the person's as ``user`` turns, the familiar's as
-    ``assistant`` turns under its ego key and display name, as the responder records them."""
+    """A fresh familiar holding the chat's turns (:func:`chat_rows`)."""
     paths = evaluation.new_familiar(chat.id, root, embedder=embedder, model_path=model_path,
                                     extra_projectors=extra_projectors)
     display = load_config(chat.id, root=root).display_name
     with TurnLog(paths.turns_db) as log:
         log.upsert_participant(chat.person_key, global_name=chat.person_name, seen_at=chat.turns[0].at)
-        return log.append_turns([
-            {"channel_id": EVAL_CHANNEL, "role": t.role, "content": t.text, "created_at": t.at,
-             "author_key": chat.person_key if t.role == "user" else ego_key(chat.id),
-             "author_display": chat.person_name if t.role == "user" else display}
-            for t in chat.turns
-        ])
+        return log.append_turns(chat_rows(chat, display))
 
 
 def prepare_chat(chat: Chat, root: Path, instance, *, embedder: str, model_path: Path | None,

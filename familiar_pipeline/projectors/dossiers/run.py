@@ -292,10 +292,10 @@ def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False)
             ]
         # What changed decides the call: a new or rebuilt dossier folds now, an existing one once its
         # unfolded facts weigh enough; until then they wait (its last_fact_id stays) for a later step.
-        waiting = [p for p in plans if not p.rebuild and change_weight(p.facts) < cfg.memory.people_dossier.fold_min_weight]
-        if waiting:
-            report.extra["folds_waiting"] = report.extra.get("folds_waiting", 0) + len(waiting)
-            plans = [p for p in plans if p not in waiting]
+        due = [p for p in plans if p.rebuild or change_weight(p.facts) >= cfg.memory.people_dossier.fold_min_weight]
+        if len(due) < len(plans):
+            report.extra["folds_waiting"] = report.extra.get("folds_waiting", 0) + len(plans) - len(due)
+            plans = due
         writes: dict[tuple[str, str], tuple[str, Plan]] = {}
         for plan in plans:
             text = fold(rt, report, plan, cfg.memory.people_dossier.max_facts_per_prompt)
