@@ -379,7 +379,11 @@ def test_ablation_measures_each_change_against_the_ranking_before_it(tmp_path, c
     out = eval_hash(tmp_path, "--ablation")
     result = json.loads((out / "ablation.json").read_text())
     labels = [r["label"] for r in result["rows"]]
-    assert labels == [label for label, _, _ in ablation.variants()]
+    # Passage vectors are opt-in: without them the familiars have no passage rows and no row weighs them.
+    assert labels == [label for label, _, _ in ablation.variants(passage_vectors=False)]
+    assert not any("passage vectors" in label for label in labels)
+    assert not list((tmp_path / "work").rglob("*")) or "turn_passage_embedding" not in "".join(
+        p.read_text() for p in (tmp_path / "work").rglob("character.toml"))
     assert labels[0] == "before (all off)" and "shipped defaults" in labels
     before = result["rows"][0]
     assert before["retrieval"]["turn_speaker_weight"] == 0.0 and before["text_budget"] == {"max_rag_turns": 24}
@@ -476,3 +480,21 @@ def test_reuse_resumes_a_stopped_preparation_and_imports_anew_what_changed(tmp_p
     # The CLI says what --reuse needs.
     assert main(["eval", "locomo", "--data", str(data), "--reuse"]) == 2
     assert "--reuse needs --workdir" in capsys.readouterr().err
+
+
+def test_passage_vectors_are_opt_in_for_the_evaluator(tmp_path, capsys):
+    """`--passage-vectors` turns the projector on for the throwaway familiars (and the ablation weighs
+    them); without an embedder it is refused in one line."""
+    from familiar_bot.eval import ablation
+
+    out = eval_hash(tmp_path, "--ablation", "--passage-vectors")
+    tomls = "".join(p.read_text() for p in (tmp_path / "work").rglob("character.toml"))
+    assert "turn_passage_embedding" in tomls
+    labels = [r["label"] for r in json.loads((out / "ablation.json").read_text())["rows"]]
+    assert labels == [label for label, _, _ in ablation.variants(passage_vectors=True)]
+    assert "before + passage vectors" in labels and "shipped - passage vectors" in labels
+    assert json.loads((out / "results.json").read_text())["setup"]["passage_vectors"] is True
+    data = tmp_path / "tiny.json"
+    data.write_text(json.dumps(fixture()))
+    assert main(["eval", "locomo", "--data", str(data), "--passage-vectors"]) == 2
+    assert "--passage-vectors needs an embedder" in capsys.readouterr().err

@@ -55,16 +55,20 @@ def before() -> tuple[dict, dict]:
     return retrieval, budget
 
 
-def variants() -> list[tuple[str, dict, dict]]:
-    """``(label, retrieval overrides, text budget overrides)`` of every row measured."""
+def variants(passage_vectors: bool = True) -> list[tuple[str, dict, dict]]:
+    """``(label, retrieval overrides, text budget overrides)`` of every row measured.
+
+    Without ``passage_vectors`` (familiars prepared with no passage rows) the "passage vectors" rows
+    are left out: their weight has nothing to act on, so they would only repeat their neighbours."""
     off_retrieval, off_budget = before()
     rows = [("before (all off)", off_retrieval, off_budget)]
-    for name, (knobs, caps) in CHANGES.items():
+    changes = {name: change for name, change in CHANGES.items() if passage_vectors or name != "passage vectors"}
+    for name, (knobs, caps) in changes.items():
         retrieval = {k: v for k, v in off_retrieval.items() if k not in knobs}
         budget = {k: v for k, v in off_budget.items() if k not in caps}
         rows.append((f"before + {name}", retrieval, budget))
     rows.append(("shipped defaults", {}, {}))
-    for name, (knobs, caps) in {**CHANGES, **PARTS}.items():
+    for name, (knobs, caps) in {**changes, **PARTS}.items():
         rows.append((f"shipped - {name}", dict(knobs), dict(caps)))
     return rows
 
@@ -87,19 +91,21 @@ def paired_bootstrap(base: list[dict], new: list[dict], metric: str = "any@10", 
     return {"gain": round(float(diff.mean()), 2), "low": round(float(low), 2), "high": round(float(high), 2)}
 
 
-def run_ablation(prepared: list, *, embedder_cache: dict | None = None,
+def run_ablation(prepared: list, *, embedder_cache: dict | None = None, passage_vectors: bool = True,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Every :func:`variants` row on ``prepared``: overall figures and paired gains over "before"."""
+    """Every :func:`variants` row on ``prepared``: overall figures and paired gains over "before"
+    (``passage_vectors``: whether the familiars were prepared with them, see :func:`variants`)."""
     cache = embedder_cache if embedder_cache is not None else {}
     records: dict[str, list[dict]] = {}
     rows = []
-    for label, retrieval, budget in variants():
+    measured = variants(passage_vectors)
+    for label, retrieval, budget in measured:
         records[label] = evaluate(prepared, retrieval=retrieval or None, text_budget=budget or None,
                                   embedder_cache=cache)
         summary = summarize(records[label])
         row = {"label": label, "retrieval": retrieval, "text_budget": budget, **summary["overall"],
                "by_category": {k: v["any@10"] for k, v in summary["by_category"].items()}}
-        base = records[variants()[0][0]]
+        base = records[measured[0][0]]
         row["gain"] = {m: paired_bootstrap(base, records[label], m) for m in GAIN_METRICS}
         rows.append(row)
         if progress is not None:

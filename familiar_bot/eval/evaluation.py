@@ -173,11 +173,16 @@ class PreparedConversation:
 
 def familiar_toml(embedder: str, model_path: Path | None, facts: str = "none",
                   background_model: str | None = None, extra_projectors: Iterable[str] = (),
-                  familiar_name: str | None = None) -> str:
+                  familiar_name: str | None = None, passage_vectors: bool = False) -> str:
     """The throwaway familiar's own config: the embedding switches, the projectors the facts mode
     needs and (``extracted``) the background model; everything else is the shipped default.
     ``familiar_name`` (``--familiar-speaker``) becomes its display name, the name its replies are
-    recorded under, as a live familiar's are under its own."""
+    recorded under, as a live familiar's are under its own.
+
+    With an embedder the turn and window vectors are on, as docs/measuring.md tells a user to turn
+    them on; passage vectors (``turn_passage_embedding``) only with ``passage_vectors``: they are
+    opt-in for a familiar too, not shown to earn their extra embeddings on dev (docs/benchmarks.md,
+    "The whole file with passage vectors"), so the headline does not lean on them."""
     # One run drains each projection's whole backlog (the cap only paces a live familiar).
     lines = ([f"aliases = [{json.dumps(familiar_name)}]"] if familiar_name else []) + [
         "[pipeline]", "max_batches_per_run = 100000"]
@@ -192,8 +197,8 @@ def familiar_toml(embedder: str, model_path: Path | None, facts: str = "none",
             lines.append(f'fastembed_model = "{MINILM_NAME}"')
             if model_path is not None:
                 lines.append(f"fastembed_model_path = {json.dumps(str(model_path))}")
-    wanted = (["turn_embedding", "turn_window_embedding", "turn_passage_embedding"] + (["fact_embedding"] if facts != "none" else [])
-              if embedder != "off" else [])
+    wanted = (["turn_embedding", "turn_window_embedding"] + (["turn_passage_embedding"] if passage_vectors else [])
+              + (["fact_embedding"] if facts != "none" else []) if embedder != "off" else [])
     if facts == "extracted":
         wanted.insert(0, "rich_note")
     projectors = [p for p in [*wanted, *extra_projectors] if p in registry.known_projectors()]
@@ -270,7 +275,7 @@ EXTRACTION_COUNTS = ("calls", "cached_calls", "prompt_tokens", "completion_token
 
 def new_familiar(familiar_id: str, root: Path, *, embedder: str, model_path: Path | None, facts: str = "none",
                  background_model: str | None = None, extra_projectors: Iterable[str] = (),
-                 familiar_name: str | None = None) -> FamiliarPaths:
+                 familiar_name: str | None = None, passage_vectors: bool = False) -> FamiliarPaths:
     """A fresh, empty familiar under ``root`` (any earlier one of that id removed) with the eval's config
     (``extra_projectors`` turned on besides the ones the embedder and facts mode need)."""
     paths = FamiliarPaths.for_id(familiar_id, root)
@@ -278,12 +283,13 @@ def new_familiar(familiar_id: str, root: Path, *, embedder: str, model_path: Pat
         shutil.rmtree(paths.dir)
     paths.dir.mkdir(parents=True)
     paths.character_toml.write_text(familiar_toml(embedder, model_path, facts, background_model, extra_projectors,
-                                                  familiar_name))
+                                                  familiar_name, passage_vectors))
     return paths
 
 
 def materialize_projections(familiar_id: str, root: Path, instance, *, embedder: str, facts: str = "none",
-                            extra_assets: Iterable[str] = ()) -> tuple[dict[str, float], dict[str, Any], int]:
+                            extra_assets: Iterable[str] = (), passage_vectors: bool = False,
+                            ) -> tuple[dict[str, float], dict[str, Any], int]:
     """Materialize through Dagster, in process, what the familiar's imported turns need for retrieval
     (the full-text index, turn and window vectors with an embedder, the facts the mode asks for).
 
@@ -297,7 +303,8 @@ def materialize_projections(familiar_id: str, root: Path, instance, *, embedder:
     selected = ["turns_fts"] + (["facts"] if facts == "extracted" else [])
     if embedder != "off":
         selected += ["fact_embeddings"] if facts != "none" else []
-        selected += [key.path[-1] for key in assets.TURN_EMBEDDING]
+        selected += [key.path[-1] for key in assets.TURN_EMBEDDING
+                     if passage_vectors or key.path[-1] != "turn_passage_embeddings"]
     selected += [name for name in extra_assets if name not in selected]
     started = time.perf_counter()
     instance.add_dynamic_partitions("familiars", [familiar_id])
@@ -323,7 +330,7 @@ def materialize_projections(familiar_id: str, root: Path, instance, *, embedder:
 def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str, model_path: Path | None,
                          instance, facts: str = "none", background_model: str | None = None,
                          max_turns: int | None = None, familiar_speaker: str | None = None,
-                         reuse: bool = False) -> PreparedConversation:
+                         reuse: bool = False, passage_vectors: bool = False) -> PreparedConversation:
     """Import one conversation, give it the facts its mode asks for, and materialize the projections.
 
     ``max_turns`` keeps only the conversation's first turns (a quick run with a slow model);
@@ -332,6 +339,7 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     ``reuse`` (facts mode ``none`` only): a familiar an earlier run left under ``root`` with this very
     config and these very turns keeps them, and the materialization only catches up, so a run that
     was stopped halfway (a long history takes minutes to embed) loses nothing it had finished.
+    ``passage_vectors``: also embed long turns' passages (see :func:`familiar_toml`).
     """
     if facts not in FACT_MODES:
         raise ValueError(f"unknown facts mode {facts!r}; valid: {', '.join(FACT_MODES)}")
@@ -345,13 +353,15 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
                          f"(speakers: {', '.join(sorted({t.speaker for t in turns}))})")
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    toml = familiar_toml(embedder, model_path, facts, background_model, familiar_name=familiar_speaker)
+    toml = familiar_toml(embedder, model_path, facts, background_model, familiar_name=familiar_speaker,
+                         passage_vectors=passage_vectors)
     paths = FamiliarPaths.for_id(familiar_id, root)
     written = reusable_turns(paths, toml, turn_rows(turns, familiar_id, familiar_speaker, 1)) \
         if reuse and facts == "none" else None
     if written is None:
         paths = new_familiar(familiar_id, root, embedder=embedder, model_path=model_path, facts=facts,
-                             background_model=background_model, familiar_name=familiar_speaker)
+                             background_model=background_model, familiar_name=familiar_speaker,
+                             passage_vectors=passage_vectors)
         with TurnLog(paths.turns_db) as log:
             for speaker in sorted({t.speaker for t in turns if t.speaker != familiar_speaker}):
                 first = min(t.timestamp for t in turns if t.speaker == speaker)
@@ -373,7 +383,7 @@ def prepare_conversation(sample: dict, index: int, root: Path, *, embedder: str,
     timings["facts_s"] = time.perf_counter() - started
 
     materialized, extraction, extracted = materialize_projections(familiar_id, root, instance, embedder=embedder,
-                                                                   facts=facts)
+                                                                   facts=facts, passage_vectors=passage_vectors)
     timings.update(materialized)
     if facts == "extracted":
         loaded = extracted
@@ -686,12 +696,13 @@ def write_outputs(results: Mapping[str, Any], out: Path) -> list[str]:
 def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | None = None,
                 facts: str = "none", background_model: str | None = None, only: Iterable[str] | None = None,
                 max_turns: int | None = None, progress: Callable[[str], None] | None = None,
-                familiar_speaker: str | None = None, reuse: bool = False) -> list[PreparedConversation]:
+                familiar_speaker: str | None = None, reuse: bool = False,
+                passage_vectors: bool = False) -> list[PreparedConversation]:
     """Every conversation of ``data`` (or those ``only`` names) as a throwaway familiar under ``workdir``.
 
     ``only`` holds indices into the file ("0" is the first) or sample ids; one that
     matches nothing is an error, so a typo never silently measures nothing.
-    ``workdir`` gets the shipped defaults. ``reuse``: see :func:`prepare_conversation`.
+    ``workdir`` gets the shipped defaults. ``reuse``, ``passage_vectors``: see :func:`prepare_conversation`.
     """
     if embedder not in EMBEDDER_MODES:
         raise ValueError(f"unknown embedder {embedder!r}; valid: {', '.join(EMBEDDER_MODES)}")
@@ -719,7 +730,7 @@ def prepare_all(data: Path, workdir: Path, *, embedder: str, model_path: Path | 
             prepared.append(prepare_conversation(sample, index, workdir, embedder=embedder, model_path=model_path,
                                                  max_turns=max_turns, familiar_speaker=familiar_speaker,
                                                  instance=instance, facts=facts, background_model=background_model,
-                                                 reuse=reuse))
+                                                 reuse=reuse, passage_vectors=passage_vectors))
             if progress is not None and prepared[-1].timings.get("reused"):
                 progress(f"  {prepared[-1].familiar_id}: reused the familiar an earlier run prepared")
     return prepared

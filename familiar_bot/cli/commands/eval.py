@@ -43,6 +43,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="read this speaker's turns as the familiar's own replies (role assistant, as the bot "
                           "records a DM) and the other as the person; without it every speaker is a person "
                           "(LoCoMo); e.g. Assistant for LongMemEval-style files")
+    loc.add_argument("--passage-vectors", action="store_true",
+                     help="with an embedder, also embed long turns' passages (projector turn_passage_embedding, "
+                          "opt-in for a familiar too) and rank a long turn by its best passage; --ablation then "
+                          "measures them too")
     loc.add_argument("--out", metavar="DIR", help="write results.json, results.md and recall_at_k.png here")
     for study, does in (
         ("sweep", "sweep the [memory.retrieval] weights and the text-tier split (tune on the dev file only)"),
@@ -106,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
             model_path = ensure_local_minilm(args.model_path, progress=lambda line: print(line, file=sys.stderr))
         except MinilmUnavailable as exc:
             raise CliError(str(exc), EXIT_CONFIG) from None
+    if args.passage_vectors and args.embedder == "off":
+        raise CliError("--passage-vectors needs an embedder (--embedder fastembed or hash)", EXIT_CONFIG)
     if args.reuse and not args.workdir:
         raise CliError("--reuse needs --workdir (the folder an earlier run prepared its familiars in)", EXIT_CONFIG)
     if args.reuse and args.facts != "none":
@@ -120,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
                 data, workdir, embedder=args.embedder, model_path=model_path,
                 facts=args.facts, background_model=args.background_model, only=only,
                 max_turns=args.turns, familiar_speaker=args.familiar_speaker, reuse=args.reuse,
+                passage_vectors=args.passage_vectors,
                 progress=lambda message: print(message, file=sys.stderr),
             )
         except (ValueError, KeyError) as exc:
@@ -139,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         if args.ablation:
             from familiar_bot.eval.ablation import run_ablation
 
-            ablation = run_ablation(prepared, embedder_cache=cache,
+            ablation = run_ablation(prepared, embedder_cache=cache, passage_vectors=args.passage_vectors,
                                     progress=lambda message: print(message, file=sys.stderr))
         try:
             answers = run_answers(args, prepared, total) if args.answer else None
@@ -151,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         **evaluation.facts_setup(prepared, args.facts, args.background_model),
         "evidence_ids_skipped": sum(p.evidence_skipped for p in prepared),
         "questions_skipped": sum(p.questions_skipped for p in prepared),
-        "familiar_speaker": args.familiar_speaker,
+        "familiar_speaker": args.familiar_speaker, "passage_vectors": args.passage_vectors,
         "turns_per_conversation": args.turns, "questions_per_conversation": args.questions,
         "seconds": round(time.perf_counter() - started, 1),
     }
