@@ -112,7 +112,8 @@ def make_familiar(root: Path, max_batches: int) -> FamiliarPaths:
 def burst(paths: FamiliarPaths, n: int, channels: int, seed: int, result: LoadResult,
           started_writing: threading.Event) -> None:
     """Every message through the real responder, as unaddressed chatter (no reply model needed)."""
-    from familiar_bot.responder import IncomingMessage, Person, open_responder
+    from familiar_bot.responder.messages import IncomingMessage, Person
+    from familiar_bot.responder.opening import open_responder
     from familiar_pipeline.config import load_config
 
     rng = random.Random(seed)

@@ -307,7 +307,7 @@ def console_familiar(tmp_path):
     from familiar_bot.prompt.assembly import Assembler
     from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
     from familiar_bot.prompt.memory_view import MemoryView
-    from familiar_bot.responder import Responder
+    from familiar_bot.responder.flow import Responder
     from familiar_pipeline.models.llm import client_for
     from familiar_pipeline.projectors import builtin  # noqa: F401 - every built-in table declared first
     from tests.test_assembly import CASS, World

@@ -44,7 +44,7 @@ GAP = "..."
 def demo_session(root: Path) -> str:
     """The demo conversation as a terminal shows it: the name asked once, each line and its reply, the report."""
     from familiar_bot.cli.commands.chat import ensure_familiar
-    from familiar_bot.responder import open_responder
+    from familiar_bot.responder.opening import open_responder
     from familiar_bot.transports.console import resolve_speaker, run_console
     from familiar_pipeline.config import load_config
     from familiar_pipeline.storage.paths import FamiliarPaths
@@ -150,7 +150,7 @@ def test_lines_typed_while_a_reply_is_composed_each_get_a_reply_that_quotes_them
     """Four lines typed before the first reply is back: each reply answers (quotes) its own line, as the
     history of a reply ends with the message it answers; they all used to quote the newest line."""
     from familiar_bot.cli.commands.chat import ensure_familiar
-    from familiar_bot.responder import open_responder
+    from familiar_bot.responder.opening import open_responder
     from familiar_bot.transports.console import console_person, run_console
     from familiar_pipeline.config import load_config
     from familiar_pipeline.storage.paths import FamiliarPaths

@@ -26,7 +26,7 @@ from familiar_bot.transports.discord_adapter import (
 from familiar_bot.prompt.layers.character_card import CharacterCardLayer
 from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
 from familiar_bot.prompt.memory_view import MemoryView
-from familiar_bot.responder import Responder
+from familiar_bot.responder.flow import Responder
 from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import fake_llm
 from familiar_pipeline.models.llm import client_for

@@ -35,7 +35,7 @@ from discord.ext.test import backend, factories
 from familiar_bot.prompt.assembly import Assembler
 from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
 from familiar_bot.prompt.memory_view import MemoryView
-from familiar_bot.responder import Responder
+from familiar_bot.responder.flow import Responder
 from familiar_bot.transports.discord_adapter import FamiliarClient
 from familiar_pipeline.models.llm import client_for
 from familiar_pipeline.projectors import builtin  # noqa: F401 - every built-in table declared before a store opens

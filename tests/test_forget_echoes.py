@@ -36,7 +36,8 @@ from familiar_bot import self_service
 from familiar_bot.prompt.assembly import Assembler
 from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
 from familiar_bot.prompt.memory_view import MemoryView
-from familiar_bot.responder import IncomingMessage, Person, Responder
+from familiar_bot.responder.flow import Responder
+from familiar_bot.responder.messages import IncomingMessage, Person
 from familiar_bot.transports.console import console_person, run_console
 from familiar_bot.transports.discord_adapter import FamiliarClient
 from familiar_pipeline.config import load_config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from familiar_bot.prompt import genre, passages
+from familiar_bot.prompt.retrieval import genre, passages
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ DM = [  # a person and another assistant, migrated here: the assistant's lines b
 
 
 def test_familiar_speaker_lines_become_the_familiars_replies(tmp_path, monkeypatch, capsys):
-    from familiar_bot.prompt.genre import read_genre
+    from familiar_bot.prompt.retrieval.genre import read_genre
 
     monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(tmp_path))
     paths = make_familiar(tmp_path, "seed", 'aliases = ["Wren"]\n' + FAKE_MODEL_TOML)

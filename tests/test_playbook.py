@@ -243,7 +243,7 @@ def test_inspect_the_prompt_cli_and_console_context(built, capsys):
     assert "=== character_card:" in report and "=== total:" in report
 
     from familiar_bot.transports.console import console_person, run_console
-    from familiar_bot.responder import open_responder
+    from familiar_bot.responder.opening import open_responder
     from familiar_pipeline.storage.turns import TurnLog
 
     [example] = blocks("text")

@@ -15,7 +15,8 @@ import dagster as dg
 import pytest
 
 from familiar_bot.cli import main as cli
-from familiar_bot.responder import IncomingMessage, Person, open_responder
+from familiar_bot.responder.messages import IncomingMessage, Person
+from familiar_bot.responder.opening import open_responder
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.testing.fake_llm import fake_llm
 from familiar_pipeline.defs.jobs import materialize_in_process

@@ -113,7 +113,8 @@ def child_pipeline(root: str) -> None:
 def child_bot(root: str) -> None:
     import asyncio
 
-    from familiar_bot.responder import IncomingMessage, Person, open_responder
+    from familiar_bot.responder.messages import IncomingMessage, Person
+    from familiar_bot.responder.opening import open_responder
     from familiar_pipeline.config import load_config
     from familiar_pipeline.storage.paths import FamiliarPaths
 

@@ -59,7 +59,7 @@ def test_a_full_disk_loses_no_message_and_memory_catches_up_by_itself(tmp_path, 
     """
     import dagster as dg
 
-    from familiar_bot.responder import open_responder
+    from familiar_bot.responder.opening import open_responder
     from familiar_bot.transports.console import console_person, run_console
     from familiar_pipeline.config import load_config
     from familiar_pipeline.defs.jobs import execute_request

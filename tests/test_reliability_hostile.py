@@ -21,7 +21,8 @@ import json
 import dagster as dg
 import pytest
 
-from familiar_bot.responder import IncomingMessage, Person, open_responder
+from familiar_bot.responder.messages import IncomingMessage, Person
+from familiar_bot.responder.opening import open_responder
 from familiar_pipeline.defs.jobs import materializations
 from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import fake_llm

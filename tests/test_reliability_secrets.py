@@ -23,7 +23,9 @@ import pytest
 from familiar_bot import supervisor
 
 from familiar_bot.cli import main as cli
-from familiar_bot.responder import APOLOGY, IncomingMessage, Person, open_responder
+from familiar_bot.responder.messages import IncomingMessage, Person
+from familiar_bot.responder.notices import APOLOGY
+from familiar_bot.responder.opening import open_responder
 from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import FakeLLM, fake_llm
 from familiar_pipeline.models.llm import LlmError, client_for

@@ -23,7 +23,8 @@ import textwrap
 import dagster as dg
 import pytest
 
-from familiar_bot.responder import IncomingMessage, Person, open_responder
+from familiar_bot.responder.messages import IncomingMessage, Person
+from familiar_bot.responder.opening import open_responder
 from familiar_pipeline.storage import snapshots
 from familiar_pipeline.storage.snapshot_lag import snapshot_lag
 from familiar_pipeline.config import load_config

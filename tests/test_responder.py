@@ -17,17 +17,10 @@ from familiar_bot.prompt.assembly import Assembler
 from familiar_bot.prompt.layers.character_card import CharacterCardLayer
 from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
 from familiar_bot.prompt.memory_view import MemoryView
-from familiar_bot.responder import (
-    APOLOGY,
-    DISCORD_MESSAGE_LIMIT,
-    IncomingMessage,
-    Person,
-    Responder,
-    build_messages,
-    reply_reason,
-    split_message,
-    strip_speaker_prefix,
-)
+from familiar_bot.responder.flow import Responder
+from familiar_bot.responder.messages import IncomingMessage, Person, reply_reason
+from familiar_bot.responder.notices import APOLOGY
+from familiar_bot.responder.reply_text import DISCORD_MESSAGE_LIMIT, build_messages, split_message, strip_speaker_prefix
 from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import FakeLLM, fake_llm
 from familiar_pipeline.models.llm import client_for
@@ -374,7 +367,7 @@ def test_strip_speaker_prefix():
 
 def test_context_report_names_the_retired_fact_and_its_replacement(tmp_path):
     """`/context`'s memory footer reads the serving snapshot: counts, then each retired fact and what replaced it."""
-    from familiar_bot.responder import retired_facts_report
+    from familiar_bot.responder.inspection import retired_facts_report
     from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot
     from familiar_pipeline.projectors.facts.store import FactDraft
     from familiar_pipeline.storage.store import ProjectionStore
@@ -399,7 +392,7 @@ def test_context_report_names_the_retired_fact_and_its_replacement(tmp_path):
 
 def test_context_report_quotes_only_the_scopes_the_reply_read(tmp_path):
     """The memory footer of `/context` quotes fact text: never another scope's."""
-    from familiar_bot.responder import retired_facts_report
+    from familiar_bot.responder.inspection import retired_facts_report
     from familiar_pipeline.storage.snapshots import SnapshotReader, publish_snapshot
     from familiar_pipeline.projectors.facts.store import FactDraft
     from familiar_pipeline.storage.store import ProjectionStore
@@ -475,7 +468,7 @@ def test_the_spool_drains_by_itself_once_the_disk_has_room(tmp_path, fake):
 
 
 def test_a_full_spool_refuses_loudly(tmp_path, fake, caplog):
-    from familiar_bot.spool import Spool
+    from familiar_bot.responder.spool import Spool
     from tests.helpers import FullDisk, long_line
 
     responder, _, log = make(tmp_path)

@@ -15,7 +15,8 @@ import pytest
 
 from familiar_bot.prompt.assembly import Assembler
 from familiar_bot.prompt.layers.rag_context import RagContextLayer
-from familiar_bot.prompt.retrieval import GROUP_SLACK_TOKENS, Weights, fit_by_rank, fuse_facts, render
+from familiar_bot.prompt.retrieval.ranking import Weights, fuse_facts
+from familiar_bot.prompt.retrieval.render import GROUP_SLACK_TOKENS, fit_by_rank, render
 from familiar_bot.prompt.tokens import estimate_tokens
 from tests.test_assembly import CASS, World, ctx, section
 

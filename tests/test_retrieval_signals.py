@@ -13,10 +13,10 @@ from familiar_pipeline.projectors.turns_index.run import search_text
 from familiar_pipeline.storage.fts import FtsIndex
 
 from familiar_bot.prompt.assembly import AssemblyContext
-from familiar_bot.prompt.cue_people import Directory, PeopleCue, addressed, read_people
-from familiar_bot.prompt.cue_time import TimeCue, has_time_words, parse_time_cue
-from familiar_bot.prompt.turn_signals import (CueSignals, add_signals, credit_replies,
-                                              next_replies, window_id_ranges)
+from familiar_bot.prompt.retrieval.cue_people import Directory, PeopleCue, addressed, read_people
+from familiar_bot.prompt.retrieval.cue_time import TimeCue, has_time_words, parse_time_cue
+from familiar_bot.prompt.retrieval.turn_signals import (CueSignals, add_signals, credit_replies,
+                                                        next_replies, window_id_ranges)
 from tests.hostile import hostile_messages
 from tests.test_assembly import BO, CASS, MIA, World, section
 

@@ -16,8 +16,8 @@ from familiar_bot import self_service as ss
 from familiar_bot.prompt.assembly import Assembler
 from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
 from familiar_bot.prompt.memory_view import MemoryView
-from familiar_bot.responder import Responder
-from familiar_bot.spool import SpooledWrite
+from familiar_bot.responder.flow import Responder
+from familiar_bot.responder.spool import SpooledWrite
 from familiar_pipeline.models.llm import client_for
 from familiar_pipeline.projectors import builtin  # noqa: F401 - every built-in table declared before a store opens
 from familiar_pipeline.projectors.dossiers import tables as dossier_db

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from familiar_bot.prompt.substance import TOKEN_CAP, content_tokens, rerank_by_substance, substance
+from familiar_bot.prompt.retrieval.substance import TOKEN_CAP, content_tokens, rerank_by_substance, substance
 from tests.hostile import hostile_messages
 from tests.test_assembly import BO, CASS
 from tests.test_retrieval_signals import fill, ranked, world  # noqa: F401  (the fixture)

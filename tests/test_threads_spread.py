@@ -8,9 +8,9 @@ from datetime import date, datetime, timezone
 import numpy as np
 import pytest
 
-from familiar_bot.prompt.retrieval import NEWEST_FIRST_HEADER, TURNS_HEADER, owned_turn_lines, render
-from familiar_bot.prompt.spread import asks_for_many, asks_for_order, spread_days
-from familiar_bot.prompt.threads import asks_for_now, follow_threads, says_update
+from familiar_bot.prompt.retrieval.render import NEWEST_FIRST_HEADER, TURNS_HEADER, owned_turn_lines, render
+from familiar_bot.prompt.retrieval.spread import asks_for_many, asks_for_order, spread_days
+from familiar_bot.prompt.retrieval.threads import asks_for_now, follow_threads, says_update
 
 UTC = timezone.utc
 
@@ -197,7 +197,7 @@ def test_cues_that_do_not_ask_for_an_order(cue):
 def test_only_a_cue_s_head_is_read_so_a_pasted_wall_of_text_is_not_a_list_question():
     """A 100 KB message without a comma once took seconds per reply here (an unbounded item pattern
     searched from every start): the cue is cut to its head and the items' lengths are bounded."""
-    from familiar_bot.prompt.spread import CUE_CHARS
+    from familiar_bot.prompt.retrieval.spread import CUE_CHARS
 
     assert not asks_for_many("word " * 20_000 + "list every time")
     assert not asks_for_order("word " * 20_000 + "in what order") and asks_for_order("in what order " + "w " * 50_000)
@@ -289,7 +289,7 @@ def test_a_question_about_now_shows_the_update_above_the_old_word_and_a_past_que
 
 def test_a_pasted_wall_of_text_is_read_only_at_its_head():
     """A change word is searched in a turn's first characters: a 100 KB candidate took ~0.1 s each."""
-    from familiar_bot.prompt.threads import UPDATE_CHARS
+    from familiar_bot.prompt.retrieval.threads import UPDATE_CHARS
 
     assert says_update("moved it to Friday " + "word " * 20_000)
     assert not says_update("x" * UPDATE_CHARS + " moved it to Friday")

@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from familiar_bot.prompt.retrieval import RRF_K, _dense_turns, fuse_turns, rrf_turns
+from familiar_bot.prompt.retrieval.ranking import RRF_K, fuse_turns, rrf_turns
+from familiar_bot.prompt.retrieval.turn_vectors import _dense_turns
 from familiar_pipeline.projectors.vectors import set_vectors, vector_count, vectors_for
 from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
 from familiar_pipeline.storage import store_schema
@@ -208,7 +209,7 @@ def test_dense_turns_blend_each_cosine_with_its_context_window():
 
 
 def test_context_windows_stay_in_the_channel_and_skip_deleted_and_excluded_turns(tmp_path):
-    from familiar_bot.prompt.retrieval import _same_channel_windows
+    from familiar_bot.prompt.retrieval.turns import _same_channel_windows
     from familiar_pipeline.storage.turns import TurnLog
 
     with TurnLog(tmp_path / "turns.db") as log:
@@ -255,7 +256,7 @@ def test_without_an_embedder_both_embedding_projectors_skip_naming_the_settings(
 
 
 def test_turn_scores_search_the_newest_rows_and_score_older_ones_on_demand():
-    from familiar_bot.prompt.retrieval import TurnScores
+    from familiar_bot.prompt.retrieval.turn_vectors import TurnScores
 
     ids = np.array([2, 5, 9, 14])
     matrix = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.5, 0.5]], dtype=np.float32)

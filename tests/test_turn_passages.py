@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from familiar_bot.prompt import passages
-from familiar_bot.prompt.retrieval import _dense_turns, _matched_passage, _turn_similarities
+from familiar_bot.prompt.retrieval import passages
+from familiar_bot.prompt.retrieval.turn_vectors import _dense_turns, _matched_passage, _turn_similarities
 from familiar_pipeline.models.embedders import HashEmbedder
 from familiar_pipeline.engine.registry import drop_projection
 from familiar_pipeline.projectors.turn_passage_embeddings import run as turn_passages

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from familiar_bot.prompt import retrieval as retrieval_module
-from familiar_bot.prompt.retrieval import _dense_turns, top_rows
+from familiar_bot.prompt.retrieval import turn_vectors as retrieval_module
+from familiar_bot.prompt.retrieval.turn_vectors import _dense_turns, top_rows
 from familiar_pipeline.projectors.vectors import set_vectors, vector_count
 from familiar_pipeline.projectors.turn_embeddings.tables import TURN_EMBEDDINGS
 from familiar_pipeline.projectors.turn_windows.tables import TURN_WINDOW_EMBEDDINGS

@@ -43,7 +43,8 @@ from familiar_pipeline.models.llm import LlmError, client_for
 from familiar_pipeline.storage.paths import FamiliarPaths
 
 from familiar_bot.eval.evaluation import EVAL_SCOPE, CATEGORIES, PreparedConversation, _percentile
-from familiar_bot.responder import IncomingMessage, Person, open_responder
+from familiar_bot.responder.messages import IncomingMessage, Person
+from familiar_bot.responder.opening import open_responder
 
 ANSWER_STYLE = "(Answer in a few words, from what you remember of our conversations.)"
 ASKER_KEY = "locomo:asker"

@@ -71,7 +71,9 @@ from familiar_bot.eval import locomo
 from familiar_bot.eval.modes import EMBEDDER_MODES, FACT_MODES
 from familiar_bot.prompt.assembly import AssemblyContext
 from familiar_bot.prompt.memory_view import MemoryView
-from familiar_bot.prompt.retrieval import retrieve, retrieve_facts, retrieve_turns
+from familiar_bot.prompt.retrieval.facts import retrieve_facts
+from familiar_bot.prompt.retrieval.hub import retrieve
+from familiar_bot.prompt.retrieval.turns import retrieve_turns
 from familiar_bot.prompt.scoping import visible_scopes
 from familiar_bot.prompt.tokens import estimate_tokens
 

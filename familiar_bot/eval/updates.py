@@ -47,7 +47,7 @@ from familiar_bot.eval.updates_chats import KINDS, Chat
 from familiar_bot.prompt.assembly import Assembler, AssemblyContext
 from familiar_bot.prompt.layers.recent_history import history_view
 from familiar_bot.prompt.layers.stack import default_layers
-from familiar_bot.prompt.retrieval import retrieve
+from familiar_bot.prompt.retrieval.hub import retrieve
 
 STANDING = ("wish", "preference")
 

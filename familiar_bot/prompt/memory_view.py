@@ -28,7 +28,7 @@ from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.snapshots import SnapshotReader
 from familiar_pipeline.storage.turns import Turn, TurnLog
 
-from familiar_bot.prompt.cue_people import Directory
+from familiar_bot.prompt.retrieval.cue_people import Directory
 from familiar_bot.prompt.layers.common import Labels, content_hash
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
 
-from familiar_bot.responder import IncomingMessage, Person, Responder
+from familiar_bot.responder.flow import Responder
+from familiar_bot.responder.messages import IncomingMessage, Person
 from familiar_bot.self_service import ForgetRefused, Requester, erased_line, export_json
 from familiar_pipeline.storage.identity import CONSOLE_PLATFORM, canonical_key, console_slug
 from familiar_pipeline.storage.paths import CONSOLE_SPEAKER_FILE

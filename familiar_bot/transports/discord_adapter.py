@@ -33,7 +33,9 @@ from typing import Any, Awaitable, Callable
 import discord
 from discord import app_commands
 
-from familiar_bot.responder import DISCORD_MESSAGE_LIMIT, IncomingMessage, Person, Responder, split_message
+from familiar_bot.responder.flow import Responder
+from familiar_bot.responder.messages import IncomingMessage, Person
+from familiar_bot.responder.reply_text import DISCORD_MESSAGE_LIMIT, split_message
 from familiar_bot.self_service import CLEANED, ForgetRefused, Requester, erased_line, export_json
 from familiar_pipeline.storage.identity import canonical_key
 from familiar_pipeline.storage.turns import Erasure

@@ -5,7 +5,7 @@ than :data:`LONG_FACTOR` x ``size`` characters is cut into passages of at most a
 ``size`` characters at paragraph, line or sentence ends: the ``turn_passage_embedding``
 projector embeds each passage (MiniLM reads only a reply's first ~256 word pieces, so one
 vector per reply misses what lies deep in it), and the prompt shows a long turn as one
-passage (``familiar_bot.prompt.passages``). Plain functions over strings.
+passage (``familiar_bot.prompt.retrieval.passages``). Plain functions over strings.
 """
 
 from __future__ import annotations

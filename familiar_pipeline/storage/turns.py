@@ -59,7 +59,7 @@ class TurnLogUnavailable(TurnLogError):
     """The turn log cannot take a write (or be opened) right now: disk full, I/O error, locked.
 
     Nothing was written, and the same write may succeed later: the bot keeps such a
-    message (`familiar_bot.spool`) instead of dropping it, unlike a `TurnLogError`
+    message (`familiar_bot.responder.writes`) instead of dropping it, unlike a `TurnLogError`
     for a value that is wrong in itself.
     """
 
@@ -1214,7 +1214,7 @@ class TurnLog:
 
     def answers_forgotten(self, turn_id: int) -> bool:
         """Whether a reply to ``turn_id`` answers a forgotten person's later message (what "opt_out" keeps
-        out of memory: the reply is stored without their words, `familiar_bot.responder`)."""
+        out of memory: the reply is stored without their words, `familiar_bot.responder.flow`)."""
         _check_int(turn_id, "turn_id")
         return bool(self._query(f"SELECT 1 FROM turns WHERE id = ? AND {_FORGOTTEN_AUTHOR.format(t='turns')}",
                                 (turn_id,)))

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     import discord
 
     from familiar_bot.transports.discord_adapter import serve
-    from familiar_bot.responder import open_responder
+    from familiar_bot.responder.opening import open_responder
 
     from familiar_bot.cli.commands.chat import refuse_scripted_models
 

@@ -93,7 +93,7 @@ def refuse_scripted_models(config, familiar_id: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from familiar_bot.transports.console import TerminalState, resolve_speaker, run_console
-    from familiar_bot.responder import open_responder
+    from familiar_bot.responder.opening import open_responder
 
     familiar_id = familiar_id_from(args)
     channel = check_channel(args.channel)

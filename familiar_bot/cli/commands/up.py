@@ -387,7 +387,7 @@ def start_console(familiar_id: str, config, speaker_name: str | None, channel: i
     """The console chat in a thread, so the main thread stays free to watch children and signals."""
     from familiar_bot.cli.commands.chat import _login_name
     from familiar_bot.transports.console import resolve_speaker, run_console
-    from familiar_bot.responder import open_responder
+    from familiar_bot.responder.opening import open_responder
     from familiar_pipeline.storage.paths import FamiliarPaths
 
     if not logging.getLogger().handlers:

@@ -1,4 +1,4 @@
-"""``rag_context``: facts and earlier turns relevant to the new message (see :mod:`familiar_bot.prompt.retrieval`).
+"""``rag_context``: facts and earlier turns relevant to the new message (see :mod:`familiar_bot.prompt.retrieval.hub`).
 
 Always the last system-prompt layer: it changes with every message, so it
 stays out of the stable prefix a provider's prompt cache can reuse.
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from familiar_bot.prompt.layers.common import content_hash
 from familiar_bot.prompt.layers.recent_history import history_view
-from familiar_bot.prompt.retrieval import needs_cue_vector, retrieve
+from familiar_bot.prompt.retrieval.hub import needs_cue_vector, retrieve
 
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView

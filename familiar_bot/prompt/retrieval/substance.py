@@ -17,7 +17,7 @@ question, over the fused total), kept as two knobs (docs/benchmarks.md, "Substan
 The change is written back into ``total`` in the head's own units (``delta x best
 total``), so later steps (threads, spread) compare like with like; the rest of the
 candidates follow the head as ranked. Plain functions over the candidate dicts
-``retrieval`` ranks (``turn_id``, ``total``); ``retrieval.retrieve_turns`` calls them.
+:mod:`turns` ranks (``turn_id``, ``total``); :func:`rerank.with_substance` calls them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from familiar_pipeline.storage.fts import analyze
 
 TOKEN_CAP = 64  # content tokens that still count: past it, length is no more evidence
-TEXT_CHARS = 4000  # a turn's head that is analysed (a 100 KB paste costs no more than this)
+TEXT_CHARS = 4000  # a turn's head that is analysed (a long paste costs no more than its head)
 
 
 def content_tokens(text: str) -> int:

@@ -11,8 +11,9 @@ The genre is read from the scope's own newest turns, no knob to set: it is ``"fa
 when the familiar's replies are at least :data:`FAMILIAR_SHARE` of them *and* are long, on
 average at least :data:`LENGTH_RATIO` times the people's turns and :data:`MIN_REPLY_CHARS`
 characters; otherwise ``"people"`` (a server where the familiar answers in a line or two now
-and then reads like people talking). ``retrieval`` asks :func:`scope_genre` once per reply
-(memoised per 50 new turns of the scope) and shows the answer in ``/context``'s debug.
+and then reads like people talking). :func:`rerank.turn_genre` asks :func:`scope_genre` once per
+reply (memoised per :data:`REGENRE_EVERY` new turns of the scope) and the hub shows the answer
+in ``/context``'s debug.
 """
 
 from __future__ import annotations

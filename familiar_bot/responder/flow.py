@@ -18,13 +18,21 @@ Failures never cost a turn and never crash the transport: without a reply model
 the familiar says once per channel which setting to change; a failing model call
 becomes a short apology plus a logged error. A turn log that cannot take a write
 (disk full, I/O error) gets the write kept in a bounded, ordered spool
-(`familiar_bot.spool`) and the channel a notice saying so; the spool drains by
-itself once the disk has room. Notices and apologies are not the familiar speaking,
-so they are not recorded as its turns, and they never name a server path.
+(:mod:`~familiar_bot.responder.writes`) and the channel a notice saying so; the spool
+drains by itself once the disk has room. Notices and apologies are not the familiar
+speaking, so they are not recorded as its turns, and they never name a server path.
 
 It also answers people about themselves (`/memory`, `/forget`: `familiar_bot.self_service`):
 reads run like an assembly's, off the event loop; an erasure is a turn-log write that is never
 spooled (it is refused while earlier writes still wait, so it cannot miss them).
+
+:class:`Responder` stays one class because every path through it shares the same state: the
+per-channel locks (one reply at a time per channel, so each prompt sees the previous reply),
+the assembly lock (assemblies and self-service reads run one at a time off the event loop),
+the write order the spool keeps, and the session's counters. What needs none of that lives
+beside it: the messages and the rule for answering (:mod:`messages`), the reply's text
+(:mod:`reply_text`), the notices (:mod:`notices`), the writes (:mod:`writes`), ``/context``'s
+report (:mod:`inspection`) and the wiring of a real one (:mod:`opening`).
 """
 
 from __future__ import annotations
@@ -32,275 +40,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Protocol, Sequence
-
-import pyarrow.compute as pc
+from typing import Any, Callable, Protocol
 
 from familiar_pipeline.config import FamiliarConfig
-from familiar_pipeline.models.embedders import create_embedder
-from familiar_pipeline.models.llm import LlmError, LlmNotConfigured, client_for, llm_sources
-from familiar_pipeline.projectors.facts.reads import facts_by_ids
+from familiar_pipeline.models.llm import LlmError, LlmNotConfigured, llm_sources
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.paths import FamiliarPaths
-from familiar_pipeline.storage.turns import Erasure, TurnLog, TurnLogError, TurnLogUnavailable
+from familiar_pipeline.storage.turns import Erasure, TurnLog, TurnLogError
 from familiar_pipeline.storage.words import redact, words_of
 
 from familiar_bot import self_service
-from familiar_bot.prompt.assembly import AssemblyContext, build_assembler, render_sections
+from familiar_bot.prompt.assembly import AssemblyContext
 from familiar_bot.prompt.memory_view import MemoryView
-from familiar_bot.prompt.scoping import scope_mask
-from familiar_bot.spool import Spool, SpooledWrite, import_line, retry_delays
+from familiar_bot.responder.inspection import context_report
+from familiar_bot.responder.messages import Composing, IncomingMessage, Person, Send, reply_reason, storable_text
+from familiar_bot.responder.notices import APOLOGY, not_configured_notice, public_text
+from familiar_bot.responder.reply_text import build_messages, split_message, strip_speaker_prefix
+from familiar_bot.responder.spool import Spool, import_line
+from familiar_bot.responder.writes import Deferred, TurnWrites
 
 log = logging.getLogger(__name__)
 
-DISCORD_MESSAGE_LIMIT = 2000
 TIER = "text"
-HISTORY_LAYER = "recent_history"
-
-APOLOGY = "Sorry, I couldn't put a reply together just now. Please try again in a moment."
-
-# Sends one piece of a reply; returns the platform's id for the sent message, if any.
-Send = Callable[[str], Awaitable["str | int | None"]]
-# Returns an async context manager shown while composing (Discord: the typing indicator).
-Composing = Callable[[], Any]
-
-
-@dataclass(frozen=True)
-class Person:
-    """An account as a transport saw it on one message.
-
-    `nick_known` says the transport resolved the account as a guild member, so
-    `guild_nick` is authoritative (None then means "no nickname", and clears an
-    old one); otherwise the nickname is unknown and left as recorded.
-    """
-
-    key: str  # canonical key, e.g. "discord:1234" or "console:ana"
-    username: str | None = None
-    global_name: str | None = None
-    guild_nick: str | None = None
-    nick_known: bool = False
-
-    @property
-    def label(self) -> str:
-        return self.guild_nick or self.global_name or self.username or self.key.partition(":")[2]
-
-
-@dataclass(frozen=True)
-class IncomingMessage:
-    """One message from a person, in transport-neutral terms.
-
-    `addressed` is the transport's judgement that the familiar itself was pinged
-    (an @-mention of its account, or a reply to one of its messages); `direct`
-    marks a private conversation; `console` a local terminal chat, which always
-    gets a reply. A thread's `parent_channel_id` lets it inherit the parent's
-    `[channels.<id>]` settings.
-    """
-
-    channel_id: int
-    author: Person
-    content: str
-    guild_id: int | None = None
-    parent_channel_id: int | None = None
-    platform_message_id: str | None = None
-    reply_to_message_id: str | None = None
-    created_at: datetime | None = None
-    mentions: tuple[Person, ...] = ()
-    addressed: bool = False
-    direct: bool = False
-    console: bool = False
-    author_is_bot: bool = False
 
 
 class AssemblerLike(Protocol):
     def assemble(self, ctx: Any) -> Any: ...
-
-
-# --------------------------------------------------------------------------- pure rules
-
-
-def storable_text(text: str) -> str:
-    """`text` with lone UTF-16 surrogates replaced by U+FFFD, and split pairs rejoined.
-
-    A client (or a JSON payload with a stray `\\ud800` escape) can hand us a string
-    UTF-8 cannot encode; the turn log rightly refuses it, which would lose the whole
-    message. Keeping the message with one replacement character loses only what no
-    one could have read anyway.
-    """
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _name_pattern(names: Sequence[str]) -> re.Pattern[str] | None:
-    words = sorted({n.strip() for n in names if n and n.strip()}, key=len, reverse=True)
-    if not words:
-        return None
-    return re.compile(r"(?<!\w)(?:" + "|".join(re.escape(w) for w in words) + r")(?!\w)", re.IGNORECASE)
-
-
-def reply_reason(message: IncomingMessage, config: FamiliarConfig) -> str | None:
-    """Why the familiar should answer this message, or None to stay quiet.
-
-    In order: the console always answers; never answer another bot (two bots
-    answering each other never stop); a direct message; an @-mention or reply;
-    one of the familiar's configured `aliases` as a word ("morning, Sapphire");
-    a channel (or a thread's parent channel) with `respond_to_all = true`.
-    Only explicit aliases count as names: the derived display name of a familiar
-    called "familiar" would otherwise fire on "that looks familiar".
-    """
-    if message.console:
-        return "console"
-    if message.author_is_bot:
-        return None
-    if message.direct:
-        return "direct"
-    if message.addressed:
-        return "mentioned"
-    pattern = _name_pattern(config.aliases)
-    if pattern is not None and pattern.search(message.content):
-        return "named"
-    for channel_id in (message.channel_id, message.parent_channel_id):
-        if channel_id is not None and channel_id in config.channels and config.channels[channel_id].respond_to_all:
-            return "respond_to_all"
-    return None
-
-
-_FENCE = re.compile(r"^\s*```")
-
-
-def split_message(text: str, limit: int = DISCORD_MESSAGE_LIMIT) -> list[str]:
-    """Cut a reply into pieces of at most `limit` characters, at the gentlest boundary.
-
-    Prefers a paragraph break, then a line break, then a space, in the back half
-    of the window; a word longer than that is cut hard. A code block cut in two
-    is closed at the end of one piece and reopened (same language) in the next,
-    so both render as code. Empty pieces are dropped; "" gives [].
-    """
-    if limit < 20:
-        raise ValueError(f"limit must be at least 20 characters, got {limit}")
-    text = text.strip()
-    pieces: list[str] = []
-    closing = "\n```"
-    reopen = ""  # the fence line to start the next piece with, when inside a code block
-    while text:
-        budget = limit - len(reopen)
-        if len(text) <= budget:
-            pieces.append(reopen + text)
-            break
-        cut = _best_cut(text[:budget])
-        fence = _open_fence(reopen + text[:cut])
-        if fence is not None and len(reopen + text[:cut].rstrip()) + len(closing) > limit:
-            cut = _best_cut(text[: budget - len(closing)])  # make room to close the block
-            fence = _open_fence(reopen + text[:cut])
-        piece, text = reopen + text[:cut].rstrip(), text[cut:]
-        if fence is not None:
-            piece += closing
-            # A long info string would eat the next piece; a bare fence still renders as code.
-            reopen = (fence if len(fence) < limit // 4 else "```") + "\n"
-        else:
-            reopen = ""
-        if piece.strip():
-            pieces.append(piece)
-    return pieces
-
-
-def _best_cut(window: str) -> int:
-    floor = len(window) // 2
-    for separator in ("\n\n", "\n", " "):
-        at = window.rfind(separator, floor)
-        if at > 0:
-            return at + len(separator)
-    return len(window)
-
-
-def _open_fence(piece: str) -> str | None:
-    """The opening fence line (e.g. "```python") if `piece` ends inside a code block."""
-    opener = None
-    for line in piece.split("\n"):
-        if _FENCE.match(line):
-            opener = None if opener is not None else line.strip()
-    return opener
-
-
-def strip_speaker_prefix(reply: str, names: Sequence[str]) -> str:
-    """Drop a speaker label the model copied from the history format.
-
-    History shows "[12:04 Fam] text"; models sometimes echo that, or "Fam: text".
-    Only the familiar's own names are stripped, and only at the very start.
-    """
-    words = "|".join(re.escape(n) for n in names if n)
-    if not words:
-        return reply.strip()
-    pattern = re.compile(
-        rf"^\s*(?:\[(?:[^\]\n]{{0,24}}\s)?(?:{words})\]\s*:?\s*"  # [12:04 Fam] / [Fam]
-        rf"|(?:\[[^\]\n]{{1,40}}\]\s*)?(?:{words})\s*:\s*)",  # Fam: / [12:04] Fam:
-        re.IGNORECASE,
-    )
-    return pattern.sub("", reply, count=1).strip()
-
-
-def reply_instructions(display_name: str, author_label: str) -> str:
-    return (
-        f"## Replying\n"
-        f"You are {display_name}. The chat messages that follow are the conversation so far; "
-        f"the last one is from {author_label}. Write your next message in this conversation: "
-        "only the message text, without your name, a timestamp or quotation marks."
-    )
-
-
-def not_configured_notice(paths: FamiliarPaths, detail: str | None = None) -> str:
-    """What to tell a channel when no reply model can be called, and how to fix it.
-
-    It goes to the channel, so it names the file as the operator knows it (the
-    familiar's character.toml), never the server's absolute path (`public_text`).
-    """
-    if detail:
-        return public_text(f"I can't reply yet: {detail}", paths)
-    return (
-        "I can't reply yet: no reply model is configured. I'm still listening and remembering. "
-        f"To let me answer, set [llm.reply].model in the character.toml of familiar '{paths.familiar_id}' "
-        "(a litellm model string such as \"openrouter/anthropic/claude-sonnet-4\"), or the environment "
-        "variable FAMILIAR__LLM__REPLY__MODEL, then restart me."
-    )
-
-
-def public_text(text: str, paths: FamiliarPaths) -> str:
-    """`text` without the server's paths: the familiar's folder and the data root become names.
-
-    Anything said in a channel is read by people who have no business knowing where
-    the bot keeps its files on the server.
-    """
-    for path, shown in ((paths.dir, f"<familiar {paths.familiar_id}>"), (paths.root, "<data root>")):
-        text = text.replace(str(path), shown)
-    return text
-
-
-def spooled_notice(waiting: int) -> str:
-    return ("I couldn't take that message in: my memory can't be written right now (the disk is full or "
-            f"failing). I'm holding on to it ({waiting} waiting) and will store it as soon as I can; "
-            "no need to send it again.")
-
-
-def refused_notice(waiting: int) -> str:
-    return ("I couldn't take that message in: my memory can't be written right now (the disk is full or "
-            f"failing), and I'm already holding {waiting} messages for it. This one was not kept: please "
-            "send it again later.")
-
-
-class _Deferred(Exception):
-    """A write went to the spool (`kept`) or was refused because the spool is full."""
-
-    def __init__(self, kept: bool, notice: str):
-        super().__init__(notice)
-        self.kept, self.notice = kept, notice
-
-
-# --------------------------------------------------------------------------- responder
 
 
 @dataclass
@@ -346,8 +113,7 @@ class Responder:
         # and this keeps a burst of messages from fanning out into many threads.
         self._channel_locks: dict[int, asyncio.Lock] = {}
         self._assembly_lock: asyncio.Lock | None = None
-        self.spool = Spool()
-        self._drain_task: asyncio.Task | None = None
+        self.writes = TurnWrites(paths, self.stats)
 
     @property
     def familiar_id(self) -> str:
@@ -368,9 +134,9 @@ class Responder:
         if message.created_at is None:  # its own time, kept even if it waits in the spool
             message = replace(message, created_at=datetime.now(timezone.utc))
         try:
-            turn_id = self._write(f"message in channel {message.channel_id}", lambda: self.record_incoming(message),
-                                  size=len(message.content), export=self._import_line(message))
-        except _Deferred as exc:
+            turn_id = self.writes.write(f"message in channel {message.channel_id}", lambda: self.record_incoming(message),
+                                        size=len(message.content), export=self._import_line(message))
+        except Deferred as exc:
             return await self._deliver_notice(exc.notice, send)
         except TurnLogError as exc:
             log.error("familiar %s: message in channel %s not recorded: %s",
@@ -433,78 +199,33 @@ class Responder:
         """A profile or nickname change seen outside a message; kept in the spool if the log cannot take it."""
         seen_at = datetime.now(timezone.utc)
         try:
-            self._write(f"profile of {person.key}", lambda: self.observe_person(person, guild_id, seen_at=seen_at),
-                        size=len(person.label))
-        except _Deferred:
+            self.writes.write(f"profile of {person.key}", lambda: self.observe_person(person, guild_id, seen_at=seen_at),
+                              size=len(person.label))
+        except Deferred:
             return False
         except TurnLogError as exc:
             log.error("familiar %s: profile of %s not recorded: %s", self.familiar_id, person.key, exc)
             return False
         return True
 
-    # -- writes the turn log may refuse for now
+    # -- writes the turn log may refuse for now (familiar_bot.responder.writes)
 
-    def _write(self, what: str, apply, *, size: int, export: dict | None = None):
-        """Apply a turn-log write now, or keep it in the spool (raises `_Deferred`) while the log cannot take it.
+    @property
+    def spool(self) -> Spool:
+        """The writes waiting for the turn log, in order."""
+        return self.writes.spool
 
-        While earlier writes wait, this one waits behind them, so the log gets every write in order.
-        """
-        if len(self.spool) and not self.spool.flush():
-            return self._defer(SpooledWrite(what, apply, size, export), self.spool.last_error)
-        try:
-            return apply()
-        except TurnLogUnavailable as exc:
-            return self._defer(SpooledWrite(what, apply, size, export), str(exc))
-
-    def _defer(self, write: SpooledWrite, why: str | None):
-        if not self.spool.add(write):
-            self.stats.refused += 1
-            log.error("familiar %s: %s REFUSED: the turn log cannot take writes (%s) and the spool is full "
-                      "(%d writes waiting)", self.familiar_id, write.what, why, len(self.spool))
-            raise _Deferred(False, refused_notice(len(self.spool)))
-        self.stats.spooled += 1
-        log.warning("familiar %s: %s kept in the spool (%d waiting): %s", self.familiar_id, write.what,
-                    len(self.spool), why)
-        self._keep_draining()
-        raise _Deferred(True, spooled_notice(len(self.spool)))
-
-    def _keep_draining(self) -> None:
-        """Retry the spool with backoff until it is empty (from the running event loop, if any)."""
-        if self._drain_task is not None and not self._drain_task.done():
-            return
-        try:
-            self._drain_task = asyncio.get_running_loop().create_task(self._drain())
-        except RuntimeError:  # no loop (a synchronous caller): the next write flushes it
-            self._drain_task = None
-
-    async def _drain(self) -> None:
-        for delay in retry_delays():
-            await asyncio.sleep(delay)
-            if self.flush_spool():
-                return
+    @spool.setter
+    def spool(self, spool: Spool) -> None:
+        self.writes.spool = spool
 
     def flush_spool(self) -> bool:
         """Store what the spool holds, in order; True when nothing is left waiting."""
-        if not len(self.spool):
-            return True
-        before = self.spool.stored
-        done = self.spool.flush()
-        if self.spool.stored > before:
-            log.warning("familiar %s: the turn log takes writes again: %d kept write(s) stored, %d waiting",
-                        self.familiar_id, self.spool.stored - before, len(self.spool))
-        return done
+        return self.writes.flush()
 
     def close_spool(self) -> None:
         """At exit: a last flush, then what still waits is written out for `familiar import`, loudly."""
-        if self._drain_task is not None:
-            self._drain_task.cancel()
-        if self.flush_spool():
-            return
-        waiting = len(self.spool)
-        dumped = self.spool.dump(self.paths.dir)
-        log.error("familiar %s: %d write(s) could not be stored before exit%s", self.familiar_id, waiting,
-                  f"; their messages are in {dumped}: `familiar import --familiar {self.familiar_id} {dumped}` "
-                  "stores them" if dumped else "")
+        self.writes.close()
 
     def _import_line(self, message: IncomingMessage) -> dict:
         return import_line(speaker=message.author.label, text=storable_text(message.content),
@@ -521,11 +242,11 @@ class Responder:
         """
         edited_at = edited_at or datetime.now(timezone.utc)
         try:
-            turn = self._write(f"edit of message {platform_message_id}", lambda: self.turn_log.record_edit(
+            turn = self.writes.write(f"edit of message {platform_message_id}", lambda: self.turn_log.record_edit(
                 platform_message_id=str(platform_message_id), new_content=storable_text(new_content),
                 edited_at=edited_at,
             ), size=len(new_content))
-        except _Deferred:
+        except Deferred:
             return False
         except TurnLogError as exc:
             log.error("familiar %s: edit of message %s not recorded: %s", self.familiar_id, platform_message_id, exc)
@@ -536,9 +257,9 @@ class Responder:
         """Tombstone a logged message (its text stays for audit); False when we never saw it."""
         deleted_at = deleted_at or datetime.now(timezone.utc)
         try:
-            turn = self._write(f"deletion of message {platform_message_id}", lambda: self.turn_log.record_deletion(
+            turn = self.writes.write(f"deletion of message {platform_message_id}", lambda: self.turn_log.record_deletion(
                 platform_message_id=str(platform_message_id), deleted_at=deleted_at), size=0)
-        except _Deferred:
+        except Deferred:
             return False
         except TurnLogError as exc:
             log.error("familiar %s: deletion of message %s not recorded: %s",
@@ -555,11 +276,7 @@ class Responder:
     async def context_report(self, channel_id: int, *, guild_id: int | None = None, cue: str = "") -> str:
         """The `/context` report: which layers said what, with token counts."""
         prompt = await self.inspect(channel_id, guild_id=guild_id, cue=cue)
-        report = render_sections(prompt)
-        snapshot = getattr(getattr(self.assembler, "memory", None), "snapshot", None)
-        # The footer quotes fact text: only the scopes this reply read (another scope's, never).
-        visible = tuple(prompt.debug.get("scopes", {}).get("visible", ()))
-        return report + ("\n\n" + retired_facts_report(snapshot, visible=visible) if snapshot is not None else "")
+        return context_report(prompt, getattr(self.assembler, "memory", None))
 
     # -- what is held about a person, and forgetting it (familiar_bot.self_service)
 
@@ -705,7 +422,7 @@ class Responder:
     def _record_reply(self, message: IncomingMessage, piece: str, platform_id: str | int | None, answers: int) -> None:
         sent_at = datetime.now(timezone.utc)
         try:
-            self._write(f"reply in channel {message.channel_id}", lambda: self.turn_log.append_turn(
+            self.writes.write(f"reply in channel {message.channel_id}", lambda: self.turn_log.append_turn(
                 channel_id=message.channel_id,
                 guild_id=message.guild_id,
                 role="assistant",
@@ -717,7 +434,7 @@ class Responder:
                 reply_to_turn_id=answers,
                 created_at=sent_at,
             ), size=len(piece))
-        except _Deferred:
+        except Deferred:
             pass  # kept (or refused) and logged; the reply itself was delivered
         except TurnLogError as exc:  # the reply was seen; say loudly that memory missed it
             log.error("familiar %s: reply sent to channel %s but not recorded: %s",
@@ -751,94 +468,3 @@ class _NotConfigured(Exception):
 
 class _ReplyFailed(Exception):
     pass
-
-
-def retired_facts_report(snapshot, limit: int = 5, visible: tuple[str, ...] | None = None) -> str:
-    """How many facts memory holds, and the newest retired ones with what replaced them.
-
-    The prompt shows only current facts; this is where `/context` shows supersession at work.
-    With ``visible`` (the reply's scopes), only those scopes' facts are counted and quoted.
-    """
-    try:
-        facts = snapshot.table("facts")
-    except (KeyError, OSError, ValueError):
-        return "=== memory: no facts published yet ==="
-    where = ""
-    if visible is not None:
-        facts = facts.filter(scope_mask(facts, visible))
-        where = f" in {', '.join(visible) or 'no scope'}"
-    retired = facts.filter(pc.is_valid(facts["superseded_at"]))
-    lines = [f"=== memory{where}: {facts.num_rows - retired.num_rows} current facts, {retired.num_rows} retired ==="]
-    rows = retired.to_pylist()[-limit:]
-    by_id = {f.id: f for f in facts_by_ids(snapshot, [r["superseded_by"] for r in rows if r["superseded_by"]])
-             if visible is None or f.scope in visible}
-    for row in reversed(rows):
-        newer = by_id.get(row["superseded_by"])
-        lines.append(f"retired #{row['id']} {row['text']!r}"
-                     + (f" <- replaced by #{newer.id} {newer.text!r}" if newer else ""))
-    return "\n".join(lines)
-
-
-def build_messages(prompt: Any, message: IncomingMessage, display_name: str) -> list[dict[str, Any]]:
-    """The reply call: system prompt plus instructions, the history, and the new message.
-
-    The user turn was appended before assembly and the history layer always keeps
-    the newest turn, so a prompt with history already ends with this message.
-    Only when the channel's `prompt_layers` leave history out (or the layer
-    failed) is the message added here, so the model sees it exactly once.
-    """
-    system = "\n\n".join(
-        part for part in (prompt.system_prompt.strip(), reply_instructions(display_name, message.author.label)) if part
-    )
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
-    for item in prompt.history:
-        entry: dict[str, Any] = {"role": item.role, "content": item.content}
-        if item.name:
-            entry["name"] = item.name
-        messages.append(entry)
-    if not _shows_history(prompt):
-        messages.append({"role": "user", "content": f"{message.author.label}: {message.content}"})
-    return messages
-
-
-def _shows_history(prompt: Any) -> bool:
-    return bool(prompt.history) and any(s.name == HISTORY_LAYER and s.text for s in prompt.sections)
-
-
-@dataclass
-class ResponderHandle:
-    """A responder plus what must be closed when the transport stops."""
-
-    responder: Responder
-    closers: list[Callable[[], None]] = field(default_factory=list)
-
-    def close(self) -> None:
-        for close in reversed(self.closers):
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - closing is best effort at exit
-                log.exception("closing a resource of the responder failed")
-
-
-def open_responder(paths: FamiliarPaths, config: FamiliarConfig) -> ResponderHandle:
-    """The real responder for a familiar: its turn log, memory readers, assembler and reply model.
-
-    The memory view reads through the responder's own turn-log connection, so a
-    turn appended a moment ago is visible to the assembly that follows.
-    """
-    turn_log = TurnLog(paths.turns_db)
-    handle = ResponderHandle(responder=None, closers=[turn_log.close])  # type: ignore[arg-type]
-    try:
-        memory = MemoryView(paths, config, embedder=create_embedder(config.embedding), turn_log=turn_log)
-        handle.closers.append(memory.close)
-        assembler = build_assembler(paths, config, memory=memory)
-        llm = client_for(
-            config.llm, "reply", cache_path=paths.llm_cache, familiar_id=paths.familiar_id
-        )
-    except BaseException:
-        handle.close()
-        raise
-    llm.warm_up()  # the model client's import, in the background: the first reply need not wait for it
-    handle.responder = Responder(paths, config, assembler=assembler, llm=llm, turn_log=turn_log)
-    handle.closers.append(handle.responder.close_spool)  # closers run last first: before the log closes
-    return handle

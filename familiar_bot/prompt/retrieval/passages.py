@@ -1,8 +1,8 @@
 """A long turn is shown in part: the passage of it that best matches the cue.
 
 The familiar's replies in a DM run to thousands of characters (lists, explanations, code);
-shown whole, three or four of them fill the ~2,400-token section and the rest of the
-evidence is cut (rendered recall on person-assistant histories fell to 28.8: issue 48). A
+shown whole, a few of them fill the section's token budget and the rest of the evidence is
+cut (docs/benchmarks.md, "Both genres": rendered recall with and without passages). A
 turn longer than ``turn_passage_chars`` is cut into passages of about that length, at
 paragraph, line or sentence ends, and only the passage sharing the most of the cue's
 words (the first on a tie: a reply's opening usually says what it is about) is
@@ -11,7 +11,7 @@ no passage holds a cue word and the turn has passage vectors (``turn_passage_emb
 passage whose vector matched the cue best is shown instead. Where a turn is cut is the
 pipeline's (:mod:`familiar_pipeline.storage.passages`), the same cut its passages are indexed by.
 
-Plain functions over strings and turn rows; ``retrieval.retrieve_turns`` calls
+Plain functions over strings and turn rows; :func:`turns.retrieve_turns` calls
 :func:`shown_part` on every turn it is about to fit into the section.
 """
 

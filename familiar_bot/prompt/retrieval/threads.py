@@ -13,10 +13,11 @@ Only questions about the present state are followed (:func:`asks_for_now`: "when
 demo?", "what's my rabbit called?", "which library am I using?"). A question about what
 happened ("what did Caroline paint?", "when was the trip?") wants the episode it names,
 and on LoCoMo, where two people come back to the same subjects in many sessions, following
-every question's thread to a later same-person turn cost 2-3 points any@10 (docs/benchmarks.md).
+every question's thread to a later same-person turn cost points of any@10
+(docs/benchmarks.md, "Threads and spread", the first design).
 
-Plain functions over the candidate dicts ``retrieval`` ranks (``turn_id``, ``total``)
-and the turn rows; ``retrieval.retrieve_turns`` calls :func:`follow_threads`.
+Plain functions over the candidate dicts :mod:`turns` ranks (``turn_id``, ``total``)
+and the turn rows; :func:`rerank.with_threads` calls :func:`follow_threads`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ UPDATE_WORDS = re.compile(
     re.IGNORECASE)
 
 
-UPDATE_CHARS = 1000  # a change is said early; searching a pasted 100 KB turn took ~0.1 s per candidate
+UPDATE_CHARS = 1000  # a change is said early; a long paste searched whole was slow (docs/benchmarks.md, "Threads and spread")
 
 
 def says_update(text: str) -> bool:

@@ -1,15 +1,15 @@
 """Evidence beyond the words: who said a turn, when, and what it answered.
 
-:func:`fuse_turns` ranks turns by how their text matches the cue. Three
+:func:`~familiar_bot.prompt.retrieval.ranking.fuse_turns` ranks turns by how their text matches the cue. Three
 things a turn's text does not say, measured on LoCoMo to decide what a
-question's evidence is (docs/benchmarks.md), are added here on top:
+question's evidence is (docs/benchmarks.md, "Who and when"), are added here on top:
 
 * **speaker** (``turn_speaker_weight``): a cue naming a participant favours
   that participant's turns, and (``turn_mention_share`` of it) turns that talk
-  about them, not turns addressed to them (:mod:`familiar_bot.prompt.cue_people`);
+  about them, not turns addressed to them (:mod:`familiar_bot.prompt.retrieval.cue_people`);
 * **time** (``turn_time_weight``): a cue naming a date or a relative time
   favours the turns said in that window and, fading over
-  ``turn_time_slack_days``, just after it (:mod:`familiar_bot.prompt.cue_time`);
+  ``turn_time_slack_days``, just after it (:mod:`familiar_bot.prompt.retrieval.cue_time`);
   a cue asking *when* favours (``turn_when_share`` of it) turns that carry a
   time expression;
 * **answers after questions** (``turn_reply_credit``): a question-like turn
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone, tzinfo
 from typing import Any, Callable, Iterable
 
-from familiar_bot.prompt.cue_people import PeopleCue
-from familiar_bot.prompt.cue_time import TimeCue, has_time_words
+from familiar_bot.prompt.retrieval.cue_people import PeopleCue
+from familiar_bot.prompt.retrieval.cue_time import TimeCue, has_time_words
 
 REPLY_SOURCES = 30  # the best-ranked candidates whose replies are looked up
 REPLY_REACH = 4  # how far (in ids) after a question its reply is looked for

@@ -6,14 +6,15 @@ sessions, while ranking by similarity fills the top with the one or two sessions
 talk about the subject most. For such cues (:func:`asks_for_order`) the best candidates
 are re-picked greedily, each pick lowering the others said the same local day in the
 same channel (:func:`spread_days`), an MMR with a same-day similarity. Other questions
-are left as ranked: on LoCoMo, spreading every question cost 2-11 points of any@10, and
-spreading every list question ("What items has Melanie bought?") still 1.6, because that
-evidence sits in one session next to the question (docs/benchmarks.md).
+are left as ranked: on LoCoMo, spreading every question cost points of any@10, and
+spreading every list question ("What items has Melanie bought?") still cost some, because
+that evidence sits in one session next to the question (docs/benchmarks.md, "Threads and
+spread", and the session diversity row of "Who and when").
 
 :func:`asks_for_many` (a list, an order, every time, several named things) is the wider
 test: such a question wants every statement, so threads (:mod:`threads`) are not followed
-for it. Plain functions over the candidate dicts ``retrieval`` ranks (``turn_id``,
-``total``); ``retrieval.retrieve_turns`` calls them.
+for it. Plain functions over the candidate dicts :mod:`turns` ranks (``turn_id``,
+``total``); :func:`turns.retrieve_turns` and :func:`rerank.with_spread` call them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Hashable, Mapping
 # Words that ask for more than one thing: a list, every time, an order, a count of times,
 # a timeline; or a question naming several things ("X, Y and Z"). The items' lengths are
 # bounded, so a search is linear in the cue: an unbounded `[...]*,` tried from every start
-# of a 100 KB message without a comma took seconds per message.
+# of a long message without a comma was slow (docs/benchmarks.md, "Threads and spread").
 _MANY = re.compile(
     # "each week" / "every morning" is a recurrence ("when is the book club each week?"), not many things
     r"\b(?:both|all|(?:every|each)(?! (?:week|day|month|year|morning|evening|night|weekend)\b)|everything|list"
