@@ -56,13 +56,9 @@ def fit_by_rank(groups: list[list], token_budget: int | None,
     return chosen
 
 
-def turn_lines(turns: list, labels: Labels, tz, newest_first: bool = False) -> list[tuple[str, str]]:
-    """``(kind, line)`` pairs: date headers, quoted turn lines, and blank separators."""
-    return [(kind, line) for kind, line, _ in owned_turn_lines(turns, labels, tz, newest_first)]
-
-
 def owned_turn_lines(turns: list, labels: Labels, tz, newest_first: bool = False) -> list[tuple[str, str, int | None]]:
-    """``turn_lines`` with the id of the turn each line quotes (None for headers and blanks),
+    """``(kind, line, turn id)``: date headers, quoted turn lines and blank separators, with the id
+    of the turn each line quotes (None for headers and blanks),
     so the caller can tell which turns survived the token budget. Days in time order, or
     with ``newest_first`` the latest day first (each day's turns still in time order)."""
     lines: list[tuple[str, str, int | None]] = []
