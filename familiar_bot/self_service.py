@@ -14,20 +14,20 @@ anywhere), and each part is read with the code the prompt layers read it with:
 * facts: the current facts (``FactView``, through ``facts.reads``) whose subjects include the
   person, kept when :func:`~familiar_bot.prompt.scoping.visible_fact_ids` keeps them, each with
   links to the messages it came from;
-* the person's dossier: :func:`~familiar_bot.prompt.layers.people_dossier.visible_dossiers`;
-* their standing wishes ("call me Sam", "keep answers short"): the current ones of those scopes,
-  read as the ``standing_wishes`` layer reads them (``wishes.tables.wishes_of``), each with a link
-  to the message that said it;
 * how many of their own messages are remembered: their live user turns that
-  :func:`~familiar_pipeline.storage.scopes.turn_visible` admits here.
+  :func:`~familiar_pipeline.storage.scopes.turn_visible` admits here;
+* each prompt layer's part, as its ``LayerSpec.held`` declares it (read with the layer's own
+  code), in stack order: their standing wishes ("call me Sam", "keep answers short"; the
+  ``standing_wishes`` layer's, each with a link to the message that said it) and their dossier
+  (``people_dossier``'s). A new layer with rows about people adds its part in its own module.
 
 So a server never shows what was said in a DM, and a DM shows a server's facts only when the
 operator joined them. Memory is read from the published snapshot the bot already reads, never
 ``memory.duckdb``.
 
 **The export** holds the person's own live turns in those scopes (never anyone else's words),
-every fact about them held there (retired ones too: they are still held), their dossiers, and
-every wish of theirs held there (retired ones too).
+every fact about them held there (retired ones too: they are still held), and each layer's part
+under its key (``wishes``: every wish of theirs held there, retired ones too; ``dossier``).
 
 **Forgetting** goes through ``TurnLog.request_erasure``: the turns are tombstoned at once, the
 familiar's replies to them with them and its other replies that repeat their words redacted, and
@@ -42,16 +42,15 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from familiar_pipeline.projectors.facts.reads import current_facts, facts_by_ids
 from familiar_pipeline.projectors.facts.tables import Fact, FactView
-from familiar_pipeline.projectors.wishes.tables import CURRENT, StandingWish, WishView, wishes_of
 from familiar_pipeline.storage.scopes import PERSON, turn_visible
 from familiar_pipeline.storage.snapshots import where
 from familiar_pipeline.storage.turns import (
@@ -64,19 +63,19 @@ from familiar_pipeline.storage.turns import (
     TurnLogUnavailable,
 )
 
+from familiar_bot.prompt.layers import registry as layers
 from familiar_bot.prompt.layers.common import one_line
-from familiar_bot.prompt.layers.people_dossier import visible_dossiers
 from familiar_bot.prompt.scoping import keep_ids, visible_fact_ids, visible_scopes
 from familiar_bot.prompt.types import AssemblyContext
+# Where held rows came from (Source, message_link) lives below the layers, which list rows too; named here as before.
+from familiar_bot.sources import DISCORD_CHANNELS, Source, iso, message_link, source_of  # noqa: F401
 
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView
 
-DISCORD_CHANNELS = "https://discord.com/channels"
 # A message link as Discord's "Copy Message Link" gives it (any of its hosts).
 MESSAGE_LINK = re.compile(
     r"^<?https?://(?:(?:ptb|canary)\.)?discord(?:app)?\.com/channels/(?:@me|\d+)/(\d+)/(\d+)>?$")
-DOSSIER_CHARS = 700  # of the dossier in a shown list; the export holds it whole
 CLEANED = "what was learnt from them leaves memory within a minute or so"
 UNAVAILABLE = ("I can't forget anything right now: my memory can't be written (the disk is full or failing). "
                "Nothing was erased; please try again later.")
@@ -87,15 +86,6 @@ class ForgetRefused(Exception):
 
 
 # --------------------------------------------------------------------------- links
-
-
-def message_link(turn: Turn) -> str | None:
-    """The Discord link of a turn's message; None for a turn no Discord message carries (the console's)."""
-    message = turn.platform_message_id
-    if not message or not message.isdigit():
-        return None
-    place = "@me" if turn.guild_id is None else str(turn.guild_id)
-    return f"{DISCORD_CHANNELS}/{place}/{turn.channel_id}/{message}"
 
 
 def message_ref(text: str) -> str:
@@ -114,21 +104,6 @@ def message_ref(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Source:
-    """One message a fact came from: its turn, and where to see it (None: a console turn, or gone)."""
-
-    turn_id: int
-    message_id: str | None
-    link: str | None
-    deleted: bool = False
-
-    def render(self) -> str:
-        if self.deleted:
-            return f"turn #{self.turn_id} (deleted)"
-        return self.link or f"turn #{self.turn_id}"
-
-
-@dataclass(frozen=True)
 class HeldFact:
     fact: Fact
     sources: tuple[Source, ...]
@@ -136,35 +111,32 @@ class HeldFact:
 
     def as_json(self) -> dict[str, Any]:
         f = self.fact
-        return {"id": f.id, "text": f.text, "scope": f.scope, "valid_from": _iso(f.valid_from),
-                "valid_to": _iso(f.valid_to), "superseded": f.superseded_at is not None, "current": self.current,
+        return {"id": f.id, "text": f.text, "scope": f.scope, "valid_from": iso(f.valid_from),
+                "valid_to": iso(f.valid_to), "superseded": f.superseded_at is not None, "current": self.current,
                 "source_message_ids": [s.message_id for s in self.sources if s.message_id],
                 "source_turn_ids": list(f.source_turn_ids)}
 
 
 @dataclass(frozen=True)
-class HeldWish:
-    wish: StandingWish
-    sources: tuple[Source, ...]
-
-    def as_json(self) -> dict[str, Any]:
-        w = self.wish
-        return {"id": w.id, "text": w.text, "point": w.point, "scope": w.scope, "said_at": _iso(w.valid_from),
-                "current": w.current, "retired_at": _iso(w.retired_at), "retired_by": w.retired_by,
-                "source_message_ids": [s.message_id for s in self.sources if s.message_id],
-                "source_turn_ids": list(w.source_turn_ids)}
-
-
-@dataclass(frozen=True)
 class Held:
-    """What a reply said in one place may read about one person."""
+    """What a reply said in one place may read about one person.
+
+    `parts` holds each layer's part (`LayerSpec.held`) by its key, in stack order, also read
+    as an attribute: ``held.wishes`` (their current standing wishes here, newest first, each
+    with its messages), ``held.dossier`` (their dossier of these scopes, "" when none).
+    """
 
     person: str
     scopes: tuple[str, ...]
     facts: tuple[HeldFact, ...]  # current, oldest first
-    dossier: str  # the person's dossier of these scopes ("" when none)
     own_messages: int  # their own messages remembered here (not deleted)
-    wishes: tuple[HeldWish, ...] = ()  # their current standing wishes here, newest first
+    parts: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        parts = self.__dict__.get("parts")
+        if parts is not None and name in parts:
+            return parts[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def scopes_here(memory: MemoryView, channel_id: int, guild_id: int | None) -> tuple[str, ...]:
@@ -208,47 +180,8 @@ def facts_about(memory: MemoryView, person: str, visible: tuple[str, ...], *, cu
     rows = current_facts(memory.snapshot, now, ids=ids) if current_only else facts_by_ids(memory.snapshot, ids)
     view = FactView.of(now=now)
     turns = {t.id: t for t in memory.turn_log.turns_by_ids({i for f in rows for i in f.source_turn_ids})}
-    held = []
-    for fact in rows:
-        sources = []
-        for turn_id in fact.source_turn_ids:
-            turn = turns.get(turn_id)
-            if turn is None:
-                sources.append(Source(turn_id, None, None, deleted=True))
-            else:
-                sources.append(Source(turn_id, turn.platform_message_id,
-                                      None if turn.deleted else message_link(turn), deleted=turn.deleted))
-        held.append(HeldFact(fact, tuple(sources), view.admits(fact)))
-    return held
-
-
-def _sources(turn_log: TurnLog, turn_ids: list[int]) -> dict[int, Source]:
-    """Each turn's message, as a person may follow it (a deleted or missing one says so)."""
-    turns = {t.id: t for t in turn_log.turns_by_ids(turn_ids)}
-    out = {}
-    for turn_id in turn_ids:
-        turn = turns.get(turn_id)
-        out[turn_id] = (Source(turn_id, None, None, deleted=True) if turn is None else
-                        Source(turn_id, turn.platform_message_id, None if turn.deleted else message_link(turn),
-                               deleted=turn.deleted))
-    return out
-
-
-def wishes_here(memory: MemoryView, person: str, visible: tuple[str, ...], *,
-                view: WishView = CURRENT) -> list[HeldWish]:
-    """The person's standing wishes in ``visible`` (the current ones unless ``view`` says every row),
-    newest first, with the messages that said them."""
-    rows = wishes_of(memory.snapshot, person, visible, view)
-    sources = _sources(memory.turn_log, sorted({t for w in rows for t in w.source_turn_ids}))
-    return [HeldWish(w, tuple(sources[t] for t in w.source_turn_ids)) for w in rows]
-
-
-def _dossiers(memory: MemoryView, person: str, visible: tuple[str, ...]) -> str:
-    try:
-        texts, _excluded = visible_dossiers(memory.snapshot, [person], visible)
-    except KeyError:  # no dossier projector in this snapshot
-        return ""
-    return texts.get(person, "")
+    return [HeldFact(fact, tuple(source_of(i, turns.get(i)) for i in fact.source_turn_ids), view.admits(fact))
+            for fact in rows]
 
 
 def _opt_out(memory: MemoryView) -> bool:
@@ -265,34 +198,32 @@ def held_about(memory: MemoryView, person: str, channel_id: int, guild_id: int |
     """What a reply in this channel may read about ``person`` (module doc)."""
     view = _pinned(memory)
     visible = scopes_here(view, channel_id, guild_id)
+    parts = {spec.held.key: spec.held.held(view, person, visible) for spec in layers.held_parts() if spec.held}
     return Held(person=person, scopes=visible, facts=tuple(facts_about(view, person, visible)),
-                dossier=_dossiers(view, person, visible),
-                own_messages=len(own_turns(view.turn_log, person, visible, opt_out=_opt_out(view))),
-                wishes=tuple(wishes_here(view, person, visible)))
+                own_messages=len(own_turns(view.turn_log, person, visible, opt_out=_opt_out(view))), parts=parts)
 
 
 def export_about(memory: MemoryView, person: str, channel_id: int, guild_id: int | None,
                  *, now: datetime | None = None) -> dict[str, Any]:
-    """The person's data here as JSON-ready values: their own live turns, the facts about them, their dossiers."""
+    """The person's data here as JSON-ready values: their own live turns, the facts about them, and each
+    layer's part (`LayerSpec.held`: their wishes, their dossiers) under its key."""
     view = _pinned(memory)
     visible = scopes_here(view, channel_id, guild_id)
     now = now or datetime.now(timezone.utc)
     turns = [{"id": t.id, "platform_message_id": t.platform_message_id, "channel_id": t.channel_id,
-              "guild_id": t.guild_id, "created_at": _iso(t.created_at), "edited_at": _iso(t.edited_at),
+              "guild_id": t.guild_id, "created_at": iso(t.created_at), "edited_at": iso(t.edited_at),
               "content": t.content} for t in own_turns(view.turn_log, person, visible, opt_out=_opt_out(view))]
     facts = [f.as_json() for f in facts_about(view, person, visible, current_only=False, now=now)]
-    return {"familiar": view.config.familiar_id, "person": person, "scopes": list(visible),
-            "exported_at": _iso(now), "turns": turns, "facts": facts,
-            "dossier": _dossiers(view, person, visible) or None,
-            "wishes": [w.as_json() for w in wishes_here(view, person, visible, view=WishView(include_retired=True))]}
+    export = {"familiar": view.config.familiar_id, "person": person, "scopes": list(visible),
+              "exported_at": iso(now), "turns": turns, "facts": facts}
+    for spec in layers.held_parts():
+        if spec.held is not None:
+            export[spec.held.key] = spec.held.export(view, person, visible)
+    return export
 
 
 def export_json(export: dict[str, Any]) -> str:
     return json.dumps(export, ensure_ascii=False, indent=2) + "\n"
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
 
 
 def render_held(held: Held, *, limit: int | None = None, export_hint: str = "/memory export") -> str:
@@ -301,12 +232,9 @@ def render_held(held: Held, *, limit: int | None = None, export_hint: str = "/me
     where = ", ".join(held.scopes) or "nowhere"
     head = [f"What I remember about you here ({where}):",
             f"Messages of yours I remember here: {held.own_messages}."]
-    if held.dossier:
-        text = one_line(held.dossier)
-        head.append("My notes on you: " + (text if len(text) <= DOSSIER_CHARS else text[:DOSSIER_CHARS - 1] + "…"))
-    if held.wishes:
-        head.append(f"What you asked me to keep doing ({len(held.wishes)}):")
-        head += [f"- {one_line(w.wish.text)} [{' '.join(s.render() for s in w.sources)}]" for w in held.wishes]
+    for spec in layers.held_parts():  # each layer's part, in stack order
+        if spec.held is not None and spec.held.key in held.parts:
+            head += spec.held.lines(held.parts[spec.held.key])
     if not held.facts:
         head.append("Facts about you: none.")
         return "\n".join(head)

@@ -15,6 +15,7 @@ import pytest
 from familiar_bot import self_service as ss
 from familiar_bot.prompt.assembly import Assembler
 from familiar_bot.prompt.layers.recent_history import RecentHistoryLayer
+from familiar_bot.prompt.layers import people_dossier
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.responder.flow import Responder
 from familiar_bot.responder.spool import SpooledWrite
@@ -163,12 +164,12 @@ def fact_of(text: str, n_sources: int = 1) -> ss.HeldFact:
 
 def test_the_list_is_cut_at_the_limit_with_the_rest_counted():
     held = ss.Held("discord:1", ("guild:1",), tuple(fact_of(f"Fact number {i} " + "x" * 80) for i in range(50)),
-                   "d" * 5000, 3)
+                   3, {"dossier": "d" * 5000})  # the people_dossier layer's part
     text = ss.render_held(held, limit=2000)
     assert len(text) <= 2000 and "Facts about you (50):" in text
     shown = sum(line.startswith("- Fact number") for line in text.splitlines())
     assert text.splitlines()[-1] == f"… and {50 - shown} more: /memory export has them all." and 0 < shown < 50
-    assert f"My notes on you: {'d' * (ss.DOSSIER_CHARS - 1)}…" in text
+    assert f"My notes on you: {'d' * (people_dossier.DOSSIER_CHARS - 1)}…" in text
     assert len(ss.render_held(held)) > 2000  # no limit: everything
 
 

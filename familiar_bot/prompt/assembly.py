@@ -11,6 +11,8 @@ reorders or disables layers for one channel.
 
 ``recent_history`` is special: it becomes chat messages rather than system-prompt
 text, and is never cached. ``rag_context`` excludes the turns it already shows.
+Which layers there are, in which order, and where each one's debug block lands come
+from their specs (``prompt/layers/<name>.py: SPEC``, registered in `layers.registry`).
 
 A layer that raises is logged and contributes nothing (its error is in
 ``debug["errors"]``): one broken section must never cost a reply.
@@ -26,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache
 
-from familiar_pipeline.config import LAYER_NAMES, FamiliarConfig
+from familiar_pipeline.config import FamiliarConfig
 from familiar_pipeline.storage.paths import FamiliarPaths
 
 from familiar_bot.prompt import scoping
+from familiar_bot.prompt.layers import registry
 from familiar_bot.prompt.layers.stack import default_layers
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.tokens import estimate_tokens, message_tokens
@@ -39,9 +42,6 @@ if TYPE_CHECKING:
     from familiar_pipeline.models.embedders import Embedder
 
 log = logging.getLogger(__name__)
-
-# Where a layer's debug block lands in ``AssembledPrompt.debug`` when not under its own name.
-DEBUG_KEYS = {"rag_context": "rag", "standing_wishes": "wishes"}
 
 __all__ = [
     "AssembledPrompt",
@@ -91,7 +91,7 @@ class Assembler:
         if ctx.channel_id is None:
             return list(self.layers)
         wanted = self.memory.config.channel(ctx.channel_id).prompt_layers
-        if tuple(wanted) == LAYER_NAMES:
+        if tuple(wanted) == registry.layer_names():
             return list(self.layers)
         seen: set[str] = set()
         order = []
@@ -158,7 +158,7 @@ class Assembler:
             finally:
                 debug["timings_ms"][layer.name] = round((time.perf_counter() - t0) * 1000, 3)
             if layer_debug is not None:
-                debug[DEBUG_KEYS.get(layer.name, layer.name)] = layer_debug
+                debug[registry.debug_key(layer.name)] = layer_debug  # its spec's debug_key
             if text:
                 texts.append(text)
             sections.append(Section(layer.name, text, estimate_tokens(text), cached))
@@ -224,7 +224,7 @@ def render_sections(prompt: AssembledPrompt) -> str:
         out.extend(scoping.render_report(scopes))
     rag = prompt.debug.get("rag")
     genre = (rag or {}).get("turn_genre")
-    if genre:  # which kind of talk the turns were ranked for (prompt/genre.py)
+    if genre:  # which kind of talk the turns were ranked for (prompt/retrieval/genre.py)
         out.append("")
         out.append(f"turn genre: {genre.get('genre')} (the familiar's replies {100 * genre.get('familiar_share', 0):.0f}% "
                    f"of the newest {genre.get('turns', 0)} turns here, {genre.get('familiar_chars', 0)} characters on "

@@ -24,6 +24,8 @@ import pyarrow.compute as pc
 
 from familiar_pipeline.storage.scopes import FAMILIAR_WIDE, PERSON
 
+from familiar_bot.prompt.layers import registry
+
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView
     from familiar_bot.prompt.types import AssemblyContext
@@ -119,24 +121,22 @@ def keep_ids(ids: np.ndarray | list[int], allowed: np.ndarray) -> np.ndarray:
     return allowed[at] == want
 
 
-SCOPED_SECTIONS = ("standing_wishes", "conversation_summary", "reflection", "people_dossier", "rag_context")
-_DEBUG_KEYS = {"rag_context": "rag", "standing_wishes": "wishes"}  # as `assembly.DEBUG_KEYS`
-
-
 def report(ctx: AssemblyContext, memory: MemoryView, debug: dict[str, Any]) -> dict[str, Any]:
     """The debug block ``/context`` shows: the scopes read, and per section how many rows
-    of other scopes were left out (counts only; ``rag_context`` as facts and turns)."""
+    of other scopes were left out (counts only). The sections are the layers whose spec says
+    ``scoped``, in stack order, each read from its debug block (``scope_excluded``, or per part
+    of its ``scope_parts``: ``rag_context`` as facts and turns)."""
     excluded: dict[str, int] = {}
-    for name in SCOPED_SECTIONS:
-        found = debug.get(_DEBUG_KEYS.get(name, name))
+    for spec in registry.scoped():
+        found = debug.get(spec.debug_key)
         if not isinstance(found, dict):
             continue
-        if name == "rag_context":
-            for part in ("facts", "turns"):
+        if spec.scope_parts:
+            for part in spec.scope_parts:
                 if f"scope_excluded_{part}" in found:
-                    excluded[f"rag_context {part}"] = int(found[f"scope_excluded_{part}"])
+                    excluded[f"{spec.name} {part}"] = int(found[f"scope_excluded_{part}"])
         elif "scope_excluded" in found:
-            excluded[name] = int(found["scope_excluded"])
+            excluded[spec.name] = int(found["scope_excluded"])
     return {"reply": reply_scope(ctx), "visible": list(visible_scopes(ctx, memory)),
             "excluded": excluded, "excluded_total": sum(excluded.values())}
 

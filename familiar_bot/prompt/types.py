@@ -89,7 +89,8 @@ class Layer(Protocol):
     ``build`` returns the section text ("" to opt out); ``invalidation_key`` is
     cheap and changes whenever ``build``'s output could. A layer may also offer
     ``build_with_debug(ctx, memory) -> (text, dict)``; the dict is cached with
-    the text and lands in ``AssembledPrompt.debug[layer.name]``. A layer may
+    the text and lands in ``AssembledPrompt.debug`` under its spec's ``debug_key`` (its name unless
+    the spec says otherwise). A layer may
     offer ``prefetch(ctx, memory)``: called before any layer builds when its
     section is not cached, to start slow work on another thread that its build
     joins later (``rag_context`` starts the cue's embedding there).

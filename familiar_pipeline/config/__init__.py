@@ -4,11 +4,15 @@ The public names live in these modules; import them from here:
 
 - `schema`: the frozen config dataclasses and their `knob(...)` rules (`knobs`); a projector's
   knob dataclass lives in its projector's folder, and config finds it in its `catalogue`,
-  where projectors register (config imports no projector: it is the bottom layer);
+  where projectors register (config imports no projector: it is the bottom layer); the prompt
+  layers' names, order and `[budget.<tier>]` keys register there too, from the bot's layer specs
+  (``LAYER_NAMES`` and ``DEFAULT_BUDGETS`` are computed from them on first use);
 - `validation`: the pydantic schema derived from those rules, and its one-line errors;
 - `loading`: `load_config` (default file, the familiar's file, environment overrides);
 - `rendering`: `render_config`, the effective configuration as TOML with secrets masked.
 """
+
+from typing import Any
 
 from familiar_pipeline.config.loading import (
     ENV_PREFIX,
@@ -26,3 +30,10 @@ __all__ = [
     *schema.__all__, "ENV_PREFIX", "dotted", "env_overrides", "knob", "load_config", "parse_env_value",
     "read_toml", "render_config", "toml_value",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``LAYER_NAMES`` and ``DEFAULT_BUDGETS``: computed from the registered prompt layers on use."""
+    if name in ("LAYER_NAMES", "DEFAULT_BUDGETS"):
+        return getattr(schema, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

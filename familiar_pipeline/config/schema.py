@@ -18,21 +18,25 @@ them, and `render_config` only says whether each one is set.
 
 from __future__ import annotations
 
+import functools
 import re
 import zoneinfo
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import Field, asdict, dataclass, field, make_dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from familiar_pipeline.config import catalogue
-from familiar_pipeline.config.knobs import knob
+from familiar_pipeline.config.knobs import BudgetKnob, knob
 
 
-# What the `familiar_pipeline.config` facade re-exports.
+# What the `familiar_pipeline.config` facade re-exports. `LAYER_NAMES` and `DEFAULT_BUDGETS` are
+# importable too, but computed on first use (module `__getattr__` below): the prompt layers register
+# from above, so they are not in `__all__` (a star import would have to discover them).
 __all__ = [
-    "BUDGET_TIERS", "DEFAULT_BUDGETS", "DEFAULT_FAMILIAR_ID", "DEFAULT_LLM_SLOTS", "DEFAULT_PROJECTORS", "LAYER_NAMES", "LLM_SLOTS",
-    "MESSAGE_RENDERINGS", "ChannelConfig", "ConfigError", "EmbeddingConfig", "FamiliarConfig", "FrozenDict",
+    "BUDGET_TIERS", "DEFAULT_FAMILIAR_ID", "DEFAULT_LLM_SLOTS", "DEFAULT_PROJECTORS", "LLM_SLOTS",
+    "MESSAGE_RENDERINGS", "BudgetKnob", "ChannelConfig", "ConfigError", "EmbeddingConfig", "FamiliarConfig", "FrozenDict",
     "HistoryConfig", "LlmConfig", "LlmSlotConfig", "MemoryConfig", "PipelineConfig", "RetrievalConfig",
     "SCOPE_HINT", "SCOPE_PATTERN", "ScopesConfig", "PrivacyConfig", "AFTER_FORGET", "Secrets", "TierBudget",
+    "budget_class", "default_budgets", "layer_names",
 ]
 
 
@@ -42,18 +46,16 @@ class ConfigError(ValueError):
 
 DEFAULT_FAMILIAR_ID = "familiar"
 
-# Prompt layers in their default order, most stable first (prompt-cache friendly).
-LAYER_NAMES: tuple[str, ...] = (
-    "character_card",
-    "operating_mode",
-    "standing_wishes",
-    "lorebook",
-    "conversation_summary",
-    "reflection",
-    "people_dossier",
-    "rag_context",
-    "recent_history",
-)
+
+def layer_names() -> tuple[str, ...]:
+    """The prompt layers in their default order, most stable first (prompt-cache friendly).
+
+    Each layer declares its place in its own ``LayerSpec`` (the bot's ``prompt/layers/``) and
+    registers with `catalogue.register_layer`; this is what ``LAYER_NAMES`` once listed here.
+    """
+    return catalogue.layer_names()
+
+
 MESSAGE_RENDERINGS: tuple[str, ...] = ("name_only", "prefixed")
 BUDGET_TIERS: tuple[str, ...] = ("background", "text", "voice")
 LLM_SLOTS: tuple[str, ...] = ("background", "judge", "reply")
@@ -211,7 +213,7 @@ class RetrievalConfig:
     turn_time_slack_days: float = knob(14.0, minimum=0.0, maximum=366.0)
     turn_when_share: float = knob(0.25, minimum=0.0, maximum=1.0)
     turn_reply_credit: float = knob(0.8, minimum=0.0, maximum=1.0)
-    # Substance (prompt/substance.py): the best `turn_substance_depth` candidates are re-ordered
+    # Substance (prompt/retrieval/substance.py): the best `turn_substance_depth` candidates are re-ordered
     # by total / best total + length x ln(1 + content tokens) - question x [a question mark], so a
     # named person's "Thanks, Mel!" no longer fills the top; 0 depth (or both weights 0) = off.
     # A pairwise fit on LoCoMo chose the two terms; the values won the tune-on-two rotation
@@ -220,19 +222,19 @@ class RetrievalConfig:
     turn_substance_question: float = knob(0.05, minimum=0.0)
     turn_substance_depth: int = knob(64, minimum=0)
     # Spread over days (issue 33), only for cues that ask for an order or every time (not a
-    # plain list; prompt/spread.py): the best candidates are re-picked, each losing this much
+    # plain list; prompt/retrieval/spread.py): the best candidates are re-picked, each losing this much
     # per better one already taken from its channel and local day (0 = off); the first
     # `turn_day_spread_keep` stay where they are (docs/benchmarks.md, "Updates, wishes and order").
     turn_day_spread: float = knob(0.6, minimum=0.0)
     turn_day_spread_keep: int = knob(4, minimum=0)
-    # The newer word wins (issue 33; prompt/threads.py), only for questions about how things
+    # The newer word wins (issue 33; prompt/retrieval/threads.py), only for questions about how things
     # stand now ("when is the demo?"): each of the best `turn_thread_hits` hits is followed to
     # every later candidate by the same person that says a word of change ("moved", "instead",
     # "now") with a blended cosine of at least `turn_thread_similarity` to it; those rank just
     # above it, newest first (0 hits = off).
     turn_thread_hits: int = knob(10, minimum=0)
     turn_thread_similarity: float = knob(0.3, minimum=-1.0, maximum=1.0)
-    # Both genres (issue 48; prompt/genre.py): "auto" reads from the scope's own newest turns
+    # Both genres (issue 48; prompt/retrieval/genre.py): "auto" reads from the scope's own newest turns
     # whether people talk among themselves or a person talks with the familiar (its replies a
     # quarter of the turns or more, and long); "people" / "familiar" force one (for measuring).
     # In the familiar genre its own replies' fused total is multiplied by `turn_familiar_weight`
@@ -335,49 +337,68 @@ class MemoryConfig:
         return FrozenDict({})
 
 
-@dataclass(frozen=True)
 class TierBudget:
-    """Token caps per prompt section; the dataclass defaults are the voice tier."""
+    """Token caps per prompt section, for one budget tier (``[budget.<tier>]``).
 
-    recent_history_tokens: int = knob(3000, minimum=1)
-    rag_tokens: int = knob(900, minimum=1)
-    dossier_tokens: int = knob(900, minimum=1)
-    summary_tokens: int = knob(600, minimum=1)
-    reflection_tokens: int = knob(600, minimum=1)
-    lorebook_tokens: int = knob(600, minimum=1)
-    max_history_turns: int = knob(200, minimum=1)
-    max_rag_turns: int = knob(10, minimum=1)
-    max_rag_facts: int = knob(6, minimum=1)
-    max_dossier_people: int = knob(16, minimum=1)
-    max_reflections: int = knob(6, minimum=1)
-    max_lorebook_entries: int = knob(12, minimum=1)
-    # The speaker's standing wishes (`standing_wishes` layer): in every reply to someone who has any
-    # (0 tokens for everyone else). At 120 a person with 16 wishes saw about half of them
-    # (benchmarks/updates.py, docs/benchmarks.md).
-    wishes_tokens: int = knob(240, minimum=1)
+    Its fields are the keys the registered prompt layers declare (``LayerSpec.budget``, a
+    `BudgetKnob` each: ``wishes_tokens`` is the ``standing_wishes`` layer's), in stack order:
+    the class is made from those declarations (`budget_class`) once they registered, so a new
+    layer's key needs no line here. ``TierBudget(...)`` makes one of that class; its
+    defaults are the voice tier's (`default_budgets` holds every tier's). A frozen dataclass
+    like the other sections (``dataclasses.replace``, ``asdict`` and ``fields`` work), whose
+    fields a type checker sees as ints.
+    """
+
+    if TYPE_CHECKING:  # the fields are made at run time (`budget_class`)
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+        def __init__(self, **knobs: int) -> None: ...
+
+        def __getattr__(self, name: str) -> int: ...
+
+    _declared: ClassVar[tuple[BudgetKnob, ...]] = ()
+
+    def __new__(cls, *args: Any, **knobs: Any) -> TierBudget:
+        return object.__new__(budget_class() if cls is TierBudget else cls)
 
     @property
     def total_tokens(self) -> int:
         """Sum of the section caps: a bound for reporting, not a cap of its own."""
-        return (self.recent_history_tokens + self.rag_tokens + self.dossier_tokens
-                + self.summary_tokens + self.reflection_tokens + self.lorebook_tokens + self.wishes_tokens)
+        return sum(getattr(self, k.name) for k in self._declared if k.tokens)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_tier_budget, (asdict(self),))
 
 
-DEFAULT_BUDGETS: Mapping[str, TierBudget] = FrozenDict({
-    "voice": TierBudget(),
-    "text": TierBudget(
-        recent_history_tokens=8000, rag_tokens=2400, dossier_tokens=2400, summary_tokens=1600,
-        reflection_tokens=1600, lorebook_tokens=1600, max_history_turns=400, max_rag_turns=32,
-        max_rag_facts=10, max_dossier_people=24, max_reflections=10, max_lorebook_entries=20,
-        wishes_tokens=400,
-    ),
-    "background": TierBudget(
-        recent_history_tokens=24000, rag_tokens=8000, dossier_tokens=8000, summary_tokens=4000,
-        reflection_tokens=4000, lorebook_tokens=4000, max_history_turns=1000, max_rag_turns=24,
-        max_rag_facts=16, max_dossier_people=32, max_reflections=16, max_lorebook_entries=32,
-        wishes_tokens=400,
-    ),
-})
+def _tier_budget(knobs: dict[str, int]) -> TierBudget:
+    """Unpickle a `TierBudget` (its class is made at run time, so it is rebuilt by its values)."""
+    return TierBudget(**knobs)
+
+
+@functools.lru_cache(maxsize=16)
+def _budget_class(declared: tuple[BudgetKnob, ...]) -> type[TierBudget]:
+    fields_ = [(k.name, int, knob(k.voice, minimum=k.minimum)) for k in declared]
+    cls = make_dataclass("TierBudget", fields_, bases=(TierBudget,), frozen=True,
+                         namespace={"_declared": declared, "__doc__": TierBudget.__doc__})
+    cls.__module__ = __name__
+    return cls
+
+
+def budget_class() -> type[TierBudget]:
+    """The `TierBudget` dataclass of the registered layers' budget keys (one class per set of them)."""
+    return _budget_class(catalogue.budget_knobs())
+
+
+@functools.lru_cache(maxsize=16)
+def _default_budgets(declared: tuple[BudgetKnob, ...]) -> Mapping[str, TierBudget]:
+    cls = _budget_class(declared)
+    return FrozenDict({tier: cls(**{k.name: k.default(tier) for k in declared})
+                       for tier in ("voice", "text", "background")})
+
+
+def default_budgets() -> Mapping[str, TierBudget]:
+    """Each tier's budget with every layer's declared default for it (once `DEFAULT_BUDGETS`)."""
+    return _default_budgets(catalogue.budget_knobs())
 
 
 @dataclass(frozen=True)
@@ -393,7 +414,7 @@ class ChannelConfig:
     """Per-channel overrides; a channel without a table gets these defaults."""
 
     channel_id: int
-    prompt_layers: tuple[str, ...] = knob(LAYER_NAMES, choices=LAYER_NAMES)
+    prompt_layers: tuple[str, ...] = knob(default_factory=layer_names, choices=layer_names)
     history_window_size: int | None = knob(None, minimum=1)  # None: the tier's window
     message_rendering: str = knob("prefixed", choices=MESSAGE_RENDERINGS)
     respond_to_all: bool = knob(False)
@@ -465,7 +486,7 @@ class FamiliarConfig:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
-    budgets: Mapping[str, TierBudget] = field(default_factory=lambda: DEFAULT_BUDGETS)
+    budgets: Mapping[str, TierBudget] = field(default_factory=default_budgets)
     history: HistoryConfig = field(default_factory=HistoryConfig)
     channels: Mapping[int, ChannelConfig] = field(default_factory=lambda: FrozenDict({}))
     llm: LlmConfig = field(default_factory=LlmConfig)
@@ -492,3 +513,13 @@ class FamiliarConfig:
     @property
     def tz(self) -> zoneinfo.ZoneInfo:
         return zoneinfo.ZoneInfo(self.display_tz)
+
+
+def __getattr__(name: str) -> Any:
+    """``LAYER_NAMES`` and ``DEFAULT_BUDGETS``, the names these had when config listed the layers:
+    computed from the registered layers on use (`layer_names`, `default_budgets`)."""
+    if name == "LAYER_NAMES":
+        return layer_names()
+    if name == "DEFAULT_BUDGETS":
+        return default_budgets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

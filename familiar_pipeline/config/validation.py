@@ -32,7 +32,6 @@ from typing_extensions import TypedDict
 from familiar_pipeline.config.rendering import dotted, key_text, table_name, toml_value
 from familiar_pipeline.config.schema import (
     DEFAULT_PROJECTORS,
-    DEFAULT_BUDGETS,
     DEFAULT_LLM_SLOTS,
     ChannelConfig,
     ConfigError,
@@ -50,7 +49,8 @@ from familiar_pipeline.config.schema import (
     RetrievalConfig,
     ScopesConfig,
     Secrets,
-    TierBudget,
+    budget_class,
+    default_budgets,
     embedding_backends,
 )
 from familiar_pipeline.config import catalogue
@@ -349,8 +349,9 @@ def _no_api_key(value: Any, handler: Callable[[Any], Any]) -> Any:
 
 
 @functools.lru_cache(maxsize=8)
-def _root_adapter(knob_tables: tuple[tuple[str, type | None], ...]) -> TypeAdapter:
-    """The whole tree's schema, for these `[providers.memory.<name>]` knob classes."""
+def _root_adapter(knob_tables: tuple[tuple[str, type | None], ...], budget: type) -> TypeAdapter:
+    """The whole tree's schema, for these `[providers.memory.<name>]` knob classes and the
+    `[budget.<tier>]` keys of these prompt layers (`budget`, a `schema.budget_class()`)."""
     memory: dict[str, Any] = {"projectors": Annotated[_STRINGS, WrapValidator(_projectors)]}
     for name, cls in knob_tables:
         memory[name] = table_type(cls) if cls is not None else _table(dict[str, Any], None)
@@ -376,7 +377,7 @@ def _root_adapter(knob_tables: tuple[tuple[str, type | None], ...]) -> TypeAdapt
                 "dm_sees_person": _leaf(bool, {})}),
             "privacy": table_type(PrivacyConfig),
         }),
-        "budget": _typed_table("BudgetTable", dict.fromkeys(_TIERS, table_type(TierBudget)), what="budget tier"),
+        "budget": _typed_table("BudgetTable", dict.fromkeys(_TIERS, table_type(budget)), what="budget tier"),
         "llm": _typed_table("LlmTable", llm),
         "channels": channels,
     })
@@ -393,8 +394,11 @@ def build(tree: Tree, familiar_id: str, secrets_env: Mapping[str, str]) -> Famil
     knob_classes = {name: _knob_class(name) for name in catalogue.projectors()}
     known = set(catalogue.selectable_projectors())  # the always-on ones have no table to write
     schema_tables = tuple((name, cls) for name, cls in knob_classes.items() if name in known)
+    # The prompt layers' budget keys, as registered (each layer's spec declares its own).
+    budget_type: type = budget_class()
+    defaults = default_budgets()
     try:
-        data = _root_adapter(schema_tables).validate_python(tree.data)
+        data = _root_adapter(schema_tables, budget_type).validate_python(tree.data)
     except ValidationError as exc:
         raise _config_error(tree, exc) from None
 
@@ -422,7 +426,7 @@ def build(tree: Tree, familiar_id: str, secrets_env: Mapping[str, str]) -> Famil
     _check_retrieval_weights(tree, retrieval, embedding.backend != "off")
 
     budget = data.get("budget", {})
-    budgets = {tier: replace(DEFAULT_BUDGETS[tier], **budget.get(tier, {})) for tier in _TIERS}
+    budgets = {tier: replace(defaults[tier], **budget.get(tier, {})) for tier in _TIERS}
     llm_table = data.get("llm", {})
     slots = {slot: replace(DEFAULT_LLM_SLOTS[slot], **llm_table.get(slot, {})) for slot in _SLOTS}
     llm = LlmConfig(max_concurrency=llm_table.get("max_concurrency", LlmConfig().max_concurrency),

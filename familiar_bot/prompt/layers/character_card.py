@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from familiar_pipeline.storage import paths as paths_module
 
 from familiar_bot.prompt.layers.common import content_hash
+from familiar_bot.prompt.layers.spec import LayerSpec
 
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView
@@ -47,3 +48,6 @@ class CharacterCardLayer:
     def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         data = _read(memory)
         return "" if data is None else data.decode("utf-8", "replace").strip()
+
+
+SPEC = LayerSpec(name="character_card", layer=CharacterCardLayer, position=100)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from familiar_bot.prompt.layers.common import neutralise_headers
+from familiar_bot.prompt.layers.spec import BudgetKnob, LayerSpec
 from familiar_bot.prompt.scoping import scope_key, scope_mask, visible_scopes
 from familiar_bot.prompt.tokens import truncate_to_tokens
 from familiar_pipeline.projectors.summary.tables import SUMMARIES, Summary
@@ -61,3 +62,12 @@ class ConversationSummaryLayer:
 
     def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         return self.build_with_debug(ctx, memory)[0]
+
+
+SPEC = LayerSpec(
+    name="conversation_summary",
+    layer=ConversationSummaryLayer,
+    position=500,
+    scoped=True,
+    budget=(BudgetKnob("summary_tokens", voice=600, text=1600, background=4000),),
+)

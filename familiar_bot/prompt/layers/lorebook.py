@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from familiar_bot.prompt.layers.common import content_hash
 from familiar_bot.prompt.layers.recent_history import window_size
+from familiar_bot.prompt.layers.spec import BudgetKnob, LayerSpec
 from familiar_bot.prompt.lorebook import LoreEntry, Lorebook, select_entries
 from familiar_bot.prompt.tokens import cap_blocks
 
@@ -66,3 +67,12 @@ class LorebookLayer:
         if not kept:
             return ""
         return HEADER + "\n\n" + "\n\n".join(kept)
+
+
+SPEC = LayerSpec(
+    name="lorebook",
+    layer=LorebookLayer,
+    position=400,
+    budget=(BudgetKnob("lorebook_tokens", voice=600, text=1600, background=4000),
+            BudgetKnob("max_lorebook_entries", voice=12, text=20, background=32, tokens=False)),
+)

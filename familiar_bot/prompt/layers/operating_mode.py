@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from familiar_bot.prompt.layers.spec import LayerSpec
+
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView
     from familiar_bot.prompt.types import AssemblyContext
@@ -23,3 +25,6 @@ class OperatingModeLayer:
 
     def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         return MODES.get(ctx.tier, "")
+
+
+SPEC = LayerSpec(name="operating_mode", layer=OperatingModeLayer, position=200)

@@ -15,6 +15,9 @@ together, the reply's own scope's first.
 
 Dossier prose is LLM output derived from user text and names are user-chosen:
 header lines in the prose are escaped and names are collapsed to one line.
+
+``/memory`` shows a person their dossier of the scopes where they ask (its start; the export
+holds it whole): ``SPEC.held``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from familiar_pipeline.storage.identity import ego_key, is_ego_key
 
 from familiar_bot.prompt.layers.common import neutralise_headers, one_line
 from familiar_bot.prompt.layers.recent_history import window_size
+from familiar_bot.prompt.layers.spec import BudgetKnob, HeldPart, LayerSpec
 from familiar_bot.prompt.scoping import scope_key, scope_mask, visible_scopes
 from familiar_bot.prompt.tokens import cap_blocks
 
@@ -176,3 +180,39 @@ class PeopleDossierLayer:
         if not kept:
             return "", debug
         return HEADER + "\n\n" + "\n\n".join(kept), debug
+
+
+# --------------------------------------------------------------------------- /memory
+
+DOSSIER_CHARS = 700  # of the dossier in /memory's list; the export holds it whole
+
+
+def dossier_of(memory: MemoryView, person: str, visible: tuple[str, ...]) -> str:
+    """The person's dossiers of the ``visible`` scopes, joined as the layer shows them ("" when none)."""
+    try:
+        texts, _excluded = visible_dossiers(memory.snapshot, [person], visible)
+    except KeyError:  # no dossier projector in this snapshot
+        return ""
+    return texts.get(person, "")
+
+
+def _lines(dossier: str) -> list[str]:
+    if not dossier:
+        return []
+    text = one_line(dossier)
+    return ["My notes on you: " + (text if len(text) <= DOSSIER_CHARS else text[:DOSSIER_CHARS - 1] + "…")]
+
+
+def _export(memory: MemoryView, person: str, visible: tuple[str, ...]) -> str | None:
+    return dossier_of(memory, person, visible) or None
+
+
+SPEC = LayerSpec(
+    name="people_dossier",
+    layer=PeopleDossierLayer,
+    position=700,
+    scoped=True,
+    budget=(BudgetKnob("dossier_tokens", voice=900, text=2400, background=8000),
+            BudgetKnob("max_dossier_people", voice=16, text=24, background=32, tokens=False)),
+    held=HeldPart("dossier", held=dossier_of, lines=_lines, export=_export),
+)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from familiar_bot.prompt.layers.common import content_hash
 from familiar_bot.prompt.layers.recent_history import history_view
+from familiar_bot.prompt.layers.spec import BudgetKnob, LayerSpec
 from familiar_bot.prompt.retrieval.hub import needs_cue_vector, retrieve
 
 if TYPE_CHECKING:
@@ -50,3 +51,15 @@ class RagContextLayer:
 
     def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         return self.build_with_debug(ctx, memory)[0]
+
+
+SPEC = LayerSpec(
+    name="rag_context",
+    layer=RagContextLayer,
+    position=800,  # the last system-prompt layer: it changes with every message
+    debug_key="rag",
+    scope_parts=("facts", "turns"),  # its debug block counts scope_excluded_facts and scope_excluded_turns
+    budget=(BudgetKnob("rag_tokens", voice=900, text=2400, background=8000),
+            BudgetKnob("max_rag_turns", voice=10, text=32, background=24, tokens=False),
+            BudgetKnob("max_rag_facts", voice=6, text=10, background=16, tokens=False)),
+)

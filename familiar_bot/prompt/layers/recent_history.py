@@ -33,6 +33,7 @@ from datetime import date, datetime, tzinfo
 from typing import TYPE_CHECKING
 
 from familiar_bot.prompt.layers.common import Labels, clock_24h, one_line, sanitize_name
+from familiar_bot.prompt.layers.spec import BudgetKnob, LayerSpec
 from familiar_bot.prompt.tokens import message_tokens
 from familiar_bot.prompt.types import Message
 
@@ -227,4 +228,13 @@ class RecentHistoryLayer:
         return list(history_view(ctx, memory).messages)
 
 
-__all__ = ["HistoryView", "RecentHistoryLayer", "history_view", "window_size"]
+__all__ = ["SPEC", "HistoryView", "RecentHistoryLayer", "history_view", "window_size"]
+
+
+SPEC = LayerSpec(
+    name="recent_history",
+    layer=RecentHistoryLayer,
+    position=900,  # chat messages after the system prompt
+    budget=(BudgetKnob("recent_history_tokens", voice=3000, text=8000, background=24000),
+            BudgetKnob("max_history_turns", voice=200, text=400, background=1000, tokens=False)),
+)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from familiar_bot.prompt.layers.common import one_line
+from familiar_bot.prompt.layers.spec import BudgetKnob, LayerSpec
 from familiar_bot.prompt.scoping import scope_key, scope_mask, visible_scopes
 from familiar_bot.prompt.tokens import cap_blocks
 from familiar_pipeline.projectors.facts.reads import superseded_fact_ids
@@ -93,3 +94,13 @@ class ReflectionLayer:
 
     def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
         return self.build_with_debug(ctx, memory)[0]
+
+
+SPEC = LayerSpec(
+    name="reflection",
+    layer=ReflectionLayer,
+    position=600,
+    scoped=True,
+    budget=(BudgetKnob("reflection_tokens", voice=600, text=1600, background=4000),
+            BudgetKnob("max_reflections", voice=6, text=10, background=16, tokens=False)),
+)

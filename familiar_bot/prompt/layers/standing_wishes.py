@@ -15,17 +15,23 @@ Nothing at all when the speaker has none, so a conversation without wishes pays 
 The debug block (``prompt.debug["wishes"]``) lists the wish ids and turn ids shown and the
 tokens spent: what ``/context`` shows and what a benchmark counts as "wish in the prompt".
 Wish texts are people's words: collapsed to one line, so none can start a header line.
+
+``/memory`` lists the person's current wishes where they ask, each with the message that said
+it, and ``/memory export`` holds every wish of theirs held there, retired ones too (``SPEC.held``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from familiar_pipeline.projectors.wishes.tables import StandingWish, wishes_of
+from familiar_pipeline.projectors.wishes.tables import CURRENT, StandingWish, WishView, wishes_of
 
 from familiar_bot.prompt.layers.common import local_date, one_line
+from familiar_bot.prompt.layers.spec import BudgetKnob, HeldPart, LayerSpec
 from familiar_bot.prompt.scoping import scope_key, visible_scopes
 from familiar_bot.prompt.tokens import estimate_tokens
+from familiar_bot.sources import Source, iso, turn_sources
 
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView
@@ -104,3 +110,55 @@ class StandingWishesLayer:
                      tokens=estimate_tokens(text), left_out=len(one_per_point(wishes)) - len(shown))
         return text, debug
 
+
+# --------------------------------------------------------------------------- /memory
+
+
+@dataclass(frozen=True)
+class HeldWish:
+    wish: StandingWish
+    sources: tuple[Source, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        w = self.wish
+        return {"id": w.id, "text": w.text, "point": w.point, "scope": w.scope, "said_at": iso(w.valid_from),
+                "current": w.current, "retired_at": iso(w.retired_at), "retired_by": w.retired_by,
+                "source_message_ids": [s.message_id for s in self.sources if s.message_id],
+                "source_turn_ids": list(w.source_turn_ids)}
+
+
+def wishes_here(memory: MemoryView, person: str, visible: tuple[str, ...], *,
+                view: WishView = CURRENT) -> list[HeldWish]:
+    """The person's standing wishes in ``visible`` (the current ones unless ``view`` says every row),
+    newest first, with the messages that said them."""
+    rows = wishes_of(memory.snapshot, person, visible, view)
+    sources = turn_sources(memory.turn_log, sorted({t for w in rows for t in w.source_turn_ids}))
+    return [HeldWish(w, tuple(sources[t] for t in w.source_turn_ids)) for w in rows]
+
+
+def _held(memory: MemoryView, person: str, visible: tuple[str, ...]) -> tuple[HeldWish, ...]:
+    return tuple(wishes_here(memory, person, visible))
+
+
+def _lines(wishes: tuple[HeldWish, ...]) -> list[str]:
+    if not wishes:
+        return []
+    return [f"What you asked me to keep doing ({len(wishes)}):",
+            *(f"- {one_line(w.wish.text)} [{' '.join(s.render() for s in w.sources)}]" for w in wishes)]
+
+
+def _export(memory: MemoryView, person: str, visible: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [w.as_json() for w in wishes_here(memory, person, visible, view=WishView(include_retired=True))]
+
+
+SPEC = LayerSpec(
+    name="standing_wishes",
+    layer=StandingWishesLayer,
+    position=300,  # right after the operating mode: it changes only when the speaker or their wishes do
+    debug_key="wishes",
+    scoped=True,
+    # In every reply to someone who has any (0 tokens for everyone else). At 120 a person with 16
+    # wishes saw about half of them (benchmarks/updates.py, docs/benchmarks.md).
+    budget=(BudgetKnob("wishes_tokens", voice=240, text=400, background=400),),
+    held=HeldPart("wishes", held=_held, lines=_lines, export=_export),
+)
