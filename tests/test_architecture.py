@@ -3,7 +3,7 @@
 Rules:
 
 * nothing in `familiar_pipeline` imports `familiar_bot` (the pipeline runs without the bot);
-* the bot's runtime modules (everything but `familiar_bot.cli` and `familiar_bot.eval`, which drive
+* the bot's runtime modules (everything but `familiar_bot.app.cli` and `familiar_bot.app.eval`, which drive
   the pipeline on purpose) import from `familiar_pipeline` only its `storage`, `config` and `models`
   packages and the projectors' table declarations and reads (`projectors.<name>.tables`/`.reads`):
   what the bot reads, not how it is produced;
@@ -37,7 +37,7 @@ PACKAGES = ("familiar_pipeline", "familiar_bot")
 BOT_MAY_IMPORT = ("familiar_pipeline.storage", "familiar_pipeline.config", "familiar_pipeline.models")
 # What the bot reads of a projector: its table declarations and their reads (not its run logic).
 BOT_MAY_READ = re.compile(r"^familiar_pipeline\.projectors(\.vectors|\.[a-z_]+\.(tables|reads))$")
-BOT_DRIVERS = ("familiar_bot.cli", "familiar_bot.eval")
+BOT_DRIVERS = ("familiar_bot.app.cli", "familiar_bot.app.eval")
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -268,7 +268,7 @@ def test_config_imports_no_projector_and_no_model():
 
 
 # The CLI's demo flag plugs the scripted models in (familiar up --demo, familiar chat): it may import them.
-DEMO_FLAG = ("familiar_bot.cli",)
+DEMO_FLAG = ("familiar_bot.app.cli",)
 
 
 def test_production_code_never_imports_the_scripted_models():
@@ -307,5 +307,5 @@ def child_is_project(node: ast.AST, names: list[str]) -> bool:
 
 def test_every_lazy_project_import_says_why():
     unexplained = {m: [(line, target) for line, target, said in lazy_imports(m) if not said]
-                   for m in MODULES if not m.startswith("familiar_bot.cli")}
+                   for m in MODULES if not m.startswith("familiar_bot.app.cli")}
     assert {m: v for m, v in unexplained.items() if v} == {}

@@ -8,7 +8,7 @@ import re
 import dagster as dg
 import pytest
 
-from familiar_bot.cli import main as cli
+from familiar_bot.app.cli import main as cli
 from familiar_pipeline.config import MemoryConfig
 from familiar_pipeline.backfill import BackfillError, resolve_asset
 from familiar_pipeline.definitions import defs

@@ -14,7 +14,7 @@ import logging
 import dagster as dg
 import pytest
 
-from familiar_bot.cli import main as cli
+from familiar_bot.app.cli import main as cli
 from familiar_bot.responder import IncomingMessage, Person, open_responder
 from familiar_pipeline.config import ConfigError, load_config
 from familiar_pipeline.testing.fake_llm import fake_llm

@@ -20,9 +20,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from familiar_bot import supervisor
+from familiar_bot.app import supervisor
 
-from familiar_bot.cli import main as cli
+from familiar_bot.app.cli import main as cli
 from familiar_bot.responder import APOLOGY, IncomingMessage, Person, open_responder
 from familiar_pipeline.config import load_config
 from familiar_pipeline.testing.fake_llm import FakeLLM, fake_llm

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 
 CHUNK_TURNS = 500
 IMPORT_PLATFORM = "import"

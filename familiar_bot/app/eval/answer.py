@@ -42,7 +42,7 @@ from familiar_pipeline.models.jsonparse import coerce_json
 from familiar_pipeline.models.llm import LlmError, client_for
 from familiar_pipeline.storage.paths import FamiliarPaths
 
-from familiar_bot.eval.evaluation import EVAL_SCOPE, CATEGORIES, PreparedConversation, _percentile
+from familiar_bot.app.eval.evaluation import EVAL_SCOPE, CATEGORIES, PreparedConversation, _percentile
 from familiar_bot.responder import IncomingMessage, Person, open_responder
 
 ANSWER_STYLE = "(Answer in a few words, from what you remember of our conversations.)"
