@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 
 import dagster as dg
 import pytest
@@ -28,6 +31,58 @@ def test_the_builtins_are_the_registered_specs():
     assert builtin.BUILTIN_PROJECTORS == (
         "turns_fts", "rolling_summary", "rich_note", "fact_embedding", "fact_supersede", "standing_wish", "people_dossier",
         "reflection", "turn_embedding", "turn_window_embedding", "turn_passage_embedding")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_every_builtin_names_its_run_logic_and_each_name_resolves(spec):
+    # The spec module imports none of it (tests/test_architecture.py); the names are checked here.
+    assert isinstance(spec.run, str) and re.fullmatch(r"familiar_pipeline\.projectors\.[a-z_]+\.run:run", spec.run)
+    run = spec.load_run()
+    assert callable(run) and run.__name__ == "run" and run.__module__ == spec.run.partition(":")[0]
+    spec.load_hooks()
+    for hook in ("scripted", "batch_closed", "search_rows", "forget_person"):
+        value = getattr(spec, hook)
+        loaded = getattr(spec, f"load_{hook}")()
+        assert (loaded is None) == (value is None) and (loaded is None or callable(loaded)), hook
+    assert (spec.load_scripted() is not None) == spec.needs_llm, "every model-driven projector answers the scripted model"
+
+
+def test_a_hook_is_a_callable_or_its_name_imported_on_first_use():
+    calls = []
+    direct = ProjectorSpec(name="direct_hook", run=lambda rt, report, *, rebuild=False: calls.append(rebuild), needs_llm=False)
+    direct_run = direct.load_run()
+    assert direct_run is not None
+    direct_run(None, None, rebuild=True)  # type: ignore[arg-type]
+    assert calls == [True]
+    from tests.word_tally import run as word_tally_run
+
+    assert ProjectorSpec(name="named_hook", run="tests.word_tally.run:run").load_run() is word_tally_run.run
+    with pytest.raises(ValueError, match="run 'tests.word_tally.run.run' is not 'package.module:attribute'"):
+        ProjectorSpec(name="dotted", run="tests.word_tally.run.run")
+    with pytest.raises(TypeError, match="scripted must be callable"):
+        ProjectorSpec(name="number", scripted=42)  # type: ignore[arg-type]
+    with pytest.raises(ImportError, match="projector 'missing': its run 'tests.no_such_plugin:run' does not import"):
+        ProjectorSpec(name="missing", run="tests.no_such_plugin:run").load_run()
+    with pytest.raises(ImportError, match="its search_rows 'tests.word_tally.run:nothing' does not import"):
+        ProjectorSpec(name="absent", search_index="turns", search_rows="tests.word_tally.run:nothing").load_search_rows()
+    with pytest.raises(TypeError, match="its run 'tests.word_tally.run:PROJECTOR' is not callable"):
+        ProjectorSpec(name="constant", run="tests.word_tally.run:PROJECTOR").load_run()
+
+
+def test_loading_a_config_imports_no_run_logic_prompt_or_model_client(tmp_path):
+    # A fresh interpreter (this one has imported everything): loading a config registers every spec
+    # (the built-ins' entry point), and a spec names its run logic rather than importing it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAMILIAR")}
+    env["FAMILIAR_DATA_ROOT"] = str(tmp_path)
+    code = ("import sys; from familiar_pipeline.config import load_config; load_config(); "
+            "print('\\n'.join(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    modules = set(done.stdout.split())
+    assert {"familiar_pipeline.projectors.builtin", "familiar_pipeline.projectors.facts.spec"} <= modules, "the specs registered"
+    heavy = sorted(m for m in modules
+                   if re.fullmatch(r"familiar_pipeline\.projectors\.[a-z_]+\.(run|prompt|scripted)", m)
+                   or m.startswith(("familiar_pipeline.models.llm", "litellm", "dagster")))
+    assert heavy == []
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
