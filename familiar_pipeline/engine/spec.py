@@ -12,9 +12,10 @@ plugin), and a bot layer if the prompt shows it (docs/architecture.md §2).
 A spec names its run logic rather than importing it: each of its code hooks (``run``,
 ``scripted``, ``batch_closed``, ``search_rows``, ``forget_person``) may be
 ``"package.module:attribute"``, imported on first use (`ProjectorSpec.load_run` and the
-like). The built-ins name those that live beside their run logic, so a spec module imports only light things (its
-knobs, its table declarations, names) and registering every spec, which loading a config does,
-imports no extraction code, no prompt and no model client (tests/test_projector_specs.py).
+like). The built-ins name those that live beside their run logic, so a spec module imports
+only light things (its knobs, its table declarations and store helpers, names) and
+registering every spec, which loading a config does, imports no extraction code, no prompt
+and no model client (tests/test_projector_specs.py, tests/test_architecture.py).
 """
 
 from __future__ import annotations
