@@ -47,26 +47,34 @@ def test_every_builtin_names_its_run_logic_and_each_name_resolves(spec):
     assert (spec.load_scripted() is not None) == spec.needs_llm, "every model-driven projector answers the scripted model"
 
 
-def test_a_hook_is_a_callable_or_its_name_imported_on_first_use():
-    calls = []
-    direct = ProjectorSpec(name="direct_hook", run=lambda rt, report, *, rebuild=False: calls.append(rebuild), needs_llm=False)
-    direct_run = direct.load_run()
-    assert direct_run is not None
-    direct_run(None, None, rebuild=True)  # type: ignore[arg-type]
-    assert calls == [True]
-    from tests.word_tally import run as word_tally_run
+CALLS: list[bool] = []
+NOT_CALLABLE = "a constant"
 
-    assert ProjectorSpec(name="named_hook", run="tests.word_tally.run:run").load_run() is word_tally_run.run
-    with pytest.raises(ValueError, match="run 'tests.word_tally.run.run' is not 'package.module:attribute'"):
-        ProjectorSpec(name="dotted", run="tests.word_tally.run.run")
+
+def recorded_run(rt, report, *, rebuild: bool = False) -> None:
+    """A run named by its place ("tests.test_projector_specs:recorded_run") in the test below."""
+    CALLS.append(rebuild)
+
+
+def test_a_hook_is_a_callable_or_its_name_imported_on_first_use():
+    CALLS.clear()
+    direct = ProjectorSpec(name="direct_hook", run=recorded_run, needs_llm=False)
+    named = ProjectorSpec(name="named_hook", run=f"{__name__}:recorded_run", needs_llm=False)
+    assert direct.load_run() is named.load_run() is recorded_run
+    run = named.load_run()
+    assert run is not None
+    run(None, None, rebuild=True)
+    assert CALLS == [True]
+    with pytest.raises(ValueError, match=r"run 'tests\.test_projector_specs\.recorded_run' is not 'package\.module:attribute'"):
+        ProjectorSpec(name="dotted", run=f"{__name__}.recorded_run")
     with pytest.raises(TypeError, match="scripted must be callable"):
         ProjectorSpec(name="number", scripted=42)  # type: ignore[arg-type]
     with pytest.raises(ImportError, match="projector 'missing': its run 'tests.no_such_plugin:run' does not import"):
         ProjectorSpec(name="missing", run="tests.no_such_plugin:run").load_run()
-    with pytest.raises(ImportError, match="its search_rows 'tests.word_tally.run:nothing' does not import"):
-        ProjectorSpec(name="absent", search_index="turns", search_rows="tests.word_tally.run:nothing").load_search_rows()
-    with pytest.raises(TypeError, match="its run 'tests.word_tally.run:PROJECTOR' is not callable"):
-        ProjectorSpec(name="constant", run="tests.word_tally.run:PROJECTOR").load_run()
+    with pytest.raises(ImportError, match="its search_rows 'tests.test_projector_specs:nothing' does not import"):
+        ProjectorSpec(name="absent", search_index="turns", search_rows=f"{__name__}:nothing").load_search_rows()
+    with pytest.raises(TypeError, match="its run 'tests.test_projector_specs:NOT_CALLABLE' is not callable"):
+        ProjectorSpec(name="constant", run=f"{__name__}:NOT_CALLABLE").load_run()
 
 
 def test_loading_a_config_imports_no_run_logic_prompt_or_model_client(tmp_path):
