@@ -1,7 +1,7 @@
 """`familiar up` figures: time to a ready UI, idle memory of the group, and freshness.
 
 Starts the real `familiar up --no-bot` (which starts `dagster dev` through
-`familiar_bot.supervisor`) with a throwaway DAGSTER_HOME and data root and the
+`familiar_bot.app.supervisor`) with a throwaway DAGSTER_HOME and data root and the
 scripted model, then:
 
 * ready: seconds from launching `familiar up` to its "ready" line (the UI answers);
@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
 
-from familiar_bot.supervisor import child_sessions, free_port, group_alive, tree_rss_bytes  # noqa: E402
+from familiar_bot.app.supervisor import child_sessions, free_port, group_alive, tree_rss_bytes  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.snapshots import SnapshotReader  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
@@ -56,7 +56,7 @@ def start_up(tmp: Path, port: int, sensor_interval: int | None,
         env["FAMILIAR__PIPELINE__SENSOR_INTERVAL_S"] = str(sensor_interval)
     err = tmp / f"up-{port}.err"
     process = subprocess.Popen(
-        [sys.executable, "-m", "familiar_bot.cli.main", "up", "--no-bot", "--familiar", familiar, "--port", str(port)],
+        [sys.executable, "-m", "familiar_bot.app.cli.main", "up", "--no-bot", "--familiar", familiar, "--port", str(port)],
         cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err.open("wb"),
         start_new_session=True,
     )

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.freshness import stop_up, wait_ready  # noqa: E402
 from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
-from familiar_bot.supervisor import free_port, group_pids, tree_rss_bytes  # noqa: E402
+from familiar_bot.app.supervisor import free_port, group_pids, tree_rss_bytes  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
 from familiar_pipeline.storage.turns import TurnLog  # noqa: E402
 from tests.helpers import LINES, PEOPLE  # noqa: E402
@@ -72,7 +72,7 @@ def start_up(tmp: Path, familiar: str, no_ui: bool) -> subprocess.Popen:
     env = dict(os.environ, DAGSTER_HOME=str(tmp / "dagster_home"), FAMILIAR_DATA_ROOT=str(tmp / "familiars"),
                FAMILIAR_FAKE_LLM="familiar_pipeline.testing.scripted:careful_model", PYTHONUNBUFFERED="1")
     env.pop("DISCORD_TOKEN", None)
-    argv = [sys.executable, "-m", "familiar_bot.cli.main", "up", "--no-bot", "--familiar", familiar,
+    argv = [sys.executable, "-m", "familiar_bot.app.cli.main", "up", "--no-bot", "--familiar", familiar,
             "--port", str(free_port())] + (["--no-ui"] if no_ui else [])
     return subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=(tmp / "up.err").open("wb"), start_new_session=True)
@@ -97,7 +97,7 @@ def label(pid: int) -> str:
     except OSError:
         return "gone"
     text = " ".join(a.decode(errors="replace") for a in argv)
-    for needle, name in (("familiar_bot.cli.main up", "supervisor"), ("dagster._daemon", "daemon"),
+    for needle, name in (("familiar_bot.app.cli.main up", "supervisor"), ("dagster._daemon", "daemon"),
                          ("dagster-daemon", "daemon"), ("dagster_webserver", "webserver"),
                          ("dagster-webserver", "webserver"), ("code-server start", "code server proxy"),
                          ("api grpc", "code server"), ("run_worker", "run worker"), ("dagster dev", "dagster dev")):

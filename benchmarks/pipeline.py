@@ -32,7 +32,7 @@ from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
 
 import dagster as dg  # noqa: E402
 
-from familiar_bot.eval import locomo  # noqa: E402
+from familiar_bot.app.eval import locomo  # noqa: E402
 from familiar_pipeline.defs.assets import FACT_DRIVEN  # noqa: E402
 from familiar_pipeline.defs.jobs import materialize_in_process  # noqa: E402
 from familiar_pipeline.testing.fake_llm import install_fake_llm  # noqa: E402

@@ -253,7 +253,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"error: unknown part(s) {unknown}; choose from {list(PARTS)}")
     if "pipeline" in parts and not args.from_json:  # check before the slow parts run
-        from familiar_bot.eval import locomo
+        from familiar_bot.app.eval import locomo
 
         data = locomo.locate_or_exit(args.data)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from familiar_bot.supervisor import child_sessions, free_port, processes_in_sessions, rss_bytes  # noqa: E402
+from familiar_bot.app.supervisor import child_sessions, free_port, processes_in_sessions, rss_bytes  # noqa: E402
 from familiar_pipeline.config import load_config  # noqa: E402
 from familiar_pipeline.projectors.facts.reads import current_facts  # noqa: E402
 from familiar_pipeline.storage.paths import FamiliarPaths  # noqa: E402
@@ -381,7 +381,7 @@ def measure_sharded(shards: int, familiars: int, rate: float, duration: float, d
                        LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONUNBUFFERED="1",
                        FAMILIAR__PROVIDERS__MEMORY__RICH_NOTE__QUIET_S=str(quiet_s))
             env.pop("DISCORD_TOKEN", None)
-            cli = [sys.executable, "-m", "familiar_bot.cli.main"]
+            cli = [sys.executable, "-m", "familiar_bot.app.cli.main"]
 
             def start(tag: str, argv: list[str]) -> Path:
                 err = tmp / f"{tag}.err"

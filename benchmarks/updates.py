@@ -1,7 +1,7 @@
 """Updates, standing wishes and order (issue 33): scripted long chats through the product's retrieval.
 
 Generates `--chats` long chats between one person and the familiar (deterministic from
-`--seed`; `familiar_bot/eval/updates_chats.py`): many sessions days apart, filler on many
+`--seed`; `familiar_bot/app/eval/updates_chats.py`): many sessions days apart, filler on many
 topics, and planted questions of four kinds: values updated in other words (the question
 asks for the current one), standing wishes followed many sessions later by an unrelated
 task, preferences stated once, and ordering questions whose evidence spans many sessions;
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, chats: int, workdir: Path, started: float) -> int:
-    from familiar_bot.eval import updates, updates_chats
+    from familiar_bot.app.eval import updates, updates_chats
 
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     model_path = None

@@ -29,8 +29,8 @@ from benchmarks.quick import parse_args as parse_with_quick  # noqa: E402
 
 import dagster as dg  # noqa: E402
 
-from familiar_bot.eval import locomo  # noqa: E402
-from familiar_bot.eval.evaluation import EVAL_CHANNEL, prepare_conversation  # noqa: E402
+from familiar_bot.app.eval import locomo  # noqa: E402
+from familiar_bot.app.eval.evaluation import EVAL_CHANNEL, prepare_conversation  # noqa: E402
 from familiar_bot.prompt.assembly import build_assembler  # noqa: E402
 from familiar_bot.prompt.types import AssemblyContext  # noqa: E402
 from familiar_bot.prompt.layers.standing_wishes import one_per_point, render  # noqa: E402

@@ -35,7 +35,8 @@ import traceback
 
 
 def preload_projection_run() -> None:
-    """What a projection run imports: the code location, Dagster's run execution, litellm (offline), DuckDB, tantivy, Parquet."""
+    """What a projection run imports: the code location, Dagster's run execution, litellm (offline), DuckDB, tantivy, Parquet,
+    and the run logic the projectors' specs name."""
     # lazy: the preload is the point: imported once here, before the worker forks a run per request
     from familiar_pipeline.dagster_internals import preload_run_execution
 
@@ -45,9 +46,15 @@ def preload_projection_run() -> None:
     import tantivy  # noqa: F401
 
     import familiar_pipeline.definitions  # noqa: F401  # lazy: as above
+    from familiar_pipeline.engine import registry  # lazy: as above
     from familiar_pipeline.models.litellm_import import import_litellm  # lazy: as above
 
     import_litellm()
+    for spec in registry.specs():  # the run logic each spec names (its prompt, the model client), imported on first use
+        try:
+            spec.load_hooks()
+        except (ImportError, TypeError):
+            pass  # a plugin's broken name: its own run fails and says so, the others fork as usual
 
 
 def preload(entries: list[str]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot.cli.main import ENV_FILE_VAR
+from familiar_bot.app.cli.main import ENV_FILE_VAR
 from familiar_pipeline.models.minilm import ensure_local_minilm
 
 

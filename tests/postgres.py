@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from familiar_bot.supervisor import free_port
+from familiar_bot.app.supervisor import free_port
 
 
 def postgres_bin() -> Path | None:

@@ -1,20 +1,33 @@
 """The import structure the layout promises, checked by walking every module's `ast`.
 
-Rules:
+Three floors, top down, with no exception:
 
-* nothing in `familiar_pipeline` imports `familiar_bot` (the pipeline runs without the bot);
-* the bot's runtime modules (everything but `familiar_bot.cli` and `familiar_bot.eval`, which drive
-  the pipeline on purpose) import from `familiar_pipeline` only its `storage`, `config` and `models`
-  packages and the projectors' table declarations and reads (`projectors.<name>.tables`/`.reads`):
-  what the bot reads, not how it is produced;
-* the pipeline's packages are layered, each importing only those below it: `storage` (the kernel),
-  `config`, `models`, `erasure`, `engine`, `projectors`, then `testing` and `defs`, then the code
-  location and what runs it; so config sits at the bottom of everything with settings (it imports no
-  projector: they register with it), the engine imports no projector (they plug in through its spec
-  and registry, the built-ins through an entry point), erasure imports no engine (the run loop hands
-  it the specs), and there is no loop between packages;
+1. the application, `familiar_bot.app`: the `familiar` command (`app.cli`), the evaluators
+   (`app.eval`) and the `familiar up` process supervisor (`app.supervisor`). It drives both sides
+   and may import either; nothing else imports it (`familiar_bot`'s other modules or the pipeline);
+2. the bot runtime, the rest of `familiar_bot` (responder, transports, prompt assembly): from
+   `familiar_pipeline` it imports only its `storage`, `config` and `models` packages and the
+   projectors' table declarations and reads (`projectors.<name>.tables`/`.reads`, `projectors.vectors`):
+   what the bot reads, not how it is produced;
+3. the pipeline, `familiar_pipeline`, which never imports `familiar_bot` (it runs without the bot).
+
+Inside the pipeline:
+
+* its packages are layered, each importing only those below it: `config` (the ground floor: which
+  familiar, where its settings live, what they may say; it imports nothing else of the pipeline, and
+  the projectors register their names and knobs with it), `storage` (the kernel: records, tables,
+  the store, snapshots), `models`, `erasure`, `engine`, `projectors`, then `testing` and `defs`,
+  then the code location and what runs it; so the engine imports no projector (they plug in through
+  its spec and registry, the built-ins through an entry point), erasure imports no engine (the run
+  loop hands it the specs), and there is no loop between packages;
+* a projector's spec module names its run logic ("package.module:attribute", imported on first use)
+  instead of importing it: it imports only the engine's spec, config, storage, `projectors.vectors`
+  and projectors' table declarations and store helpers, so registering the specs (loading any config
+  does) imports no run logic, prompt or model client (tests/test_projector_specs.py checks the modules
+  a fresh process has after `load_config()`);
 * production code never imports `familiar_pipeline.testing` (the scripted models are plugged in from
-  outside: test fixtures, an entry point, `familiar up --demo`), except the CLI's demo flag;
+  outside: test fixtures, an entry point, `familiar up --demo`), except the demo flag, in the
+  application's `up` and `chat` commands (`DEMO_FLAG` below);
 * an import inside a function that reaches a project module is either under `if TYPE_CHECKING:` or
   says why it is lazy (a `# lazy:` comment: an import the caller may never need, or a preload), so
   none hides a loop; the CLI's commands import what they run lazily by design (`familiar --help`);
@@ -34,10 +47,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("familiar_pipeline", "familiar_bot")
+# The application: above the bot runtime and the pipeline, imported by neither.
+APP = "familiar_bot.app"
 BOT_MAY_IMPORT = ("familiar_pipeline.storage", "familiar_pipeline.config", "familiar_pipeline.models")
 # What the bot reads of a projector: its table declarations and their reads (not its run logic).
 BOT_MAY_READ = re.compile(r"^familiar_pipeline\.projectors(\.vectors|\.[a-z_]+\.(tables|reads))$")
-BOT_DRIVERS = ("familiar_bot.cli", "familiar_bot.eval")
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -152,16 +166,28 @@ def test_the_walk_sees_every_kind_of_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def in_app(module: str) -> bool:
+    return module == APP or module.startswith(APP + ".")
+
+
 def test_the_pipeline_never_imports_the_bot():
     offenders = {m: sorted(t for t in targets if t.startswith("familiar_bot"))
                  for m, targets in GRAPH.items() if m.startswith("familiar_pipeline")}
     assert {m: t for m, t in offenders.items() if t} == {}
 
 
+def test_nothing_below_the_application_imports_it():
+    # The bot runtime and the pipeline never reach up into the CLI, the evaluators or the supervisor.
+    offenders = {m: sorted(t for t in targets if in_app(t)) for m, targets in GRAPH.items() if not in_app(m)}
+    assert {m: t for m, t in offenders.items() if t} == {}
+    assert {"familiar_bot.app.cli.main", "familiar_bot.app.eval.evaluation", "familiar_bot.app.supervisor"} <= set(GRAPH)
+
+
 def test_the_bot_reads_only_storage_config_and_models():
+    # Every module of the bot runtime: familiar_bot but its application package, which may import anything.
     offenders = {}
     for module, targets in GRAPH.items():
-        if not module.startswith("familiar_bot") or module.startswith(BOT_DRIVERS):
+        if not module.startswith("familiar_bot") or in_app(module):
             continue
         bad = sorted(t for t in targets if t.startswith("familiar_pipeline")
                      and not t.startswith(tuple(p + "." for p in BOT_MAY_IMPORT)) and t not in BOT_MAY_IMPORT
@@ -177,8 +203,8 @@ def test_no_import_cycles_between_modules():
 
 # The pipeline's layers, bottom first; a package may import only its own layer's or lower ones.
 LAYERS = (
-    ("familiar_pipeline.storage",),
     ("familiar_pipeline.config", "familiar_pipeline.shards"),
+    ("familiar_pipeline.storage",),
     ("familiar_pipeline.models",),
     ("familiar_pipeline.erasure",),
     ("familiar_pipeline.engine",),
@@ -261,20 +287,40 @@ def test_no_package_loop_between_the_pipeline_packages():
     assert cycles(packages) == []
 
 
-def test_config_imports_no_projector_and_no_model():
-    config = {m: sorted(t for t in targets if not t.startswith(("familiar_pipeline.config", "familiar_pipeline.storage")))
+def test_config_is_the_ground_floor():
+    # Config imports nothing else of the pipeline: no storage (where a familiar's settings live is
+    # `config.places`, which `storage.paths` builds on), no model, no projector (they register with it).
+    config = {m: sorted(t for t in targets if t.startswith("familiar_pipeline") and not t.startswith("familiar_pipeline.config"))
               for m, targets in GRAPH.items() if m.startswith("familiar_pipeline.config")}
     assert {m: t for m, t in config.items() if t} == {}
 
 
-# The CLI's demo flag plugs the scripted models in (familiar up --demo, familiar chat): it may import them.
-DEMO_FLAG = ("familiar_bot.cli",)
+# What a projector's spec module may import of the project: the engine's spec, config, storage, the vector
+# projectors' shared spec and records, and projectors' table declarations with their store helpers. Its run
+# logic, prompt, scripted answers and anything reaching the model client are named, not imported.
+SPEC_MAY_IMPORT = re.compile(r"^familiar_pipeline\.(engine\.spec|config(\..+)?|storage(\..+)?"
+                             r"|projectors\.vectors|projectors\.[a-z_]+\.(tables|store))$")
+
+
+def test_a_spec_names_its_run_logic_and_imports_none():
+    specs = [m for m in MODULES if re.fullmatch(r"familiar_pipeline\.projectors\.[a-z_]+\.spec", m)]
+    assert len(specs) >= 11, specs
+    offenders = {m: sorted(t for t in GRAPH[m] if t != m.removesuffix(".spec") and not SPEC_MAY_IMPORT.match(t))
+                 for m in specs}
+    assert {m: t for m, t in offenders.items() if t} == {}
+    assert "familiar_pipeline.projectors.summary.run" not in GRAPH["familiar_pipeline.projectors.summary.spec"]
+
+
+# The demo flag plugs the scripted models in: `familiar up --demo` names the demo's scripted model for its
+# processes (testing.scripted.DEMO_RESPONDER, under testing.fake_llm.FAKE_LLM_ENV), and `familiar chat`
+# refuses a scripted model unless that variable is set. These two application modules may import them.
+DEMO_FLAG = ("familiar_bot.app.cli.commands.up", "familiar_bot.app.cli.commands.chat")
 
 
 def test_production_code_never_imports_the_scripted_models():
     offenders = {m: sorted(t for t in targets if t.startswith("familiar_pipeline.testing"))
                  for m, targets in GRAPH.items()
-                 if not m.startswith(("familiar_pipeline.testing", *DEMO_FLAG))}
+                 if not m.startswith("familiar_pipeline.testing") and m not in DEMO_FLAG}
     assert {m: t for m, t in offenders.items() if t} == {}
 
 
@@ -307,5 +353,5 @@ def child_is_project(node: ast.AST, names: list[str]) -> bool:
 
 def test_every_lazy_project_import_says_why():
     unexplained = {m: [(line, target) for line, target, said in lazy_imports(m) if not said]
-                   for m in MODULES if not m.startswith("familiar_bot.cli")}
+                   for m in MODULES if not m.startswith("familiar_bot.app.cli")}
     assert {m: v for m, v in unexplained.items() if v} == {}

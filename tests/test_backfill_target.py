@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from familiar_bot.cli.main import main
+from familiar_bot.app.cli.main import main
 from familiar_pipeline import webserver
 from familiar_pipeline.storage.paths import REPO_ROOT
 from tests.test_playbook import DEMO, built, cli_args, command_lines, template  # noqa: F401  (fixtures)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from familiar_bot.cli.main import main
+from familiar_bot.app.cli.main import main
 from tests.helpers import append_chat, make_familiar
 
 

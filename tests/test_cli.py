@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot.cli import main as cli
+from familiar_bot.app.cli import main as cli
 from familiar_pipeline.storage import paths
 from tests.conftest import host_free
 
@@ -240,7 +240,7 @@ def test_familiar_reads_dotenv_and_the_environment_both_the_environment_winning(
 
 
 def test_the_repository_dotenv_is_the_default_and_an_empty_setting_reads_none(tmp_path, monkeypatch):
-    from familiar_bot.cli.main import CliError, ENV_FILE_VAR, load_env_file
+    from familiar_bot.app.cli.main import CliError, ENV_FILE_VAR, load_env_file
 
     monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
     (tmp_path / ".env").write_text("DISCORD_TOKEN=from-dotenv\nFAMILIAR_ID=kept\n")

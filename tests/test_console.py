@@ -28,7 +28,7 @@ def answer_from_history(messages):
 def familiar_command() -> list[str]:
     script = Path(sys.executable).parent / "familiar"
     return [str(script)] if script.exists() else [sys.executable, "-c",
-                                                  "import sys; from familiar_bot.cli.main import main; sys.exit(main())"]
+                                                  "import sys; from familiar_bot.app.cli.main import main; sys.exit(main())"]
 
 
 def chat(tmp_path: Path, stdin: str, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:

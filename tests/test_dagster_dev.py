@@ -42,7 +42,7 @@ def test_loading_the_code_location_prints_no_dagster_lifecycle_warnings():
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
     result = subprocess.run(
         [sys.executable, "-W", "default", "-c",
-         "import familiar_pipeline.definitions as d, familiar_bot.cli.main as m; d.defs.resolve_asset_graph()"],
+         "import familiar_pipeline.definitions as d, familiar_bot.app.cli.main as m; d.defs.resolve_asset_graph()"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     assert result.returncode == 0, result.stderr[-2000:]

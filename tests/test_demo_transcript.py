@@ -43,7 +43,7 @@ GAP = "..."
 
 def demo_session(root: Path) -> str:
     """The demo conversation as a terminal shows it: the name asked once, each line and its reply, the report."""
-    from familiar_bot.cli.commands.chat import ensure_familiar
+    from familiar_bot.app.cli.commands.chat import ensure_familiar
     from familiar_bot.responder.opening import open_responder
     from familiar_bot.transports.console import resolve_speaker, run_console
     from familiar_pipeline.config import load_config
@@ -149,7 +149,7 @@ def test_each_demo_reply_quotes_the_line_it_answers_and_supersession_keeps_to_it
 def test_lines_typed_while_a_reply_is_composed_each_get_a_reply_that_quotes_them(demo_env):
     """Four lines typed before the first reply is back: each reply answers (quotes) its own line, as the
     history of a reply ends with the message it answers; they all used to quote the newest line."""
-    from familiar_bot.cli.commands.chat import ensure_familiar
+    from familiar_bot.app.cli.commands.chat import ensure_familiar
     from familiar_bot.responder.opening import open_responder
     from familiar_bot.transports.console import console_person, run_console
     from familiar_pipeline.config import load_config

@@ -266,7 +266,7 @@ async def test_context_command_answers_ephemerally_without_recording(bot, fake):
 
 
 def test_bot_refuses_without_a_token_in_one_line(clean_env, capsys):
-    from familiar_bot.cli import main as cli
+    from familiar_bot.app.cli import main as cli
 
     assert cli.main(["bot", "--familiar", "fam"]) == 2
     err = capsys.readouterr().err.strip()
@@ -275,7 +275,7 @@ def test_bot_refuses_without_a_token_in_one_line(clean_env, capsys):
 
 
 def test_bot_never_echoes_the_token(clean_env, capsys, monkeypatch):
-    from familiar_bot.cli import main as cli
+    from familiar_bot.app.cli import main as cli
 
     monkeypatch.setenv("DISCORD_TOKEN", "planted.token-value.xyz")
     assert cli.main(["bot", "--familiar", "ghost"]) == 1  # no such familiar: refused before connecting

@@ -326,7 +326,7 @@ def test_minilm_missing_weights_package_says_how_to_install(monkeypatch, tmp_pat
 
 
 def test_minilm_command_refuses_a_folder_that_holds_something_else(tmp_path, capsys):
-    from familiar_bot.cli.main import main
+    from familiar_bot.app.cli.main import main
 
     target = tmp_path / "notes"
     target.mkdir()
@@ -340,7 +340,7 @@ def test_minilm_command_refuses_a_folder_that_holds_something_else(tmp_path, cap
 @pytest.mark.slow
 def test_minilm_command_builds_the_same_model_then_is_a_no_op(minilm_dir, tmp_path, capsys):
     """`familiar models minilm DIR` builds what the fixture built (the same code path)."""
-    from familiar_bot.cli.main import main
+    from familiar_bot.app.cli.main import main
 
     target = tmp_path / "minilm"
     assert main(["models", "minilm", str(target)]) == 0

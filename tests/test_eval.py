@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from familiar_bot.cli.main import main
-from familiar_bot.eval import evaluation, locomo
+from familiar_bot.app.cli.main import main
+from familiar_bot.app.eval import evaluation, locomo
 
 TURNS_1 = [
     ("Ana", "I finally bought a cello last week and the teacher is great"),
@@ -146,7 +146,7 @@ def test_eval_gold_facts_are_labelled_an_oracle(tmp_path, capsys):
 def test_eval_imports_each_conversation_into_the_scope_its_questions_are_asked_in(tmp_path, capsys):
     """Scoping cannot move the LoCoMo figures: the imported turns, the facts and the replies
     of a conversation are all in one scope (a channel outside any server)."""
-    from familiar_bot.eval.answer import with_question_scopes
+    from familiar_bot.app.eval.answer import with_question_scopes
     from familiar_bot.prompt.scoping import reply_scope, visible_scopes
     from familiar_bot.prompt.types import AssemblyContext
     from familiar_pipeline.config import load_config
@@ -260,7 +260,7 @@ def test_held_out_rotation_selects_on_the_sum_of_the_headline_targets():
 
 
 def test_token_f1_normalises_like_locomo():
-    from familiar_bot.eval.answer import answer_tokens, token_f1
+    from familiar_bot.app.eval.answer import answer_tokens, token_f1
 
     assert answer_tokens("The cello, and a Bow!") == ["cello", "bow"]
     assert token_f1("a cello", "Cello.") == 1.0
@@ -269,7 +269,7 @@ def test_token_f1_normalises_like_locomo():
 
 
 def test_judgement_parsing_reads_json_then_a_lone_label():
-    from familiar_bot.eval.answer import parse_judgement
+    from familiar_bot.app.eval.answer import parse_judgement
 
     assert parse_judgement('{"reason": "same instrument", "label": "correct"}') == ("CORRECT", "same instrument")
     assert parse_judgement('```json\n{"label": "WRONG", "reason": "another city"}\n```') == ("WRONG", "another city")
@@ -359,7 +359,7 @@ def test_eval_turns_keeps_the_first_turns_and_the_questions_they_answer(tmp_path
 
 
 def test_paired_bootstrap_gain_and_interval():
-    from familiar_bot.eval.ablation import paired_bootstrap
+    from familiar_bot.app.eval.ablation import paired_bootstrap
 
     def recs(hits):
         return [{"conversation": "c", "question": i, "any@10": float(h)} for i, h in enumerate(hits)]
@@ -374,7 +374,7 @@ def test_paired_bootstrap_gain_and_interval():
 
 
 def test_ablation_measures_each_change_against_the_ranking_before_it(tmp_path, capsys):
-    from familiar_bot.eval import ablation
+    from familiar_bot.app.eval import ablation
 
     out = eval_hash(tmp_path, "--ablation")
     result = json.loads((out / "ablation.json").read_text())
@@ -485,7 +485,7 @@ def test_reuse_resumes_a_stopped_preparation_and_imports_anew_what_changed(tmp_p
 def test_passage_vectors_are_opt_in_for_the_evaluator(tmp_path, capsys):
     """`--passage-vectors` turns the projector on for the throwaway familiars (and the ablation weighs
     them); without an embedder it is refused in one line."""
-    from familiar_bot.eval import ablation
+    from familiar_bot.app.eval import ablation
 
     out = eval_hash(tmp_path, "--ablation", "--passage-vectors")
     tomls = "".join(p.read_text() for p in (tmp_path / "work").rglob("character.toml"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from familiar_bot.cli.main import main
+from familiar_bot.app.cli.main import main
 from familiar_pipeline.storage.snapshots import publish_snapshot
 from familiar_pipeline.projectors.facts.store import FactDraft
 from familiar_pipeline.storage.store import ProjectionStore

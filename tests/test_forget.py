@@ -290,7 +290,7 @@ def test_a_run_killed_mid_erasure_and_the_next_run_finish_it(familiar, where):
 
 
 def test_familiar_forget_on_the_command_line(clean_env, tmp_path, monkeypatch, capsys, fake_llm):
-    from familiar_bot.cli import main as cli
+    from familiar_bot.app.cli import main as cli
 
     from .helpers import append_chat
 

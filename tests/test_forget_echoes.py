@@ -348,7 +348,7 @@ async def test_an_edited_message_loses_its_earlier_text_everywhere_once_memory_f
 
 @pytest.mark.asyncio
 async def test_an_erasure_whose_check_finds_a_word_is_not_done_and_says_where(fam, capsys, monkeypatch):
-    from familiar_bot.cli import main as cli
+    from familiar_bot.app.cli import main as cli
 
     await confide(fam)
     stray = fam.paths.dir / "notes.txt"  # a copy nothing in the purge knows about
@@ -371,7 +371,7 @@ async def test_an_erasure_whose_check_finds_a_word_is_not_done_and_says_where(fa
 
 
 def test_familiar_forget_prints_the_check_and_fails_on_a_leftover(clean_env, tmp_path, monkeypatch, capsys, fake_llm):
-    from familiar_bot.cli import main as cli
+    from familiar_bot.app.cli import main as cli
 
     from .helpers import append_chat
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from familiar_bot.cli.main import main
-from familiar_bot.cli.commands.import_ import channel_number, import_transcript
+from familiar_bot.app.cli.main import main
+from familiar_bot.app.cli.commands.import_ import channel_number, import_transcript
 from familiar_pipeline.storage.turns import TurnLog, TurnLogError
 from tests.helpers import FAKE_MODEL_TOML, make_familiar
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from familiar_bot.eval import locomo
+from familiar_bot.app.eval import locomo
 from familiar_pipeline.config import load_config
 from familiar_pipeline.models.llm import client_for
 from familiar_pipeline.storage.paths import FamiliarPaths

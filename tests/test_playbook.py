@@ -18,7 +18,7 @@ import dagster as dg
 import duckdb
 import pytest
 
-from familiar_bot.cli.main import main
+from familiar_bot.app.cli.main import main
 from familiar_pipeline.defs.assets import MEMORY
 from familiar_pipeline.config import load_config
 from familiar_pipeline.defs.sensors import build_turn_watermark_sensor, run_requests

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 
 import dagster as dg
 import pytest
 
-from familiar_bot.cli import main as cli
+from familiar_bot.app.cli import main as cli
 from familiar_pipeline.config import MemoryConfig
 from familiar_pipeline.backfill import BackfillError, resolve_asset
 from familiar_pipeline.definitions import defs
@@ -28,6 +31,66 @@ def test_the_builtins_are_the_registered_specs():
     assert builtin.BUILTIN_PROJECTORS == (
         "turns_fts", "rolling_summary", "rich_note", "fact_embedding", "fact_supersede", "standing_wish", "people_dossier",
         "reflection", "turn_embedding", "turn_window_embedding", "turn_passage_embedding")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_every_builtin_names_its_run_logic_and_each_name_resolves(spec):
+    # The spec module imports none of it (tests/test_architecture.py); the names are checked here.
+    assert isinstance(spec.run, str) and re.fullmatch(r"familiar_pipeline\.projectors\.[a-z_]+\.run:run", spec.run)
+    run = spec.load_run()
+    assert callable(run) and run.__name__ == "run" and run.__module__ == spec.run.partition(":")[0]
+    spec.load_hooks()
+    for hook in ("scripted", "batch_closed", "search_rows", "forget_person"):
+        value = getattr(spec, hook)
+        loaded = getattr(spec, f"load_{hook}")()
+        assert (loaded is None) == (value is None) and (loaded is None or callable(loaded)), hook
+    assert (spec.load_scripted() is not None) == spec.needs_llm, "every model-driven projector answers the scripted model"
+
+
+CALLS: list[bool] = []
+NOT_CALLABLE = "a constant"
+
+
+def recorded_run(rt, report, *, rebuild: bool = False) -> None:
+    """A run named by its place ("tests.test_projector_specs:recorded_run") in the test below."""
+    CALLS.append(rebuild)
+
+
+def test_a_hook_is_a_callable_or_its_name_imported_on_first_use():
+    CALLS.clear()
+    direct = ProjectorSpec(name="direct_hook", run=recorded_run, needs_llm=False)
+    named = ProjectorSpec(name="named_hook", run=f"{__name__}:recorded_run", needs_llm=False)
+    assert direct.load_run() is named.load_run() is recorded_run
+    run = named.load_run()
+    assert run is not None
+    run(None, None, rebuild=True)
+    assert CALLS == [True]
+    with pytest.raises(ValueError, match=r"run 'tests\.test_projector_specs\.recorded_run' is not 'package\.module:attribute'"):
+        ProjectorSpec(name="dotted", run=f"{__name__}.recorded_run")
+    with pytest.raises(TypeError, match="scripted must be callable"):
+        ProjectorSpec(name="number", scripted=42)  # type: ignore[arg-type]
+    with pytest.raises(ImportError, match="projector 'missing': its run 'tests.no_such_plugin:run' does not import"):
+        ProjectorSpec(name="missing", run="tests.no_such_plugin:run").load_run()
+    with pytest.raises(ImportError, match="its search_rows 'tests.test_projector_specs:nothing' does not import"):
+        ProjectorSpec(name="absent", search_index="turns", search_rows=f"{__name__}:nothing").load_search_rows()
+    with pytest.raises(TypeError, match="its run 'tests.test_projector_specs:NOT_CALLABLE' is not callable"):
+        ProjectorSpec(name="constant", run=f"{__name__}:NOT_CALLABLE").load_run()
+
+
+def test_loading_a_config_imports_no_run_logic_prompt_or_model_client(tmp_path):
+    # A fresh interpreter (this one has imported everything): loading a config registers every spec
+    # (the built-ins' entry point), and a spec names its run logic rather than importing it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAMILIAR")}
+    env["FAMILIAR_DATA_ROOT"] = str(tmp_path)
+    code = ("import sys; from familiar_pipeline.config import load_config; load_config(); "
+            "print('\\n'.join(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    modules = set(done.stdout.split())
+    assert {"familiar_pipeline.projectors.builtin", "familiar_pipeline.projectors.facts.spec"} <= modules, "the specs registered"
+    heavy = sorted(m for m in modules
+                   if re.fullmatch(r"familiar_pipeline\.projectors\.[a-z_]+\.(run|prompt|scripted)", m)
+                   or m.startswith(("familiar_pipeline.models.llm", "litellm", "dagster")))
+    assert heavy == []
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot.cli import main as cli
+from familiar_bot.app.cli import main as cli
 from familiar_pipeline.storage.paths import FamiliarPaths
 from familiar_pipeline.storage.turns import TurnLog
 from tests.helpers import append_chat, make_familiar

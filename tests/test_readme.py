@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from familiar_bot.cli.main import build_parser
+from familiar_bot.app.cli.main import build_parser
 from familiar_pipeline.defs.jobs import materialize_in_process
 
 from .helpers import append_chat, make_familiar
@@ -78,7 +78,7 @@ def test_every_documented_familiar_command_parses():
 
 
 def test_documented_minilm_command_finds_the_built_folder(minilm_dir, monkeypatch, capsys):
-    from familiar_bot.cli.main import main
+    from familiar_bot.app.cli.main import main
 
     [default_dir] = [argv for argv in documented_familiar_commands() if argv == ["models", "minilm"]]
     monkeypatch.setenv("FAMILIAR_MINILM_DIR", str(minilm_dir))
@@ -87,7 +87,7 @@ def test_documented_minilm_command_finds_the_built_folder(minilm_dir, monkeypatc
 
 
 def test_documented_eval_without_locomo_says_where_to_get_it(tmp_path, monkeypatch, capsys):
-    from familiar_bot.cli.main import main
+    from familiar_bot.app.cli.main import main
 
     monkeypatch.chdir(tmp_path)  # no locomo10.json here
     monkeypatch.delenv("FAMILIAR_LOCOMO", raising=False)
@@ -142,7 +142,7 @@ RUN_ELSEWHERE = {
 
 
 def test_every_command_the_readme_shows_is_run_by_a_test(capsys):
-    from familiar_bot.cli.main import main
+    from familiar_bot.app.cli.main import main
 
     commands = readme_commands()
     assert "uv run pytest" in commands and "python3 -m pip install uv && uv run familiar up --demo" in commands

@@ -14,7 +14,7 @@ import logging
 import dagster as dg
 import pytest
 
-from familiar_bot.cli import main as cli
+from familiar_bot.app.cli import main as cli
 from familiar_bot.responder.messages import IncomingMessage, Person
 from familiar_bot.responder.opening import open_responder
 from familiar_pipeline.config import ConfigError, load_config

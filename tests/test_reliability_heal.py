@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot import supervisor
-from familiar_bot.supervisor import Backoff, Restarter, free_port
+from familiar_bot.app import supervisor
+from familiar_bot.app.supervisor import Backoff, Restarter, free_port
 from familiar_pipeline.config.demo import DEMO_FAMILIAR
 from familiar_pipeline.testing.scripted import FAKE_MODELS_TOML
 from familiar_pipeline.projectors.facts import reads as fact_reads
@@ -373,7 +373,7 @@ def test_a_child_that_exits_is_started_again_with_backoff_and_said_so(tmp_path):
 
 
 def test_a_non_loopback_host_is_warned_about_and_shown_as_bound():
-    from familiar_bot.cli.commands.up import OPEN_UI_WARNING
+    from familiar_bot.app.cli.commands.up import OPEN_UI_WARNING
 
     assert supervisor.is_loopback("127.0.0.1") and supervisor.is_loopback("localhost") and supervisor.is_loopback("::1")
     assert not supervisor.is_loopback("0.0.0.0") and not supervisor.is_loopback("192.168.1.4")
@@ -442,7 +442,7 @@ def test_a_dead_daemon_is_restarted_while_the_chat_keeps_answering(tmp_path):
     out_log, err_log = tmp_path / "up.out", tmp_path / "up.err"
     with out_log.open("wb") as out, err_log.open("wb") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "familiar_bot.cli.main", "up", "--demo", "--port", str(port), "--as", "Sam"],
+            [sys.executable, "-m", "familiar_bot.app.cli.main", "up", "--demo", "--port", str(port), "--as", "Sam"],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err)
 
     def say(line: str) -> None:
@@ -504,7 +504,7 @@ def assert_private_sockets(up_pid: int) -> None:
 def run_cli(argv: list[str], env: dict[str, str], *, stdin: str = "", user: int | None = None) -> subprocess.CompletedProcess:
     """The `familiar` command in a process of its own, started with the permissive umask 022
     (what a login shell usually has), so only the project's own settings can make files private."""
-    return subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", *argv], cwd=REPO, env=env, input=stdin,
+    return subprocess.run([sys.executable, "-m", "familiar_bot.app.cli.main", *argv], cwd=REPO, env=env, input=stdin,
                           capture_output=True, text=True, timeout=240, preexec_fn=lambda: os.umask(0o022))
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from familiar_bot import supervisor
+from familiar_bot.app import supervisor
 
-from familiar_bot.cli import main as cli
+from familiar_bot.app.cli import main as cli
 from familiar_bot.responder.messages import IncomingMessage, Person
 from familiar_bot.responder.notices import APOLOGY
 from familiar_bot.responder.opening import open_responder

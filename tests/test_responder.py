@@ -485,7 +485,7 @@ def test_a_full_spool_refuses_loudly(tmp_path, fake, caplog):
 
 
 def test_what_still_waits_at_exit_is_written_for_familiar_import(tmp_path, fake, caplog):
-    from familiar_bot.cli.commands.import_ import import_transcript
+    from familiar_bot.app.cli.commands.import_ import import_transcript
     from tests.helpers import FullDisk, long_line
 
     responder, _, log = make(tmp_path)

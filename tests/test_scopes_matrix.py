@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 import dagster as dg
 import pytest
 
-from familiar_bot.cli.main import main
+from familiar_bot.app.cli.main import main
 from familiar_bot.prompt.assembly import Assembler
 from familiar_bot.prompt.layers.stack import default_layers
 from familiar_bot.prompt.memory_view import MemoryView

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot.supervisor import free_port
+from familiar_bot.app.supervisor import free_port
 from familiar_pipeline.storage.paths import FamiliarPaths
 from tests.helpers import append_chat, make_familiar
 from tests.conftest import host_free
 
 REPO = Path(__file__).resolve().parents[1]
 FAMILIARS = {"a": [f"a{i:02d}" for i in range(10)], "b": [f"b{i:02d}" for i in range(10)]}
-CLI = [sys.executable, "-m", "familiar_bot.cli.main"]
+CLI = [sys.executable, "-m", "familiar_bot.app.cli.main"]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

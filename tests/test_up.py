@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from familiar_pipeline import webserver
-from familiar_bot.supervisor import child_sessions, free_port, group_alive
+from familiar_bot.app.supervisor import child_sessions, free_port, group_alive
 from familiar_pipeline.storage.snapshots import SnapshotReader, read_manifest
 from familiar_pipeline.projectors.facts import reads as fact_reads
 from familiar_pipeline.storage.paths import FamiliarPaths
@@ -118,7 +118,7 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
     out_log, err_log = tmp_path / "up.out", tmp_path / "up.err"
     with out_log.open("wb") as out, err_log.open("wb") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "familiar_bot.cli.main", "up", "--familiar", "e2e", "--port", str(port), "--as", "Ana"],
+            [sys.executable, "-m", "familiar_bot.app.cli.main", "up", "--familiar", "e2e", "--port", str(port), "--as", "Ana"],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
         )
     try:
@@ -129,7 +129,7 @@ def test_familiar_up_console_pipeline_graphql_and_clean_stop(tmp_path):
         marker = webserver.read_marker(home)
         assert marker and marker.url == f"http://127.0.0.1:{port}" and marker.data_root == str(root.resolve())
         assert marker.pid == process.pid and webserver.verified_webserver(home, root) == marker
-        backfill = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "backfill", "--familiar", "offline",
+        backfill = subprocess.run([sys.executable, "-m", "familiar_bot.app.cli.main", "backfill", "--familiar", "offline",
                                    "--projection", "turns_fts", "--rebuild", "--no-wait"],
                                   cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         queued = f"queued: queued turns_fts for offline: {marker.url}/runs/"
@@ -213,7 +213,7 @@ def test_demo_sets_the_scripted_models_for_the_demo_familiar_only(tmp_path, monk
 
     import dagster as dg
 
-    from familiar_bot.cli.commands.up import enter_demo
+    from familiar_bot.app.cli.commands.up import enter_demo
     from familiar_pipeline.config import load_config
     from familiar_pipeline.config.demo import DEMO_FAMILIAR, DEMO_FAMILIAR_ENV
     from familiar_pipeline.defs.jobs import materialize_in_process
@@ -285,7 +285,7 @@ def test_forgetting_through_familiar_up_leaves_no_copy_of_the_familiars_echoes(t
     out_log, err_log = tmp_path / "up.out", tmp_path / "up.err"
     with out_log.open("wb") as out, err_log.open("wb") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "familiar_bot.cli.main", "up", "--demo", "--port", str(port), "--as", "Sam"],
+            [sys.executable, "-m", "familiar_bot.app.cli.main", "up", "--demo", "--port", str(port), "--as", "Sam"],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err)
     try:
         wait_for(lambda: "ready in" in err_log.read_text(), 180, "the UI to be ready", process, err_log)
@@ -306,7 +306,7 @@ def test_forgetting_through_familiar_up_leaves_no_copy_of_the_familiars_echoes(t
         assert summaries and any(p.endswith("turns.db") for p in holding())
 
         demo = next(p.name for p in root.iterdir() if (p / "turns.db").exists())
-        forget = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "forget", "--familiar", demo,
+        forget = subprocess.run([sys.executable, "-m", "familiar_bot.app.cli.main", "forget", "--familiar", demo,
                                  "--person", "console:sam", "--wait", "180"],
                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
         assert forget.returncode == 0, forget.stdout + forget.stderr
@@ -351,7 +351,7 @@ def test_one_default_familiar_name_in_every_command_the_notebook_env_example_and
 def _up(argv: list[str], env: dict, log_dir: Path, name: str, stdin=subprocess.DEVNULL) -> tuple[subprocess.Popen, Path, Path]:
     out_log, err_log = log_dir / f"{name}.out", log_dir / f"{name}.err"
     with out_log.open("wb") as out, err_log.open("wb") as err:
-        process = subprocess.Popen([sys.executable, "-m", "familiar_bot.cli.main", "up", *argv],
+        process = subprocess.Popen([sys.executable, "-m", "familiar_bot.app.cli.main", "up", *argv],
                                    cwd=REPO, env=env, stdin=stdin, stdout=out, stderr=err)
     return process, out_log, err_log
 
@@ -413,7 +413,7 @@ def test_a_second_familiar_up_is_refused_attaches_or_takes_over_from_a_killed_on
         assert webserver.read_marker(home) == marker, "the refused one left the marker alone"
 
         # 2. --attach: only a chat; the first one's sensor indexes what is said there.
-        attached = subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "up", "--attach", "--as", "Ana"],
+        attached = subprocess.run([sys.executable, "-m", "familiar_bot.app.cli.main", "up", "--attach", "--as", "Ana"],
                                   cwd=REPO, env=env, input="hello from the attached chat\n", capture_output=True,
                                   text=True, timeout=120)
         assert attached.returncode == 0, attached.stderr
@@ -442,7 +442,7 @@ def test_a_second_familiar_up_is_refused_attaches_or_takes_over_from_a_killed_on
 
         # 4. `familiar backfill` through it waits for the run and says how it ended (item 6).
         def backfill(familiar_id: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "familiar_bot.cli.main", "backfill", "--familiar", familiar_id,
+            return subprocess.run([sys.executable, "-m", "familiar_bot.app.cli.main", "backfill", "--familiar", familiar_id,
                                    "--projection", "turns_fts", "--rebuild", "--wait", "150"],
                                   cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
 
@@ -468,7 +468,7 @@ def test_up_refuses_while_another_holds_the_home_and_attach_needs_one_running(tm
     """The quick half of the above, in this process: a held lock refuses `familiar up` before it starts
     anything (no dagster dev, no marker); --attach with nothing running is one line; a lock on the data
     root alone (another DAGSTER_HOME) refuses too."""
-    from familiar_bot.cli.main import main
+    from familiar_bot.app.cli.main import main
 
     root, home, other_home = tmp_path / "familiars", tmp_path / "home", tmp_path / "other-home"
     monkeypatch.setenv("FAMILIAR_DATA_ROOT", str(root))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from familiar_bot.eval import updates_chats as gen
-from familiar_bot.eval import evaluation
-from familiar_bot.eval.updates import (_reusable, import_chat, newest_above_older, rank_of, turn_only_projectors,
+from familiar_bot.app.eval import updates_chats as gen
+from familiar_bot.app.eval import evaluation
+from familiar_bot.app.eval.updates import (_reusable, import_chat, newest_above_older, rank_of, turn_only_projectors,
                                        wish_turns)
 from familiar_pipeline.engine import registry
 from familiar_pipeline.engine.spec import ProjectorSpec

@@ -9,7 +9,11 @@ The public names live in these modules; import them from here:
   (``LAYER_NAMES`` and ``DEFAULT_BUDGETS`` are computed from them on first use);
 - `validation`: the pydantic schema derived from those rules, and its one-line errors;
 - `loading`: `load_config` (default file, the familiar's file, environment overrides);
-- `rendering`: `render_config`, the effective configuration as TOML with secrets masked.
+- `rendering`: `render_config`, the effective configuration as TOML with secrets masked;
+- `places`: which familiar and where its settings live (the id rule, the data root, the shipped
+  defaults), what `loading` needs of the file system; `storage.paths` builds on it.
+
+Config imports nothing else of the pipeline (tests/test_architecture.py).
 """
 
 from typing import Any

@@ -2,7 +2,7 @@
 
 Loading order, later wins:
 
-1. ``_default/character.toml`` (``paths.default_dir``): every knob, commented;
+1. ``_default/character.toml`` (``places.default_dir``): every knob, commented;
 2. the familiar's own ``data/familiars/<id>/character.toml``, deep-merged (tables
    merge key by key; scalars and lists replace whole, so a ``projectors`` list
    replaces the default list);
@@ -28,11 +28,11 @@ from typing import Any, Mapping
 
 from cachetools import LRUCache
 
+from familiar_pipeline.config import places
 from familiar_pipeline.config.demo import demo_settings
 from familiar_pipeline.config.rendering import dotted
 from familiar_pipeline.config.schema import DEFAULT_FAMILIAR_ID, ConfigError, FamiliarConfig
 from familiar_pipeline.config.validation import build, kind_of
-from familiar_pipeline.storage import paths
 
 ENV_PREFIX = "FAMILIAR__"
 
@@ -168,28 +168,28 @@ def load_config(familiar_id: str | None = None, *, root: Path | None = None,
     """The effective, validated configuration of one familiar.
 
     `familiar_id` defaults to ``FAMILIAR_ID`` from `env`, else ``"familiar"``;
-    `root` is the data root (default ``paths.data_root()``); `env` defaults to
+    `root` is the data root (default ``places.data_root()``); `env` defaults to
     ``os.environ`` and supplies overrides and secrets.
     """
     env = os.environ if env is None else env
     if familiar_id:
-        paths.validate_familiar_id(familiar_id)
+        places.validate_familiar_id(familiar_id)
     elif env.get("FAMILIAR_ID"):
         familiar_id = env["FAMILIAR_ID"]
         try:
-            paths.validate_familiar_id(familiar_id)
-        except paths.InvalidFamiliarId as exc:
-            raise paths.InvalidFamiliarId(f"environment variable FAMILIAR_ID: {exc}") from None
+            places.validate_familiar_id(familiar_id)
+        except places.InvalidFamiliarId as exc:
+            raise places.InvalidFamiliarId(f"environment variable FAMILIAR_ID: {exc}") from None
     else:
         familiar_id = DEFAULT_FAMILIAR_ID
     if root is None:
         configured = env.get("FAMILIAR_DATA_ROOT")
-        root = Path(configured).expanduser().resolve() if configured else paths.data_root()
+        root = Path(configured).expanduser().resolve() if configured else places.data_root()
 
     tree = Tree()
-    default_file = paths.default_dir(root) / "character.toml"
+    default_file = places.default_dir(root) / places.CHARACTER_TOML
     tree.merge(read_toml(default_file), str(default_file))
-    own_file = paths.FamiliarPaths.for_id(familiar_id, root).character_toml
+    own_file = places.familiar_dir(familiar_id, root) / places.CHARACTER_TOML
     if own_file.is_file():
         tree.merge(read_toml(own_file), str(own_file))
     for source, key_path, value in demo_settings(familiar_id, env):

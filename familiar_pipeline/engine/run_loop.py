@@ -107,8 +107,9 @@ def run_projector(spec: ProjectorSpec, runtime: Any, cfg: Any, *, rebuild: bool)
         if rebuild and not (spec.needs_embedder and runtime.embedder is None):
             with runtime.store() as store:
                 registry.drop_projection(store, spec.name)
-        assert spec.run is not None, f"projector {spec.name!r} has a factory of its own, not the step's shell"
-        spec.run(runtime, report, rebuild=rebuild)
+        run = spec.load_run()
+        assert run is not None, f"projector {spec.name!r} has a factory of its own, not the step's shell"
+        run(runtime, report, rebuild=rebuild)
     return ProjectorResult(report, knobs, usage.as_metadata() if usage is not None else {}, report.duration_s)
 
 

@@ -406,7 +406,8 @@ def _closed_early(turn_log: TurnLog, config: FamiliarConfig, latest: int, marks:
             continue
         knobs = config.memory.knobs(spec.name)
         mark = int(marks.get(spec.name, {}).get("turn_id", 0))
-        if 0 < latest - mark < batch_size(spec, knobs) and spec.batch_closed(turn_log, knobs, mark, now):
+        closed = spec.load_batch_closed()
+        if 0 < latest - mark < batch_size(spec, knobs) and closed is not None and closed(turn_log, knobs, mark, now):
             yield spec.name
 
 

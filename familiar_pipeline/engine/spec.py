@@ -8,11 +8,21 @@ turn sensor, backfill, config loading (knob tables), the store (its tables), the
 snapshot publisher and the scripted model read the spec, so a new projector is its own
 folder plus one line in `builtin.BUILTIN_SPECS` (or one `register_projector` call from a
 plugin), and a bot layer if the prompt shows it (docs/architecture.md §2).
+
+A spec names its run logic rather than importing it: each of its code hooks (``run``,
+``scripted``, ``batch_closed``, ``search_rows``, ``forget_person``) may be
+``"package.module:attribute"``, imported on first use (`ProjectorSpec.load_run` and the
+like). The built-ins name those that live beside their run logic, so a spec module imports
+only light things (its knobs, its table declarations and store helpers, names) and
+registering every spec, which loading a config does, imports no extraction code, no prompt
+and no model client (tests/test_projector_specs.py, tests/test_architecture.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import re
 from dataclasses import dataclass
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Callable, Protocol
@@ -29,7 +39,7 @@ if TYPE_CHECKING:
     from familiar_pipeline.storage.turns import TurnLog
 
 __all__ = ["FACTS", "TRIGGERS", "TURNS", "TURN_INDEX", "DropRule", "Invariant", "NoKnobs", "ProjectorRun",
-           "ProjectorSpec", "Scripted", "invariant", "knob"]
+           "ProjectorSpec", "Scripted", "invariant", "knob", "named"]
 
 
 class ProjectorRun(Protocol):
@@ -40,6 +50,19 @@ class ProjectorRun(Protocol):
 
 # The scripted offline model's answer to this projector's prompt (None: not this projector's prompt).
 Scripted = Callable[[list[dict[str, Any]]], "str | None"]
+
+# A hook named by where it lives: "package.module:attribute" (the attribute may be dotted).
+_NAMED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def named(target: str) -> Any:
+    """The object ``target`` ("package.module:attribute") names, its module imported now (Python
+    imports a module once: a later call is a dictionary look-up)."""
+    module, _, attribute = target.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in attribute.split("."):
+        found = getattr(found, part)
+    return found
 
 
 @dataclass(frozen=True)
@@ -93,6 +116,10 @@ class DropRule:
     cascade: bool = False
 
 
+# The hooks a spec may name instead of passing (imported on first use).
+_NAMED_HOOKS = ("run", "scripted", "batch_closed", "search_rows", "forget_person")
+
+
 @dataclass(frozen=True)
 class ProjectorSpec:
     """One projector, declared once.
@@ -122,11 +149,16 @@ class ProjectorSpec:
     segment keeps a purged word. `forget_person(store, key, scope)` removes the rows *about* a forgotten
     person (in `scope`, None: everywhere) that do not rest on their own turns (facts others' words taught,
     their dossier); the turn ids the removed rows rested on. Both are called by `familiar_pipeline.erasure`.
+
+    `run`, `scripted`, `batch_closed`, `search_rows` and `forget_person` may each be a callable or its
+    name ("package.module:attribute", see the module's docstring), imported on first use: callers go
+    through `load_run`, `load_scripted`, `load_batch_closed`, `load_search_rows` and
+    `load_forget_person`, never the field.
     """
 
     name: str
     asset: str = ""
-    run: ProjectorRun | None = None
+    run: ProjectorRun | str | None = None
     description: str = ""
     group: str = "projections"
     kinds: AbstractSet[str] = frozenset({"duckdb"})  # any set of names; stored as a frozenset
@@ -134,7 +166,7 @@ class ProjectorSpec:
     soft_inputs: tuple[str, ...] = ()
     trigger: str | None = None
     batch_knob: str | None = None
-    batch_closed: Callable[..., bool] | None = None
+    batch_closed: Callable[..., bool] | str | None = None
     needs_llm: bool = True
     needs_embedder: bool = False
     always_on: bool = False
@@ -143,13 +175,13 @@ class ProjectorSpec:
     factory: Callable[..., Any] | None = None
     tables: tuple[Table, ...] = ()
     invariants: tuple[Invariant, ...] = ()
-    scripted: Scripted | None = None
+    scripted: Scripted | str | None = None
     snapshot_check: bool = True
     matrices: Callable[[FamiliarConfig], ContextMatrix | None] | None = None
     follows_changes: bool = False
     search_index: str | None = None
-    search_rows: Callable[..., Any] | None = None
-    forget_person: Callable[..., set[int]] | None = None
+    search_rows: Callable[..., Any] | str | None = None
+    forget_person: Callable[..., set[int]] | str | None = None
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -174,14 +206,62 @@ class ProjectorSpec:
             raise ValueError(f"projector {self.name!r}: trigger {self.trigger!r} is not one of {TRIGGERS}")
         if self.factory is not None and not callable(self.factory):
             raise TypeError(f"projector {self.name!r}: factory must be callable or None")
-        if self.run is not None and not callable(self.run):
-            raise TypeError(f"projector {self.name!r}: run must be callable or None")
+        for hook in _NAMED_HOOKS:
+            value = getattr(self, hook)
+            if isinstance(value, str):
+                if not _NAMED.match(value):
+                    raise ValueError(f"projector {self.name!r}: {hook} {value!r} is not 'package.module:attribute'")
+            elif value is not None and not callable(value):
+                raise TypeError(f"projector {self.name!r}: {hook} must be callable, a 'package.module:attribute' name or None")
         if not (isinstance(self.knobs, type) and dataclasses.is_dataclass(self.knobs)):
             raise TypeError(f"projector {self.name!r}: knobs must be a dataclass")
         if (self.search_index is None) != (self.search_rows is None):
             raise ValueError(f"projector {self.name!r}: search_index and search_rows go together")
         if self.trigger == TURNS and self.batch_knob not in {f.name for f in dataclasses.fields(self.knobs)}:
             raise ValueError(f"projector {self.name!r}: a turn-triggered projector names its batch_knob")
+
+    def _load(self, hook: str) -> Any:
+        """The hook's callable (None when absent), its module imported now when the spec names it."""
+        value = getattr(self, hook)
+        if not isinstance(value, str):
+            return value
+        try:
+            found = named(value)
+        except (ImportError, AttributeError) as exc:
+            raise ImportError(f"projector {self.name!r}: its {hook} {value!r} does not import: {exc}") from exc
+        if not callable(found):
+            raise TypeError(f"projector {self.name!r}: its {hook} {value!r} is not callable")
+        return found
+
+    def load_run(self) -> ProjectorRun | None:
+        """What the step runs for one familiar (None: a plugin with an asset `factory` of its own)."""
+        run: ProjectorRun | None = self._load("run")
+        return run
+
+    def load_scripted(self) -> Scripted | None:
+        """The scripted offline model's answerer for this projector's prompt, if it has one."""
+        scripted: Scripted | None = self._load("scripted")
+        return scripted
+
+    def load_batch_closed(self) -> Callable[..., bool] | None:
+        """Whether a batch shorter than `batch_knob` is complete anyway, if the projector can tell."""
+        closed: Callable[..., bool] | None = self._load("batch_closed")
+        return closed
+
+    def load_search_rows(self) -> Callable[..., Any] | None:
+        """Every row of the full-text index it keeps, from the canonical sources (`search_index`)."""
+        rows: Callable[..., Any] | None = self._load("search_rows")
+        return rows
+
+    def load_forget_person(self) -> Callable[..., set[int]] | None:
+        """What removes the rows about a forgotten person that rest on others' turns, if it keeps any."""
+        forget: Callable[..., set[int]] | None = self._load("forget_person")
+        return forget
+
+    def load_hooks(self) -> None:
+        """Import every hook the spec names now: a preload before forking runs, or a check that each resolves."""
+        for hook in _NAMED_HOOKS:
+            self._load(hook)
 
     @property
     def has_knobs(self) -> bool:

@@ -212,8 +212,9 @@ def _remove_rows(rt: FamiliarRuntime, active: list, pending: list[Erasure], ids:
             before = _row_counts(store) if people else {}
             for erasure in people:
                 for spec in active:
-                    if spec.forget_person is not None:
-                        rested_on |= spec.forget_person(store, erasure.target, erasure.scope)
+                    forget = spec.load_forget_person()
+                    if forget is not None:
+                        rested_on |= forget(store, erasure.target, erasure.scope)
             if people:
                 after = _row_counts(store)
                 out.about_people = sum(before[t] - after[t] for t in before)
@@ -265,10 +266,11 @@ def _rebuild_search_indexes(rt: FamiliarRuntime, specs: Sequence[ProjectorSpec],
     which of `tokens` its sources still produce (for the check: a term that is not an erased copy)."""
     produced: dict[str, set[str]] = {}
     for spec in specs:
-        if spec.search_index is None or spec.search_rows is None:
+        search_rows = spec.load_search_rows()
+        if spec.search_index is None or search_rows is None:
             continue
         with rt.store() as store:
-            rows = spec.search_rows(rt, store)
+            rows = search_rows(rt, store)
         seen: set[str] = set()
         produced[spec.search_index] = seen
 

@@ -41,7 +41,7 @@ FactVector = vector_record("fact_id")
 TurnVector = vector_record("turn_id")
 
 
-def vector_spec(*, name: str, asset: str, run: ProjectorRun, description: str, group: str, trigger: str,
+def vector_spec(*, name: str, asset: str, run: ProjectorRun | str, description: str, group: str, trigger: str,
                 knobs: type, table: Table, inputs: tuple[str, ...] = ("turns",), **more: Any) -> ProjectorSpec:
     """The spec of a projector that keeps vectors: it needs the embedder, not the model; a rebuild
     drops its table's rows of every model; it has no snapshot check (opt-in, refilled from its source)."""

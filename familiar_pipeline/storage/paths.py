@@ -1,38 +1,27 @@
 """Where a familiar's files live.
 
-One folder per familiar under the data root (``data/familiars/<id>/``). The data
-root comes from ``FAMILIAR_DATA_ROOT`` so tests and benchmarks can point at a
-temporary folder; the shipped defaults (``_default/``) are always found next to
-the package even when the data root is elsewhere.
+One folder per familiar under the data root (``data/familiars/<id>/``). Which familiar and
+where that folder is (the id rule, the data root from ``FAMILIAR_DATA_ROOT``, the shipped
+``_default/``) is config's ground floor, `familiar_pipeline.config.places`, re-exported here;
+this module adds the paths of the familiar's own files.
 """
 
 from __future__ import annotations
 
 import difflib
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_DEFAULT_DIR = REPO_ROOT / "data" / "familiars" / "_default"
-DEFAULT_FAMILIAR_DIRNAME = "_default"
+from familiar_pipeline.config.places import (CHARACTER_TOML, DEFAULT_FAMILIAR_DIRNAME, FAMILIAR_ID, REPO_ROOT,
+                                             SHIPPED_DEFAULT_DIR, InvalidFamiliarId, checked_name, data_root, default_dir,
+                                             validate_familiar_id)
+
+__all__ = ["CHARACTER_TOML", "CONSOLE_SPEAKER_FILE", "DEFAULT_FAMILIAR_DIRNAME", "REPO_ROOT", "SHIPPED_DEFAULT_DIR",
+           "FamiliarPaths", "InvalidFamiliarId", "checked_name", "data_root", "default_dir", "did_you_mean",
+           "list_familiars", "validate_familiar_id"]
+
 CONSOLE_SPEAKER_FILE = "console_speaker"  # the name the console asked for once, in a familiar's folder
-
-_FAMILIAR_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-
-
-class InvalidFamiliarId(ValueError):
-    pass
-
-
-def checked_name(value: object, pattern: re.Pattern[str], what: str, rule: str,
-                 error: type[Exception] = ValueError) -> str:
-    """`value` if it is a string that `pattern` matches whole; else `error` naming it and the rule."""
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise error(f"invalid {what} {value!r}: {rule}")
-    return value
 
 
 def did_you_mean(name: str, options: Iterable[str], *, n: int = 3, cutoff: float = 0.6) -> str:
@@ -43,28 +32,6 @@ def did_you_mean(name: str, options: Iterable[str], *, n: int = 3, cutoff: float
     """
     near = difflib.get_close_matches(name, list(options), n=n, cutoff=cutoff)
     return f"; did you mean {' or '.join(repr(m) for m in near)}?" if near else ""
-
-
-def validate_familiar_id(familiar_id: str) -> str:
-    """Familiar ids name folders, Dagster partitions and ``ego:<id>`` keys."""
-    return checked_name(familiar_id, _FAMILIAR_ID, "familiar id",
-                        "use 1-63 characters of a-z, 0-9, '_' or '-', starting with a letter or digit",
-                        InvalidFamiliarId)
-
-
-def data_root() -> Path:
-    """The folder holding one sub-folder per familiar (absolute)."""
-    configured = os.environ.get("FAMILIAR_DATA_ROOT")
-    root = Path(configured) if configured else REPO_ROOT / "data" / "familiars"
-    return root.expanduser().resolve()
-
-
-def default_dir(root: Path | None = None) -> Path:
-    """The `_default` folder: the data root's own if present, else the shipped one."""
-    candidate = (root or data_root()) / DEFAULT_FAMILIAR_DIRNAME
-    if (candidate / "character.toml").is_file():
-        return candidate
-    return SHIPPED_DEFAULT_DIR
 
 
 @dataclass(frozen=True)
@@ -114,7 +81,7 @@ class FamiliarPaths:
 
     @property
     def character_toml(self) -> Path:
-        return self.dir / "character.toml"
+        return self.dir / CHARACTER_TOML
 
     @property
     def character_md(self) -> Path:
@@ -148,5 +115,5 @@ def list_familiars(root: Path | None = None) -> list[str]:
     return sorted(
         p.name
         for p in base.iterdir()
-        if p.is_dir() and _FAMILIAR_ID.match(p.name) and (p / "turns.db").exists()
+        if p.is_dir() and FAMILIAR_ID.match(p.name) and (p / "turns.db").exists()
     )

@@ -80,8 +80,9 @@ def careful_model(messages: list[dict]) -> str:
     if "Label the generated answer CORRECT or WRONG" in system:
         return json.dumps(judge_answer(user))
     for spec in registry.specs():
-        if spec.scripted is not None:
-            reply = spec.scripted(messages)
+        answer = spec.load_scripted()
+        if answer is not None:
+            reply = answer(messages)
             if reply is not None:
                 return reply
     return "[]"

@@ -54,13 +54,13 @@ from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import Turn, TurnLog, as_they_were
 
 from . import prompt
+from .spec import PROJECTOR
 from .tables import DOSSIERS, delete_dossier_rows, get_dossier, put_dossier
 
 if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
 
-PROJECTOR = "people_dossier"
 EGO_MIN_IMPORTANCE = 5
 
 

@@ -9,9 +9,9 @@ from familiar_pipeline.engine.spec import FACTS, ProjectorSpec, invariant, knob
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
-from . import scripted
-from .run import PROJECTOR, run
 from .tables import DOSSIERS, dossiers, drop_dossiers
+
+PROJECTOR = "people_dossier"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def forget_dossier(store: ProjectionStore, key: str, scope: str | None) -> set[i
 SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="people_dossiers",
-    run=run,
+    run="familiar_pipeline.projectors.dossiers.run:run",
     description="""One compounding dossier per person, and the familiar's own self-record (projector `people_dossier`).
 
     Advances one extraction batch at a time, folding each touched subject's new facts into its prior text;
@@ -60,6 +60,6 @@ SPEC = ProjectorSpec(
     knobs=PeopleDossierConfig,
     tables=(DOSSIERS,),
     invariants=(dossiers_ahead_of_facts,),
-    scripted=scripted.answer,
+    scripted="familiar_pipeline.projectors.dossiers.scripted:answer",
     forget_person=forget_dossier,
 )

@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING
 
 from familiar_pipeline.projectors.vectors import embed_all, embedder_or_skip
 
+from .spec import PROJECTOR
 from .tables import set_fact_embeddings, unembedded_facts
 
 if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
-
-PROJECTOR = "fact_embedding"
 
 
 def run(rt: FamiliarRuntime, report: ProjectionReport, *, rebuild: bool = False) -> None:

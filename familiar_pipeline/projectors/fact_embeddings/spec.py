@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from familiar_pipeline.engine.spec import FACTS, knob
 from familiar_pipeline.projectors.vectors import vector_spec
 
-from .run import PROJECTOR, run
 from .tables import FACT_EMBEDDINGS
+
+PROJECTOR = "fact_embedding"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class FactEmbeddingConfig:
 SPEC = vector_spec(
     name=PROJECTOR,
     asset="fact_embeddings",
-    run=run,
+    run="familiar_pipeline.projectors.fact_embeddings.run:run",
     description="""Opt-in: a vector per current fact for the active embedding model (projector `fact_embedding`).
 
     Embeds, in batches of `batch_size`, every current fact lacking a vector under the active model's name;

@@ -30,6 +30,7 @@ from . import prompt
 from .batches import next_batch
 from .changes import Followed, about_forgotten, forget_changed, pending_changes
 from .prompt import ManifestEntry, RawFact
+from .spec import PROJECTOR
 from .store import FactDraft, append_facts, fact_texts
 from .tables import Subject
 
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
 
-PROJECTOR = "rich_note"
 ACTIVITY_RETURN = "activity_return"
 SLEEP_RETURN = "sleep_return"
 # Finished batches are written together once this many are ready or this much time has

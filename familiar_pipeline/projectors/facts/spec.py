@@ -10,12 +10,10 @@ from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.tables import provenance_sql
 from familiar_pipeline.storage.turns import TurnLog
 
-from . import scripted
-from .batches import batch_closed
-from .run import PROJECTOR, run
-from .changes import forget_subject
 from .store import fact_subject_keys, fact_texts
 from .tables import FACT_SUBJECTS, FACTS
+
+PROJECTOR = "rich_note"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ def unknown_subject_keys(store: ProjectionStore, turn_log: TurnLog, familiar_id:
 SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="facts",
-    run=run,
+    run="familiar_pipeline.projectors.facts.run:run",
     description="""Atomic, attributed facts extracted from batches of `batch_size` turns, or fewer at a quiet gap
     of `quiet_s` (projector `rich_note`).
 
@@ -63,15 +61,15 @@ SPEC = ProjectorSpec(
     trigger=TURNS,
     follows_changes=True,
     batch_knob="batch_size",
-    batch_closed=batch_closed,
+    batch_closed="familiar_pipeline.projectors.facts.batches:batch_closed",
     knobs=RichNoteConfig,
     tables=(FACTS, FACT_SUBJECTS),
     # Everything built on facts goes with them, so nothing citing a fact id survives and the id
     # sequence restarts: a rebuild gives every fact the id the incremental build gave it.
     drop=DropRule(cascade=True),
     invariants=(missing_source_turns, unknown_subject_keys),
-    scripted=scripted.answer,
+    scripted="familiar_pipeline.projectors.facts.scripted:answer",
     search_index="facts",
     search_rows=lambda rt, store: fact_texts(store),
-    forget_person=forget_subject,
+    forget_person="familiar_pipeline.projectors.facts.changes:forget_subject",
 )

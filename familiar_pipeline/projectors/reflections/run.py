@@ -37,14 +37,12 @@ from familiar_pipeline.storage.scopes import turn_scope
 from familiar_pipeline.storage.turns import Turn
 
 from . import prompt
+from .spec import PROJECTOR
 from .tables import append_reflections
 
 if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
-
-
-PROJECTOR = "reflection"
 
 
 def window_channel(turns) -> int | None:

@@ -9,9 +9,9 @@ from familiar_pipeline.engine.spec import FACTS, ProjectorSpec, invariant, knob
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
-from . import scripted
-from .run import PROJECTOR, run
 from .tables import REFLECTIONS, all_reflections
+
+PROJECTOR = "reflection"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def uncited_reflections(store: ProjectionStore, turn_log: TurnLog, familiar_id: 
 SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="reflections",
-    run=run,
+    run="familiar_pipeline.projectors.reflections.run:run",
     description="""Cited reflections over each window of `turns_threshold` turns and the newest facts (projector `reflection`).
 
     Keeps only citations of turns in the window or facts that exist; drops uncited items; at most
@@ -59,5 +59,5 @@ SPEC = ProjectorSpec(
     knobs=ReflectionConfig,
     tables=(REFLECTIONS,),
     invariants=(uncited_reflections,),
-    scripted=scripted.answer,
+    scripted="familiar_pipeline.projectors.reflections.scripted:answer",
 )

@@ -20,19 +20,17 @@ from typing import TYPE_CHECKING
 
 from familiar_pipeline.models.llm import llm_sources
 from familiar_pipeline.projectors.prompting import MAX_PROSE_CHARS
-from familiar_pipeline.storage.scopes import turn_scope
+from familiar_pipeline.storage.scopes import FAMILIAR_WIDE, turn_scope
 from familiar_pipeline.storage.turns import Turn, as_they_were
 
 from . import prompt
-from familiar_pipeline.storage.scopes import FAMILIAR_WIDE
-
+from .spec import PROJECTOR
 from .tables import delete_summaries, get_summary, put_summary, stored_summaries
 
 if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
 
-PROJECTOR = "rolling_summary"
 WRITE_GROUP_BATCHES = 20  # see projections.facts: short grouped writes, never across a model call
 WRITE_GROUP_SECONDS = 2.0
 

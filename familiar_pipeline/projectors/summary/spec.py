@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from familiar_pipeline.engine.spec import TURNS, ProjectorSpec, knob
 
-from . import scripted
-from .run import PROJECTOR, run
 from .tables import SUMMARIES
+
+PROJECTOR = "rolling_summary"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class RollingSummaryConfig:
 
 SPEC = ProjectorSpec(
     name=PROJECTOR,
-    run=run,
+    run="familiar_pipeline.projectors.summary.run:run",
     description="""The compounding summary of the conversation: the prior summary with each window of `turns_threshold` new turns folded in.
 
     Shown to the model as "Conversation so far". An empty model reply keeps the old summary and watermark.
@@ -38,5 +38,5 @@ SPEC = ProjectorSpec(
     batch_knob="turns_threshold",
     knobs=RollingSummaryConfig,
     tables=(SUMMARIES,),
-    scripted=scripted.answer,
+    scripted="familiar_pipeline.projectors.summary.scripted:answer",
 )

@@ -38,6 +38,7 @@ from familiar_pipeline.projectors.facts.store import facts_for_subjects, facts_i
 from familiar_pipeline.projectors.facts.tables import Fact
 
 from . import prompt
+from .spec import PROJECTOR
 from .tables import record_supersede_decisions, supersede
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from familiar_pipeline.engine.runtime import FamiliarRuntime
 
 
-PROJECTOR = "fact_supersede"
 # Facts evaluated between two writes: each write is one short transaction plus a snapshot publish.
 FACTS_PER_WRITE = 50
 

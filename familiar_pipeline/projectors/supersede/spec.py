@@ -8,9 +8,9 @@ from familiar_pipeline.engine.spec import FACTS, DropRule, ProjectorSpec, invari
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
-from . import scripted
-from .run import PROJECTOR, run
 from .tables import SUPERSEDE_DECISIONS, dangling_replacements, facts_retired_more_than_once, unretire_all
+
+PROJECTOR = "fact_supersede"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def dangling_superseded_by(store: ProjectionStore, turn_log: TurnLog | None = No
 SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="fact_supersessions",
-    run=run,
+    run="familiar_pipeline.projectors.supersede.run:run",
     description="""Retires facts that a newer fact about the same person contradicts or replaces (projector `fact_supersede`).
 
     Every new fact is evaluated oldest first against the newest `priors_max` current facts about each of its
@@ -65,5 +65,5 @@ SPEC = ProjectorSpec(
     tables=(SUPERSEDE_DECISIONS,),
     drop=DropRule(before=unretire_all),
     invariants=(facts_superseded_twice, dangling_superseded_by),
-    scripted=scripted.answer,
+    scripted="familiar_pipeline.projectors.supersede.scripted:answer",
 )

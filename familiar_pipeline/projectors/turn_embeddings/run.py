@@ -25,13 +25,12 @@ from familiar_pipeline.storage.scopes import turn_scope
 from familiar_pipeline.storage.tables import Table
 from familiar_pipeline.storage.turns import Turn
 
+from .spec import PROJECTOR
 from .tables import TURN_EMBEDDINGS
 
 if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
-
-PROJECTOR = "turn_embedding"
 
 
 def embedding_text(turn: Turn) -> str:

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from familiar_pipeline.engine.spec import TURN_INDEX, knob
 from familiar_pipeline.projectors.vectors import vector_spec
 
-from .run import PROJECTOR, run
 from .tables import TURN_EMBEDDINGS
+
+PROJECTOR = "turn_embedding"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class TurnEmbeddingConfig:
 SPEC = vector_spec(
     name=PROJECTOR,
     asset="turn_embeddings",
-    run=run,
+    run="familiar_pipeline.projectors.turn_embeddings.run:run",
     description="""Opt-in: a vector per live turn for the active embedding model (projector `turn_embedding`).
 
     New turns are embedded in batches of `batch_size`, edited turns re-embedded, deleted turns' vectors

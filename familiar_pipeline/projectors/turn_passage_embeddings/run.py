@@ -33,13 +33,12 @@ from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.times import now_or
 from familiar_pipeline.storage.turns import Turn
 
+from .spec import PROJECTOR
 from .tables import TURN_PASSAGE_EMBEDDINGS
 
 if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
-
-PROJECTOR = "turn_passage_embedding"
 
 
 def passage_texts(turn: Turn, size: int) -> list[str]:

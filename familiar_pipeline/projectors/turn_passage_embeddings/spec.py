@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from familiar_pipeline.engine.spec import TURN_INDEX, knob
 from familiar_pipeline.projectors.vectors import vector_spec
 
-from .run import PROJECTOR, run
 from .tables import TURN_PASSAGE_EMBEDDINGS
+
+PROJECTOR = "turn_passage_embedding"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class TurnPassageConfig:
 SPEC = vector_spec(
     name=PROJECTOR,
     asset="turn_passage_embeddings",
-    run=run,
+    run="familiar_pipeline.projectors.turn_passage_embeddings.run:run",
     description="""Opt-in: a vector per passage of each long live turn (projector `turn_passage_embedding`).
 
     A turn longer than 1.5 x `passage_chars` is cut at paragraph, line or sentence ends and each passage

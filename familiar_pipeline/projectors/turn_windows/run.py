@@ -31,13 +31,13 @@ from familiar_pipeline.projectors.vectors import delete_vectors, embed_all, embe
 from familiar_pipeline.storage.scopes import turn_scope
 from familiar_pipeline.storage.turns import TurnLog, context_windows
 
+from .spec import PROJECTOR
 from .tables import TURN_WINDOW_EMBEDDINGS
 
 if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
 
-PROJECTOR = "turn_window_embedding"
 ID_REACH_PER_SPAN = 3  # how far (in ids, per neighbour) a window looks for same-channel turns
 
 

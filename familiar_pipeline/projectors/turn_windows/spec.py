@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from familiar_pipeline.engine.spec import TURN_INDEX, knob
 from familiar_pipeline.projectors.vectors import vector_spec
 
-from .run import PROJECTOR, run
 from .tables import TURN_WINDOW_EMBEDDINGS, context_matrix
+
+PROJECTOR = "turn_window_embedding"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class TurnWindowConfig:
 SPEC = vector_spec(
     name=PROJECTOR,
     asset="turn_window_embeddings",
-    run=run,
+    run="familiar_pipeline.projectors.turn_windows.run:run",
     description="""Opt-in: per live turn, a vector of the turn with its nearest same-channel turns (projector
     `turn_window_embedding`).
 

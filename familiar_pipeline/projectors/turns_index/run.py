@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 
 from familiar_pipeline.storage.turns import Turn
 
+from .spec import PROJECTOR
+
 if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
 
-PROJECTOR = "turns_fts"
 CHUNK = 5000
 
 

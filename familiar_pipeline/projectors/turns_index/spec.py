@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from familiar_pipeline.engine.spec import TURN_INDEX, ProjectorSpec
 
-from .run import PROJECTOR, run, search_rows
+PROJECTOR = "turns_fts"  # the projector's name: its watermark row (always on, never listed in a config)
 
 
 SPEC = ProjectorSpec(
     name=PROJECTOR,
-    run=run,
+    run="familiar_pipeline.projectors.turns_index.run:run",
     description="""Full-text index of the turn log (fts/turns): new turns added, edited ones re-indexed, deleted ones removed.
 
     The bot's retrieval searches it for earlier turns related to the new message. Needs no model.
@@ -20,6 +20,6 @@ SPEC = ProjectorSpec(
     needs_llm=False,
     always_on=True,
     search_index="turns",
-    search_rows=search_rows,
+    search_rows="familiar_pipeline.projectors.turns_index.run:search_rows",
     # No table: a rebuild drops only the watermark and clears fts/turns itself.
 )

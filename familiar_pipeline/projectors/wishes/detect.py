@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-MAX_CHARS = 200  # a wish's text as kept, at most (cut at a word)
+from .tables import MAX_CHARS
 
 
 @dataclass(frozen=True)

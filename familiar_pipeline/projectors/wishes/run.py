@@ -25,13 +25,12 @@ from familiar_pipeline.storage.scopes import turn_scope
 from familiar_pipeline.storage.turns import Turn
 
 from .detect import detect, said_in
+from .spec import PROJECTOR
 from .tables import WishDraft, delete_resting_on, insert_wishes, retire, said_points
 
 if TYPE_CHECKING:
     from familiar_pipeline.engine.report import ProjectionReport
     from familiar_pipeline.engine.runtime import FamiliarRuntime
-
-PROJECTOR = "standing_wish"
 
 
 def drafts(turns: Iterable[Turn], max_chars: int) -> list[WishDraft]:

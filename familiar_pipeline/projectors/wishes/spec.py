@@ -8,9 +8,9 @@ from familiar_pipeline.engine.spec import TURN_INDEX, ProjectorSpec, invariant, 
 from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.turns import TurnLog
 
-from .detect import MAX_CHARS
-from .run import PROJECTOR, run
-from .tables import WISHES, forget_person
+from .tables import MAX_CHARS, WISHES, forget_person
+
+PROJECTOR = "standing_wish"  # the projector's name: in [providers.memory].projectors, its knob table, its watermark row
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def wish_conflicts(store: ProjectionStore, turn_log: TurnLog, familiar_id: str =
 SPEC = ProjectorSpec(
     name=PROJECTOR,
     asset="wishes",
-    run=run,
+    run="familiar_pipeline.projectors.wishes.run:run",
     description="""Standing wishes: instructions and preferences people address to the familiar (projector `standing_wish`).
 
     "From now on keep answers short", "call me Sam", "never bring up my ex": found by a heuristic with no

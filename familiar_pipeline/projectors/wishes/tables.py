@@ -29,6 +29,8 @@ from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.tables import Index, Provenance, Table, col
 from familiar_pipeline.storage.times import now_or
 
+MAX_CHARS = 200  # a wish's text as kept, at most (cut at a word; the knob `max_chars` defaults to it)
+
 
 @dataclass(frozen=True)
 class StandingWish:

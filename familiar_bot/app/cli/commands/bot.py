@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 from familiar_pipeline.config import load_config
 
 INTERRUPTED = 130
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from familiar_bot.transports.discord_adapter import serve
     from familiar_bot.responder.opening import open_responder
 
-    from familiar_bot.cli.commands.chat import refuse_scripted_models
+    from familiar_bot.app.cli.commands.chat import refuse_scripted_models
 
     config = load_config(args.familiar)
     refuse_scripted_models(config, config.familiar_id)

@@ -67,8 +67,8 @@ from familiar_pipeline.storage.store import ProjectionStore
 from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.turns import Turn, TurnLog
 
-from familiar_bot.eval import locomo
-from familiar_bot.eval.modes import EMBEDDER_MODES, FACT_MODES
+from familiar_bot.app.eval import locomo
+from familiar_bot.app.eval.modes import EMBEDDER_MODES, FACT_MODES
 from familiar_bot.prompt.assembly import AssemblyContext
 from familiar_bot.prompt.memory_view import MemoryView
 from familiar_bot.prompt.retrieval.facts import retrieve_facts

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -41,9 +41,9 @@ from familiar_pipeline.storage.identity import ego_key
 from familiar_pipeline.storage.paths import SHIPPED_DEFAULT_DIR, FamiliarPaths, default_dir
 from familiar_pipeline.storage.turns import Turn, TurnLog
 
-from familiar_bot.eval import evaluation
-from familiar_bot.eval.evaluation import EVAL_CHANNEL, KS, PreparedConversation, session_of
-from familiar_bot.eval.updates_chats import KINDS, Chat
+from familiar_bot.app.eval import evaluation
+from familiar_bot.app.eval.evaluation import EVAL_CHANNEL, KS, PreparedConversation, session_of
+from familiar_bot.app.eval.updates_chats import KINDS, Chat
 from familiar_bot.prompt.assembly import Assembler, AssemblyContext
 from familiar_bot.prompt.layers.recent_history import history_view
 from familiar_bot.prompt.layers.stack import default_layers

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime, timezone
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 from familiar_pipeline.config import SCOPE_HINT, SCOPE_PATTERN
 from familiar_pipeline.projectors.facts.reads import facts_for_subject, recent_facts
 from familiar_pipeline.storage.times import parse_instant

@@ -14,7 +14,7 @@ except with `--familiar-speaker NAME`: that speaker's lines are the familiar's o
 (role `assistant`, its own key and display name, each answering the person's line before
 it in its channel), as the bot records a DM. A conversation migrated from another bot
 then reads as a person talking with the familiar, which retrieval treats as its own genre
-(`familiar_bot/prompt/genre.py`), instead of as two people talking among themselves.
+(`familiar_bot/prompt/retrieval/genre.py`), instead of as two people talking among themselves.
 
 Bad lines are reported with their line number and skipped; the good ones are kept
 and the command exits 0 with a summary ("skipped 2 bad lines: 4, 9"), or 1 when no
@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 
 CHUNK_TURNS = 500
 IMPORT_PLATFORM = "import"

@@ -8,7 +8,7 @@ produces the same two figures for a familiar, through the bot's own path:
 
 * each question is a direct message from an asker, in a channel of its own
   (so no question sees another in its history), handled by the real
-  :class:`~familiar_bot.responder.Responder`: the message is recorded, the real
+  :class:`~familiar_bot.responder.flow.Responder`: the message is recorded, the real
   assembler builds the text-tier prompt with every default layer (the question
   is the retrieval cue), and the ``[llm.reply]`` slot answers;
 * the judge is the ``[llm.judge]`` slot (falling back to the answering model),
@@ -42,7 +42,7 @@ from familiar_pipeline.models.jsonparse import coerce_json
 from familiar_pipeline.models.llm import LlmError, client_for
 from familiar_pipeline.storage.paths import FamiliarPaths
 
-from familiar_bot.eval.evaluation import EVAL_SCOPE, CATEGORIES, PreparedConversation, _percentile
+from familiar_bot.app.eval.evaluation import EVAL_SCOPE, CATEGORIES, PreparedConversation, _percentile
 from familiar_bot.responder.messages import IncomingMessage, Person
 from familiar_bot.responder.opening import open_responder
 

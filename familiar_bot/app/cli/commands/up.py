@@ -39,8 +39,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from familiar_bot import supervisor
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_bot.app import supervisor
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command
 from familiar_pipeline import webserver
 from familiar_pipeline.storage.private import private_dir
 
@@ -170,7 +170,7 @@ def attach(args: argparse.Namespace, holder: dict) -> int:
     The running instance's sensor projects what is said here, as it would its own chat. A
     demo instance's familiar gets the demo's scripted reply model here too.
     """
-    from familiar_bot.cli.commands import chat
+    from familiar_bot.app.cli.commands import chat
 
     running = webserver.describe_holder(holder, supervisor.dagster_home() / webserver.LOCK_NAME)
     args.familiar = args.familiar or holder.get("familiar")
@@ -190,7 +190,7 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock, instance_url: 
 
     `instance_url`: a reachable PostgreSQL instance (`--instance`), else None for SQLite in DAGSTER_HOME.
     """
-    from familiar_bot.cli.commands.chat import (check_channel, check_speaker, ensure_familiar, familiar_id_from,
+    from familiar_bot.app.cli.commands.chat import (check_channel, check_speaker, ensure_familiar, familiar_id_from,
                                                 refuse_scripted_models)
     from familiar_pipeline.config import load_config
 
@@ -278,7 +278,7 @@ def serve(args: argparse.Namespace, lock: webserver.InstanceLock, instance_url: 
             webserver.write_marker(env["DAGSTER_HOME"], local, data_root_dir=env["FAMILIAR_DATA_ROOT"])
 
         if transport == "discord":
-            argv = [sys.executable, "-m", "familiar_bot.cli.main", "bot", "--familiar", familiar_id]
+            argv = [sys.executable, "-m", "familiar_bot.app.cli.main", "bot", "--familiar", familiar_id]
             children.append(supervisor.start_child("discord bot", argv, env=env))
             lock.update(children=[*lock.info.get("children", []), children[-1].pgid][-8:])
         elif transport == "console":
@@ -385,7 +385,7 @@ def watch(children: list[supervisor.Child], stop: StopRequest, restarter: superv
 def start_console(familiar_id: str, config, speaker_name: str | None, channel: int,
                   stop: StopRequest) -> threading.Thread:
     """The console chat in a thread, so the main thread stays free to watch children and signals."""
-    from familiar_bot.cli.commands.chat import _login_name
+    from familiar_bot.app.cli.commands.chat import _login_name
     from familiar_bot.transports.console import resolve_speaker, run_console
     from familiar_bot.responder.opening import open_responder
     from familiar_pipeline.storage.paths import FamiliarPaths

@@ -21,8 +21,8 @@ import sys
 import threading
 from pathlib import Path
 
-from familiar_bot import supervisor
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_bot.app import supervisor
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command
 
 POLL_S = 0.2
 READY_TIMEOUT_S = 180.0
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"ready: code location {shards.location_name(shard)} at {args.host}:{args.port} ({owned}); "
             f"log: {home / 'code-server.log'}")
         for familiar in args.bot:
-            children.append(supervisor.start_child(f"bot {familiar}", [sys.executable, "-m", "familiar_bot.cli.main",
+            children.append(supervisor.start_child(f"bot {familiar}", [sys.executable, "-m", "familiar_bot.app.cli.main",
                                                                          "bot", "--familiar", familiar], env=env))
         return supervisor.watch_children(children, stop, say, POLL_S)
     finally:

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from familiar_bot import supervisor
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_bot.app import supervisor
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command
 from familiar_pipeline import webserver
 from familiar_pipeline.storage.paths import REPO_ROOT
 

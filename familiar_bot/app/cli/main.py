@@ -249,11 +249,11 @@ COMMANDS: list[Command] = [
 
 
 def discovered_commands() -> list[Command]:
-    """COMMANDS plus every `familiar_bot.cli.commands.<module>.COMMAND`, sorted by name after init/config."""
+    """COMMANDS plus every `familiar_bot.app.cli.commands.<module>.COMMAND`, sorted by name after init/config."""
     import importlib
     import pkgutil
 
-    from familiar_bot.cli import commands as package
+    from familiar_bot.app.cli import commands as package
 
     found = []
     for module in pkgutil.iter_modules(package.__path__):
@@ -306,6 +306,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run through the importable module so command modules share its Command class.
-    from familiar_bot.cli.main import main as _main
+    from familiar_bot.app.cli.main import main as _main
 
     sys.exit(_main())

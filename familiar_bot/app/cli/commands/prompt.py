@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command, require_familiar
 from familiar_pipeline.config import BUDGET_TIERS, load_config
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from familiar_bot.eval.evaluation import evaluate, summarize
+from familiar_bot.app.eval.evaluation import evaluate, summarize
 
 RESAMPLES = 2000
 SEED = 29

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 
-from familiar_bot.cli.main import CliError, Command, require_familiar
+from familiar_bot.app.cli.main import CliError, Command, require_familiar
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command, init_familiar, require_familiar
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command, init_familiar, require_familiar
 from familiar_pipeline.storage import paths
 from familiar_pipeline.config import DEFAULT_FAMILIAR_ID, load_config
 

@@ -4,7 +4,7 @@ Every conversation becomes a throwaway familiar under a temporary folder (or
 `--workdir`), with the shipped defaults of `data/familiars/_default`; nothing
 touches a real familiar. Prints the overall and per-category table and writes
 results.json, results.md and a recall@k plot into `--out`. See
-:mod:`familiar_bot.eval.evaluation` for what each figure means.
+:mod:`familiar_bot.app.eval.evaluation` for what each figure means.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from familiar_bot.cli.main import EXIT_CONFIG, CliError, Command
+from familiar_bot.app.cli.main import EXIT_CONFIG, CliError, Command
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluation_fact_modes() -> tuple[str, ...]:
-    from familiar_bot.eval.modes import FACT_MODES
+    from familiar_bot.app.eval.modes import FACT_MODES
 
     return FACT_MODES
 
@@ -88,7 +88,7 @@ def evaluation_fact_modes() -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from familiar_bot.eval import answer, evaluation, locomo
+    from familiar_bot.app.eval import answer, evaluation, locomo
 
     try:
         data = locomo.locate(args.data)
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                                          progress=lambda message: print(message, file=sys.stderr))
         ablation = None
         if args.ablation:
-            from familiar_bot.eval.ablation import run_ablation
+            from familiar_bot.app.eval.ablation import run_ablation
 
             ablation = run_ablation(prepared, embedder_cache=cache, passage_vectors=args.passage_vectors,
                                     progress=lambda message: print(message, file=sys.stderr))
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     if sweep is not None:
         print("\nsweep (overall figures per configuration):\n" + evaluation.sweep_table(sweep))
     if ablation is not None:
-        from familiar_bot.eval.ablation import ablation_table
+        from familiar_bot.app.eval.ablation import ablation_table
 
         print("\nablation (paired bootstrap gains over the ranking before these changes):\n" + ablation_table(ablation))
     if answers is not None:
@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
             with (out / "results.md").open("a") as md:
                 md.write("\n" + answer.answer_table(answers) + "\n")
         if ablation is not None:
-            from familiar_bot.eval.ablation import ablation_table
+            from familiar_bot.app.eval.ablation import ablation_table
 
             (out / "ablation.json").write_text(json.dumps(ablation, indent=2) + "\n")
             (out / "ablation.md").write_text(ablation_table(ablation) + "\n")
@@ -205,7 +205,7 @@ def run_answers(args: argparse.Namespace, prepared: list, total: int) -> dict:
     """``--answer``: every prepared question answered and judged; the results' ``answer`` section."""
     from tqdm import tqdm
 
-    from familiar_bot.eval import answer
+    from familiar_bot.app.eval import answer
 
     cache_path = Path(args.answer_cache).expanduser() if args.answer_cache else default_answer_cache()
     records: list[dict] = []
