@@ -1,8 +1,10 @@
 """The layout docs/layout.md and docs/architecture.md describe is the tree as it is.
 
 Every path named in a layout table exists (a folder row's `name.py` / `name/` cells are
-looked up inside that folder), and every module and package of the pipeline appears in
-both tables, so a file added, moved or removed without its documentation fails here.
+looked up inside that folder), every module and package of the pipeline appears in
+both tables, and at every depth a table shows (a folder two or more of whose modules it
+names) every module and subpackage of that folder is named, so a file added, moved or
+removed without its documentation fails here.
 """
 
 from __future__ import annotations
@@ -70,4 +72,36 @@ def test_every_pipeline_module_and_package_is_in_both_tables():
                if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists())]
         unnamed = sorted(str(p.relative_to(REPO)) for p in top
                          if p.resolve() not in named and not (p.name == "definitions.py" and doc != "docs/layout.md"))
+        assert unnamed == [], doc
+
+
+def _shown_folders(doc: str, heading: str) -> tuple[set[Path], set[Path]]:
+    """The paths a table names, and the package folders it lists files of (two or more of their own
+    modules named, not through a row's "each with its ..." look-up in a subfolder)."""
+    named: set[Path] = set()
+    listed: set[Path] = set()
+    for row in layout_rows(doc, heading):
+        paths = named_paths(row)
+        named |= {p.resolve() for p in paths}
+        first = PATH.findall(row.split("|")[1])
+        folders = [REPO / n for n in first if (REPO / n).is_dir()] or [(REPO / first[0]).parent]
+        # Named in the row's own folder (or by a path from the root), not found in a subfolder.
+        listed |= {p.resolve() for p in paths if p.parent in folders or p.parent.parent in folders and p.name in
+                   {q.rstrip("/").split("/")[-1] for q in PATH.findall(row) if "/" in q.rstrip("/")}}
+    counts: dict[Path, int] = {}
+    for path in listed:
+        if path.suffix == ".py" and path.name != "__init__.py":
+            counts[path.parent] = counts.get(path.parent, 0) + 1
+    return named, {folder for folder, n in counts.items() if n >= 2 and (folder / "__init__.py").exists()}
+
+
+def test_every_module_of_a_folder_the_tables_list_is_named():
+    """At every depth a table shows: a folder whose files it lists has each of its modules and
+    subpackages named, so a module added beside them without a word fails here."""
+    for doc, heading in (("docs/layout.md", "## Layout"), ("docs/architecture.md", "## 2. Code layout")):
+        named, folders = _shown_folders(doc, heading)
+        unnamed = sorted(
+            str(p.relative_to(REPO)) for folder in folders for p in folder.iterdir()
+            if ((p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists()))
+            and p.resolve() not in named and p.name != "definitions.py")
         assert unnamed == [], doc
