@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from familiar_bot.prompt.layers.common import content_hash
 from familiar_bot.prompt.layers.recent_history import history_view
 from familiar_bot.prompt.layers.spec import BudgetKnob, LayerSpec
-from familiar_bot.prompt.retrieval.hub import needs_cue_vector, retrieve
 
 if TYPE_CHECKING:
     from familiar_bot.prompt.memory_view import MemoryView
@@ -43,10 +42,15 @@ class RagContextLayer:
     def prefetch(self, ctx: AssemblyContext, memory: MemoryView) -> None:
         """Start embedding the cue on the memory view's worker while the other layers build."""
         cue = ctx.cue.strip()
+        # lazy: only a reply needs retrieval; a pipeline process registering this spec never imports it
+        from familiar_bot.prompt.retrieval.hub import needs_cue_vector
+
         if cue and needs_cue_vector(memory):
             memory.prefetch_cue_vector(cue)
 
     def build_with_debug(self, ctx: AssemblyContext, memory: MemoryView) -> tuple[str, dict[str, Any]]:
+        from familiar_bot.prompt.retrieval.hub import retrieve  # lazy: as in prefetch
+
         return retrieve(ctx, memory, excluded_turns(ctx, memory))
 
     def build(self, ctx: AssemblyContext, memory: MemoryView) -> str:
