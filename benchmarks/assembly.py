@@ -56,6 +56,9 @@ from familiar_pipeline.projectors.dossiers import tables as dossier_db
 from familiar_pipeline.projectors.reflections import tables as reflection_db
 from familiar_pipeline.projectors.summary import tables as summary_db
 from familiar_pipeline.projectors.supersede import tables as supersede_db
+# The built-ins register their tables, so the store this builds creates them (nothing else here
+# touches the registry before the store is opened).
+import familiar_pipeline.projectors.builtin  # noqa: E402,F401
 
 from familiar_bot.prompt.assembly import Assembler, AssemblyContext, MemoryView  # noqa: E402
 from familiar_bot.prompt.layers.stack import default_layers  # noqa: E402
